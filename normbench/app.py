@@ -1,0 +1,50 @@
+"""The Hydra entry point: one job = one run directory.
+
+``hydra_main`` is the single ``@hydra.main`` function behind both ``normbench train``
+(a single run) and ``normbench sweep`` (Hydra's multirun: every sweeper and launcher
+plugin calls this same function, which is why it lives at module level: joblib and
+submitit pickle it). Each job writes its results into Hydra's output directory.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from rich.console import Console
+
+from normbench.config import conf_dir, parse_config
+from normbench.errors import ConfigError
+from normbench.runs import RunDir
+from normbench.train import summary_table, train
+
+
+def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
+    """Validate, train and report one configuration into ``run_dir``."""
+    console = Console(stderr=True)
+    run_dir_ = RunDir(run_dir)
+    run_dir_.write_config(cfg)
+    try:
+        summary = train(parse_config(cfg), run_dir_.path, console=console)
+    except ConfigError as err:
+        # Recorded as failed (never completed) so a sweep's index and a report show it.
+        run_dir_.write_summary({"status": "failed", "error": f"config error: {err}"})
+        console.print(f"[bold red]error:[/bold red] {err}")
+        if not multirun:
+            sys.exit(2)
+        return None
+    console.print(summary_table(summary))
+    if summary["status"] == "failed":
+        console.print(f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / 'error.log'})")
+        if not multirun:
+            sys.exit(1)
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
+def hydra_main(cfg: DictConfig) -> None:
+    hc = HydraConfig.get()
+    run_job(cfg, hc.runtime.output_dir, multirun=hc.mode == RunMode.MULTIRUN)

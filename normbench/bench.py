@@ -1,0 +1,288 @@
+"""Norm micro-benchmark behind ``normbench bench``: how fast is each norm of the zoo?
+
+Owns the timing of one norm at a time, forward and forward+backward, for three
+implementations of the same math: the normbench module (``normbench``), PyTorch's
+own op called directly (``native``: F.layer_norm, F.rms_norm, F.group_norm,
+F.batch_norm) and ``torch.compile`` of the normbench module (``compiled``, the
+only reference for scale and dyt, which have no native op). ``run_bench`` returns
+one pandas row per (norm, impl, dim, dtype, device, pass) and prints a rich table.
+The training-throughput benchmark lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import statistics
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+from torch import nn
+
+from normbench.errors import ConfigError
+from normbench.norms import NORMS, build_norm
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT_DIMS = [128, 256, 512, 1024, 2048, 4096, 8192]
+DEFAULT_TOKENS = {"cuda": 8192, "cpu": 1024}  # CPU: keeps the default run near a minute without compile
+COLUMNS = ["norm", "impl", "dim", "dtype", "device", "pass", "tokens", "ms", "gb_per_s",
+           "ratio_to_native", "ratio_to_compiled"]
+GOALS = {"ln": ("native", 1.1), "rms": ("native", 1.1), "bn": ("native", 1.1), "gn": ("native", 1.1),
+         "scale": ("compiled", 1.2), "dyt": ("compiled", 1.2)}  # norm -> (reference impl, max ratio)
+MAX_ROTATION = 64  # rotated input buffers at most, however small they are
+ROTATION_BYTES = 1 << 30  # memory the rotated inputs may take (a quarter of free memory on CUDA)
+
+
+def time_ms(fn, *, repeats: int = 25, warmup: int = 3, block_s: float = 2e-3,
+            device: torch.device | str = "cpu") -> float:
+    """Median milliseconds per call of ``fn()`` over ``repeats`` timed blocks.
+
+    Each block runs ``fn`` enough times to last about ``block_s`` (so timer and
+    synchronization overhead stay small) and is bracketed by a device synchronize.
+    Standard-library ``timeit`` rather than ``torch.utils.benchmark.Timer``: Timer's
+    ``blocked_autorange`` picks power-of-ten block sizes, leaving sub-millisecond ops
+    only a few blocks to take a median of, and its ``timeit`` re-warms on every call,
+    which triples the cost of slow ops. ``timeit`` also switches off the GC while timing.
+    """
+    device = torch.device(device)
+    clock = time.perf_counter
+    if device.type == "cuda":
+        def clock():  # kernels are asynchronous: a block ends when the device is done
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+    for _ in range(warmup):  # lazy init, allocator growth, compilation: none of it in a block
+        fn()
+    timer = timeit.Timer(fn, timer=clock)
+    number = max(1, round(block_s / timer.timeit(1)))
+    return 1e3 * statistics.median(timer.repeat(repeat=repeats, number=number)) / number
+
+
+def _last_level_cache_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).L2_cache_size
+    sizes = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (index / "size").read_text().strip()  # e.g. "32768K"
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1], 1)
+            sizes[int((index / "level").read_text())] = int(size.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            pass
+    return sizes[max(sizes)] if sizes else 32 << 20
+
+
+def _rotated_inputs(tokens: int, dim: int, dtype: torch.dtype, device: torch.device):
+    """(x, grad_output) pairs, enough that together they are twice the last-level cache.
+
+    A benchmark that reuses one input finds it in cache from the previous call and
+    reports a bandwidth no training step sees; cycling through more data than the
+    cache holds makes every call read from memory, as a norm in a real model does.
+    """
+    pair_bytes = 2 * tokens * dim * dtype.itemsize
+    budget = ROTATION_BYTES
+    if device.type == "cuda":
+        budget = min(budget, torch.cuda.mem_get_info(device)[0] // 4)
+    count = math.ceil(2 * _last_level_cache_bytes(device) / pair_bytes)
+    count = max(1, min(count, MAX_ROTATION, budget // pair_bytes))
+    gen = torch.Generator(device).manual_seed(0)
+    make = lambda: torch.randn(tokens, dim, dtype=dtype, device=device, generator=gen)
+    return [(make().requires_grad_(), make()) for _ in range(count)]
+
+
+def _native(name: str, m: nn.Module, dtype: torch.dtype):
+    """PyTorch's op for the same math on the module's own tensors: (fn, leaves), or None."""
+    if name == "ln":
+        return (lambda x: F.layer_norm(x, m.weight.shape, m.weight, m.bias, m.eps)), list(m.parameters())
+    if name == "rms":
+        # Weight cast once to x's dtype: a mixed-dtype call takes rms_norm's slow unfused path.
+        w = m.weight.detach().to(dtype).requires_grad_()
+        return (lambda x: F.rms_norm(x, w.shape, w, m.eps)), [w]
+    if name == "gn":
+        return (lambda x: F.group_norm(x, m.groups, m.weight, m.bias, m.eps)), list(m.parameters())
+    if name == "bn":
+        bn = m.bn
+        return (lambda x: F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias,
+                                       True, bn.momentum, bn.eps)), list(m.parameters())
+    return None
+
+
+def _compile(m: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+    # Static shapes give the compiler its best shot at each width; resetting drops the
+    # graphs of earlier widths so dynamo never hits its recompile limit and falls back to eager.
+    torch._dynamo.reset()
+    fn = torch.compile(m, dynamic=False)
+    torch.autograd.backward(fn(x), dy)  # compile forward and backward now, outside any timing
+    x.grad = None
+    m.zero_grad(set_to_none=True)
+    return fn
+
+
+def _passes(fn, leaves: list[torch.Tensor], inputs):
+    """The two timed closures, each taking the next pre-allocated input on every call."""
+    xs = itertools.cycle([x for x, _ in inputs])
+    pairs = itertools.cycle(inputs)
+
+    def fwd():  # the training forward: autograd records, as inside a training step
+        fn(next(xs))
+
+    def fwd_bwd():
+        x, dy = next(pairs)
+        torch.autograd.backward(fn(x), dy)
+        # None, not zero_(): no memset kernel, and no accumulate kernel in the next backward.
+        x.grad = None
+        for t in leaves:
+            t.grad = None
+
+    return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+
+def _check(device: str, dtypes: list[str], dims: list[int], tokens: int, norms: list[str],
+           repeats: int) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device '{device}'", allowed=["cpu", "cuda", "cuda:N"]) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported device '{device}'", allowed=["cpu", "cuda", "cuda:N"])
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("CUDA is not available on this machine", allowed=["cpu"])
+        if (dev.index or 0) >= torch.cuda.device_count():
+            raise ConfigError(f"no device '{device}'", allowed=[f"cuda:{i}" for i in range(torch.cuda.device_count())])
+    for name, given, allowed in (("dtype", dtypes, DTYPES), ("norm", norms, NORMS)):
+        bad = [g for g in given if g not in allowed]
+        if bad or not given:
+            raise ConfigError(f"unknown {name} {', '.join(map(repr, bad)) or '(none given)'}", allowed=sorted(allowed))
+    if not dims or any(not isinstance(d, int) or d <= 0 for d in dims):
+        raise ConfigError(f"dims must be positive integers, got {dims}", allowed=["e.g. 128 256 1024"])
+    if tokens <= 0 or repeats < 1:
+        raise ConfigError(f"tokens and repeats must be >= 1, got tokens={tokens} repeats={repeats}")
+    for name in norms:  # a width a norm can't take (gn's groups) fails now, not ten minutes in
+        for dim in dims:
+            build_norm(name, dim)
+    return dev
+
+
+def run_bench(device: str = "cpu", dtypes: list[str] = ("fp32",), dims: list[int] | None = None,
+              tokens: int | None = None, norms: list[str] | None = None, repeats: int = 25,
+              compile: bool = True, out: Path | None = None, console: Console | None = None) -> pd.DataFrame:
+    """Time every requested norm, width and dtype; return (and optionally write) the rows.
+
+    ``tokens`` defaults to 8192 on CUDA and 1024 on CPU; ``repeats`` is the number of
+    timed blocks the median is taken over (see ``time_ms``). ``none`` is timed too, as
+    a floor: the harness's own cost (module call, autograd bookkeeping) with no norm.
+    ``gb_per_s`` counts each full-size tensor once: fwd moves x in and y out, fwd+bwd
+    also dy in and dx out, so bytes = (2 or 4) * tokens * dim * element size;
+    parameters, their grads and saved statistics are O(dim + tokens) and left out.
+    ``ratio_to_native`` / ``ratio_to_compiled`` divide ms by the native / compiled ms
+    of the same norm, dim, dtype and pass (NaN where that impl wasn't measured).
+    """
+    dims = DEFAULT_DIMS if dims is None else list(dims)
+    norms = list(NORMS) if norms is None else list(norms)
+    dtypes = list(dtypes)
+    dev = _check(device, dtypes, dims, 1 if tokens is None else tokens, norms, repeats)
+    tokens = DEFAULT_TOKENS[dev.type] if tokens is None else tokens
+    console = console or Console()
+    impls_of = {n: ["native"] * (n in GOALS and GOALS[n][0] == "native") + ["normbench"]
+                + ["compiled"] * (compile and n != "none") for n in norms}
+
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=len(dtypes) * len(dims) * sum(map(len, impls_of.values())))
+        for dtype_name, dim in itertools.product(dtypes, dims):
+            dtype = DTYPES[dtype_name]
+            inputs = _rotated_inputs(tokens, dim, dtype, dev)
+            for name in norms:
+                m = build_norm(name, dim).to(dev)  # parameters stay fp32: mixed precision, as in training
+                for impl in impls_of[name]:
+                    progress.advance(task)
+                    if impl == "compiled" and not compile:
+                        continue
+                    progress.update(task, description=f"{name} {impl} {dim} {dtype_name}")
+                    fn, leaves = m, list(m.parameters())
+                    if impl == "native":
+                        fn, leaves = _native(name, m, dtype)
+                    elif impl == "compiled":
+                        try:
+                            fn = _compile(m, *inputs[0])
+                        except Exception as e:  # no C++ compiler, unsupported platform, compiler bug
+                            console.print(f"[yellow]compiled skipped from here on: {type(e).__name__}: "
+                                          f"{str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}")
+                            compile = False
+                            continue
+                    for pass_, step in _passes(fn, leaves, inputs).items():
+                        ms = time_ms(step, repeats=repeats, device=dev)
+                        moved = (2 if pass_ == "fwd" else 4) * tokens * dim * dtype.itemsize
+                        rows.append(dict(norm=name, impl=impl, dim=dim, dtype=dtype_name, device=str(dev),
+                                         pass_=pass_, tokens=tokens, ms=ms,
+                                         gb_per_s=math.nan if name == "none" else moved / ms / 1e6))
+            del inputs
+
+    df = pd.DataFrame(rows).rename(columns={"pass_": "pass"})
+    key = ["norm", "dim", "dtype", "device", "pass"]
+    for ref in ("native", "compiled"):
+        base = df[df.impl == ref].set_index(key).ms.rename("ref")
+        df[f"ratio_to_{ref}"] = df.ms / df.join(base, on=key)["ref"]
+    df = df.reindex(columns=COLUMNS)
+    if out is not None:
+        write_csv(df, Path(out))
+    show(df, console)
+    return df
+
+
+def write_csv(df: pd.DataFrame, out: Path) -> None:
+    """Write atomically: a reader (or a crash) never sees half a file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            df.to_csv(f, index=False)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def goals(df: pd.DataFrame) -> pd.DataFrame:
+    """Per norm and dtype: the worst normbench ratio to its reference over widths and passes."""
+    rows = []
+    for (name, dtype), g in df[df.impl == "normbench"].groupby(["norm", "dtype"], sort=False):
+        if name not in GOALS:
+            continue
+        ref, limit = GOALS[name]
+        ratios = g[f"ratio_to_{ref}"]
+        if ratios.isna().all():
+            continue
+        worst = g.loc[ratios.idxmax()]
+        rows.append(dict(norm=name, dtype=dtype, reference=ref, goal=limit, worst=ratios.max(),
+                         at=f"{worst.dim} {worst['pass']}", met=bool(ratios.max() <= limit)))
+    return pd.DataFrame(rows, columns=["norm", "dtype", "reference", "goal", "worst", "at", "met"])
+
+
+def show(df: pd.DataFrame, console: Console) -> None:
+    """One line per (dtype, norm, dim, pass): ms of each impl and normbench's ratios."""
+    ms = df.pivot_table(index=["device", "dtype", "norm", "dim", "pass"], columns="impl", values="ms", sort=False)
+    impls = [i for i in ("native", "normbench", "compiled") if i in ms.columns]
+    table = Table(title=f"norm micro-benchmark, {df.tokens.iloc[0]} tokens (ms, median)")
+    for col in ["device", "dtype", "norm", "dim", "pass", *impls, "x native", "x compiled"]:
+        table.add_column(col, justify="right" if col not in ("device", "dtype", "norm", "pass") else "left")
+    fmt = lambda v, f: "" if pd.isna(v) else format(v, f)
+    for (device, dtype, name, dim, pass_), r in ms.iterrows():
+        nb = r.get("normbench")
+        table.add_row(device, dtype, name, str(dim), pass_, *[fmt(r.get(i), ".4f") for i in impls],
+                      fmt(nb / r.get("native", math.nan), ".2f"), fmt(nb / r.get("compiled", math.nan), ".2f"))
+    console.print(table)
+    g = goals(df)
+    for r in g.itertuples():
+        mark = "[green]met" if r.met else "[red]missed"
+        console.print(f"{r.norm} {r.dtype}: worst {r.worst:.2f}x {r.reference} at {r.at} "
+                      f"(goal {r.goal}x) {mark}")

@@ -1,0 +1,33 @@
+"""The causality probe: does a position's output depend on tokens after it?
+
+Perturb every token after position t and measure the largest change in the logits
+at positions 0..t. A causal LM gives exactly 0 up to float noise. BatchNorm in train
+mode does not: its batch statistics pool future tokens and other sequences.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def causal_leak(model: nn.Module, tokens: torch.Tensor, vocab_size: int, train_mode: bool) -> float:
+    """Max |logit change| at positions <= t when tokens after t = T // 2 are replaced."""
+    t = tokens.shape[1] // 2
+    perturbed = tokens.clone()
+    perturbed[:, t + 1 :] = (tokens[:, t + 1 :] + 1 + torch.randint_like(tokens[:, t + 1 :], vocab_size - 1)) % vocab_size
+    was_training = model.training
+    buffers = {k: v.clone() for k, v in model.state_dict().items() if k in dict(model.named_buffers())}
+    model.train(train_mode)
+    try:
+        outputs = []
+        for batch in (tokens, perturbed):
+            # The same dropout masks for both passes, and the caller's RNG left untouched.
+            with torch.random.fork_rng(devices=[tokens.device] if tokens.device.type == "cuda" else []):
+                torch.manual_seed(0)
+                outputs.append(model(batch)[0][:, : t + 1].float())
+        return float((outputs[0] - outputs[1]).abs().max())
+    finally:
+        model.train(was_training)
+        model.load_state_dict(buffers, strict=False)  # undo BatchNorm's running-stat updates

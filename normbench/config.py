@@ -1,0 +1,87 @@
+"""From a composed Hydra config to the typed configs each component owns.
+
+Hydra composes ``conf/`` (groups: norm, placement, model, data, train, experiment);
+this module finds that tree (inside an installed wheel or a source checkout) and
+turns the composed ``DictConfig`` into ``ModelConfig``, ``DataConfig`` and
+``TrainConfig`` dataclasses, so a wrong type or an out-of-range value becomes one
+clear ``ConfigError`` before anything trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from normbench.data import DataConfig
+from normbench.errors import ConfigError
+from normbench.model import ModelConfig
+from normbench.norms import NORMS
+from normbench.placements import PLACEMENTS, placement_class
+from normbench.train import TrainConfig
+
+
+def conf_dir() -> Path:
+    """The config tree: packaged into the wheel as normbench/conf, or conf/ beside the package in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise RuntimeError(f"normbench's config tree is missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
+
+
+def group_options(group: str) -> list[str]:
+    """The names a config group offers (its YAML files), for help texts and errors."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+@dataclass
+class RunConfig:
+    seed: int
+    norm: dict
+    placement: dict
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+
+
+def _typed(schema, node, group: str):
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or ""
+        reason = str(err).splitlines()[0]
+        raise ConfigError(f"{group}.{key}: {reason}" if key else f"{group}: {reason}") from None
+
+
+def parse_config(cfg: DictConfig) -> RunConfig:
+    """Validate everything that can be checked before training starts."""
+    norm = OmegaConf.to_container(cfg.norm, resolve=True)
+    placement = OmegaConf.to_container(cfg.placement, resolve=True)
+    if norm.get("name") not in NORMS:
+        raise ConfigError(f"unknown norm '{norm.get('name')}'", allowed=sorted(NORMS))
+    placement_class(placement.get("name"))
+    unknown = sorted(set(placement) - {"name", "final_norm"})
+    if unknown:
+        raise ConfigError(f"placement has no option {', '.join(unknown)}", allowed=["placement.final_norm"])
+    try:
+        seed = int(cfg.seed)
+    except (TypeError, ValueError):
+        raise ConfigError(f"seed must be an integer, got {cfg.seed!r}") from None
+    run = RunConfig(
+        seed=seed,
+        norm=norm,
+        placement=placement,
+        model=_typed(ModelConfig, cfg.model, "model"),
+        data=_typed(DataConfig, cfg.data, "data"),
+        train=_typed(TrainConfig, cfg.train, "train"),
+    )
+    run.model.validate()
+    run.train.validate()
+    return run
+
+
+__all__ = ["RunConfig", "parse_config", "conf_dir", "group_options", "NORMS", "PLACEMENTS"]

@@ -1,0 +1,106 @@
+"""The mini GPT: embeddings, a stack of placement blocks, an optional final norm, a tied head.
+
+Built from ``ModelConfig`` plus the norm and placement configs; the norm is chosen
+by name through ``normbench.norms.build_norm`` and the block class through
+``normbench.placements.placement_class``, so this file never branches on either.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normbench.errors import ConfigError
+from normbench.norms import build_norm
+from normbench.placements import placement_class
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 2
+    n_head: int = 2
+    d_model: int = 64
+    block_size: int = 64
+    dropout: float = 0.0
+    bias: bool = True
+    init: str = "gpt2"  # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); xavier: Xavier-uniform, no scaling
+
+    def validate(self) -> None:
+        for key in ("n_layer", "n_head", "d_model", "block_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} must be a positive integer, got {getattr(self, key)}")
+        if self.d_model % self.n_head:
+            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}",
+                allowed=[f"n_head={h}" for h in divisors[:10]],
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.init not in INITS:
+            raise ConfigError(f"unknown model.init '{self.init}'", allowed=sorted(INITS))
+
+
+def _init_gpt2(module: nn.Module, n_layer: int) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        std = 0.02 / math.sqrt(2 * n_layer) if getattr(module, "residual_proj", False) else 0.02
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def _init_xavier(module: nn.Module, n_layer: int) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.xavier_uniform_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+
+INITS = {"gpt2": _init_gpt2, "xavier": _init_xavier}
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, norm: dict, placement: dict):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        norm = dict(norm)
+        make_norm = functools.partial(build_norm, norm.pop("name"), cfg.d_model, **norm)
+        make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
+        block_cls = placement_class(placement["name"])
+        self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(
+            block_cls(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, make_norm, cfg.n_layer) for _ in range(cfg.n_layer)
+        )
+        self.norm_final = make_norm() if placement.get("final_norm", True) else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017), as in GPT-2
+
+        init = INITS[cfg.init]
+        self.apply(lambda m: init(m, cfg.n_layer))
+        for block in self.blocks:
+            block.init_weights()
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        T = idx.shape[1]
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm_final(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return logits, loss

@@ -1,0 +1,186 @@
+"""The normalization zoo: every norm normbench compares, behind one registry.
+
+Each norm is an ``nn.Module`` built as ``cls(dim, **options)`` that normalizes the
+last dimension of any ``(..., dim)`` tensor, token by token (BatchNorm excepted,
+which is the point of including it). Adding a norm is one class decorated with
+``@register_norm("name")`` plus one YAML file in ``conf/norm/``.
+
+Precision contract: under bf16/fp16 the statistics are computed in float32 and the
+output comes back in the input's dtype. PyTorch's fused ``layer_norm``,
+``rms_norm`` and ``group_norm`` kernels already accumulate in float32 for half
+inputs (tests/test_norms.py checks this against a float64 reference), so those
+norms call them directly; the others upcast explicitly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normbench.errors import ConfigError
+
+NORMS: dict[str, type[nn.Module]] = {}
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def register_norm(name: str):
+    """Class decorator: make a norm available as ``norm=name``."""
+
+    def add(cls: type[nn.Module]) -> type[nn.Module]:
+        NORMS[name] = cls
+        cls.norm_name = name
+        return cls
+
+    return add
+
+
+def norm_options(name: str) -> dict[str, object]:
+    """The options a norm accepts, with their defaults (its constructor's keywords)."""
+    params = inspect.signature(NORMS[name].__init__).parameters
+    return {p.name: p.default for p in params.values() if p.kind is p.KEYWORD_ONLY}
+
+
+def build_norm(name: str, dim: int, **options) -> nn.Module:
+    """Build the norm registered as ``name`` for a last dimension of size ``dim``."""
+    if name not in NORMS:
+        raise ConfigError(f"unknown norm '{name}'", allowed=sorted(NORMS))
+    allowed = norm_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"norm '{name}' has no option {', '.join(unknown)}",
+            allowed=[f"norm.{k}" for k in allowed] or ["(no options)"],
+        )
+    return NORMS[name](dim, **options)
+
+
+def _check_eps(eps: float) -> float:
+    if not eps > 0:
+        raise ConfigError(f"norm.eps must be > 0, got {eps}")
+    return float(eps)
+
+
+@register_norm("ln")
+class LayerNorm(nn.Module):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the channels (Ba et al. 2016)."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.eps = _check_eps(eps)
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+@register_norm("rms")
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight: no centring, no bias (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6):
+        super().__init__()
+        self.eps = _check_eps(eps)
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A gain in another dtype than x sends rms_norm down its slow unfused path.
+        return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
+
+
+@register_norm("bn")
+class BatchNorm(nn.Module):
+    """Each channel normalized over every token of the batch (B x T) in training.
+
+    Deliberately not causal in train mode: a token's statistics include future
+    tokens and other sequences. Eval mode uses the running statistics and is causal.
+    The work is done by a child ``nn.BatchNorm1d`` on the flattened (B*T, C) tokens,
+    so ``nn.SyncBatchNorm.convert_sync_batchnorm`` can swap it for DDP.
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, momentum: float = 0.1):
+        super().__init__()
+        if not 0.0 <= momentum <= 1.0:
+            raise ConfigError(f"norm.momentum must be in [0, 1], got {momentum}")
+        self.bn = nn.BatchNorm1d(dim, eps=_check_eps(eps), momentum=momentum)
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.bn.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.dtype in _HALF:
+            return self.bn(flat.float()).to(x.dtype).reshape(x.shape)
+        return self.bn(flat).reshape(x.shape)
+
+
+@register_norm("gn")
+class GroupNorm(nn.Module):
+    """Per token: channels split into ``groups`` groups, each normalized on its own.
+
+    ``F.group_norm`` pools each group over all trailing dims, so a (B, C, T) layout
+    would mix time steps and leak the future; flattening to (B*T, C) keeps it per token.
+    groups=1 is LayerNorm; groups=dim leaves one element per group (output = bias).
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, groups: int = 4):
+        super().__init__()
+        if groups < 1 or dim % groups:
+            raise ConfigError(
+                f"norm.groups={groups} must divide the model width {dim}",
+                allowed=[g for g in range(1, dim + 1) if dim % g == 0][:12],
+            )
+        self.eps = _check_eps(eps)
+        self.groups = groups
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        out = F.group_norm(flat, self.groups, self.weight, self.bias, self.eps)
+        return out.reshape(x.shape)
+
+
+@register_norm("scale")
+class ScaleNorm(nn.Module):
+    """g * x / max(||x||, eps), one learned scalar g initialised to sqrt(dim) (Nguyen & Salazar 2019)."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-5):
+        super().__init__()
+        self.eps = _check_eps(eps)
+        self.weight = nn.Parameter(torch.tensor(math.sqrt(dim)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # F.normalize is exactly x / max(||x||_2, eps); the norm is taken in float32.
+        return (F.normalize(x.float(), dim=-1, eps=self.eps) * self.weight).to(x.dtype)
+
+
+@register_norm("dyt")
+class DynamicTanh(nn.Module):
+    """weight * tanh(alpha * x) + bias with one learned scalar alpha (Zhu et al. 2025): no statistics."""
+
+    def __init__(self, dim: int, *, alpha_init: float = 0.5, bias: bool = True):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.tanh(self.alpha * x) * self.weight
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype)
+
+
+@register_norm("none")
+class NoNorm(nn.Identity):
+    """The identity: what training looks like with no normalization at all."""
+
+    def __init__(self, dim: int):
+        super().__init__()

@@ -1,0 +1,298 @@
+"""The training loop: one run from typed configs to a finished run directory.
+
+``train(run, run_dir)`` builds the dataset, model and optimizer, trains with a
+warm-up + cosine schedule, evaluates in eval mode on fixed validation batches, stops
+on divergence, probes causality and writes ``summary.json``. Losses stay on the
+device and are read back once per ``train.log_every`` steps, so logging costs one
+host sync per window, not one per step.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from normbench.causality import causal_leak
+from normbench.data import build_dataset
+from normbench.errors import ConfigError
+from normbench.model import GPT
+from normbench.runs import RunDir
+from normbench.sinks import JsonlSink, MetricSinks
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 turns clipping off
+    eval_every: int = 100
+    eval_batches: int = 4
+    log_every: int = 10
+    precision: str = "fp32"
+    device: str = "auto"
+    threads: int = 0  # 0 leaves PyTorch's default
+    diverge_threshold: float | None = None  # default 3 x ln(vocab size)
+    progress: bool = True
+
+    def validate(self) -> None:
+        for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}")
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup_steps", "threads"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        if self.lr == 0:
+            raise ConfigError("train.lr must be > 0")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"train.{key} must be in [0, 1), got {getattr(self, key)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown train.precision '{self.precision}'", allowed=list(PRECISIONS))
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when present; an absent CUDA device is an error, not a silent CPU run."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown train.device '{name}'", allowed=["auto", "cpu", "cuda", "cuda:N"]) from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            have = ", ".join(f"cuda:{i}" for i in range(count)) or "no CUDA device"
+            raise ConfigError(f"train.device={name} is not available (this machine has {have})", allowed=["auto", "cpu"])
+    elif device.type != "cpu":
+        raise ConfigError(f"unsupported train.device '{name}'", allowed=["auto", "cpu", "cuda", "cuda:N"])
+    return device
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to lr over warmup_steps, then cosine decay to min_lr at the last step."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    floor = cfg.min_lr / cfg.lr
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only: never on norms, biases or embeddings."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    params = list(model.parameters())
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in embeddings]
+    no_decay = [p for p in params if p.dim() < 2 or id(p) in embeddings]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
+
+
+def environment(device: torch.device) -> dict:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device_type": device.type,
+        "threads": torch.get_num_threads(),
+        "git_commit": commit,
+        "hostname": platform.node(),
+    }
+
+
+class Run:
+    """Everything one run holds while it trains."""
+
+    def __init__(self, run, run_dir: Path):
+        self.cfg, self.tcfg = run, run.train
+        self.dir = RunDir(run_dir)
+        self.device = resolve_device(self.tcfg.device)
+        if self.tcfg.precision == "fp16" and self.device.type != "cuda":
+            raise ConfigError("train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)", allowed=["fp32", "bf16"])
+        if self.tcfg.threads:
+            torch.set_num_threads(self.tcfg.threads)
+        torch.manual_seed(run.seed)
+        eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
+        self.data = build_dataset(run.data, run.model.block_size, eval_sequences)
+        self.model = GPT(run.model, self.data.vocab_size, run.norm, run.placement).to(self.device)
+        self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, self.tcfg))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tcfg.precision == "fp16")
+        self.autocast = torch.autocast(
+            self.device.type, dtype=PRECISIONS[self.tcfg.precision], enabled=self.tcfg.precision != "fp32"
+        )
+        self.batch_gen = torch.Generator().manual_seed(run.seed)
+        self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.tcfg.eval_batches, self.tcfg.batch_size)]
+        self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
+
+    def train_step(self) -> torch.Tensor:
+        x, y = self.data.train_batch(self.tcfg.batch_size, self.batch_gen)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        with self.autocast:
+            _, loss = self.model(x, y)
+        self.scaler.scale(loss).backward()
+        if self.tcfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return loss.detach()
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Validation loss, always in eval mode (BatchNorm's running stats, no dropout)."""
+        self.model.eval()
+        losses = []
+        for x, y in self.val:
+            with self.autocast:
+                losses.append(self.model(x, y)[1].float())
+        self.model.train()
+        return float(torch.stack(losses).mean())
+
+    def probe(self) -> dict:
+        tokens = self.val[0][0][:4]
+        return {mode: causal_leak(self.model, tokens, self.data.vocab_size, mode == "train") for mode in ("train", "eval")}
+
+
+def _progress(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def train(run, run_dir: Path, console: Console | None = None) -> dict:
+    """Train one configuration; return (and write) its summary. Raises ConfigError on bad input."""
+    console = console or Console(stderr=True)
+    started = time.perf_counter()
+    state = Run(run, run_dir)
+    tcfg = state.tcfg
+    sinks = MetricSinks([JsonlSink(run_dir)])
+    status, error = "completed", None
+    val_losses: list[float] = []
+    window_tps: list[float] = []
+    tokens_per_step = tcfg.batch_size * run.model.block_size
+    step = 0
+    try:
+        val_losses.append(state.evaluate())
+        sinks.log({"kind": "eval", "step": 0, "val_loss": val_losses[-1]})
+        pending: list[torch.Tensor] = []
+        window_start = time.perf_counter()
+        with _progress(console, tcfg.progress) as bar:
+            task = bar.add_task("train", total=tcfg.steps, loss="-", tps="-")
+            for step in range(1, tcfg.steps + 1):
+                lr = state.scheduler.get_last_lr()[0]
+                pending.append(state.train_step())
+                if step % tcfg.log_every and step != tcfg.steps:
+                    continue
+                losses = torch.stack(pending).float().tolist()  # the one host sync of the window
+                elapsed = time.perf_counter() - window_start
+                tps = len(pending) * tokens_per_step / elapsed
+                window_tps.append(tps)
+                train_loss = sum(losses) / len(losses)
+                sinks.log({
+                    "kind": "train", "step": step, "train_loss": train_loss, "lr": lr,
+                    "tokens_per_s": tps, "step_ms": 1000 * elapsed / len(pending), "tokens": step * tokens_per_step,
+                })
+                bar.update(task, completed=step, loss=f"{train_loss:.3f}", tps=f"{tps:,.0f}")
+                if not all(math.isfinite(v) and v < state.threshold for v in losses):
+                    status = "diverged"
+                    break
+                if step % tcfg.eval_every == 0 or step == tcfg.steps:
+                    val_losses.append(state.evaluate())
+                    sinks.log({"kind": "eval", "step": step, "val_loss": val_losses[-1]})
+                pending = []
+                window_start = time.perf_counter()
+    except KeyboardInterrupt:
+        sinks.close()
+        raise
+    except Exception as err:  # a crash is recorded as a failed run, never as a completed one
+        status, error = "failed", f"{type(err).__name__}: {err}"
+        state.dir.write_error(traceback.format_exc())
+    finally:
+        sinks.close()
+
+    leak = state.probe() if status != "failed" else {"train": None, "eval": None}
+    finite_vals = [v for v in val_losses if math.isfinite(v)]
+    steady = window_tps[1:] or window_tps  # the first window holds warm-up (allocation, caches)
+    summary = {
+        "status": status,
+        "error": error,
+        "final_val_loss": val_losses[-1] if status == "completed" else None,
+        "best_val_loss": min(finite_vals) if finite_vals else None,
+        "floor_loss": state.data.floor_loss,
+        "tokens_per_s": statistics.median(steady) if steady else None,
+        "wall_s": time.perf_counter() - started,
+        "steps": step,
+        "params": state.model.num_params(),
+        "vocab_size": state.data.vocab_size,
+        "causal_leak": leak,
+        "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
+        "env": environment(state.device),
+    }
+    state.dir.write_summary(summary)
+    return summary
+
+
+def summary_table(summary: dict) -> Table:
+    """The closing table a person reads after a run."""
+    table = Table(title=f"run {summary['status']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+
+    def fmt(v, spec=".4f"):
+        return "-" if v is None else format(v, spec)
+
+    table.add_row("final val loss", fmt(summary["final_val_loss"]))
+    table.add_row("best val loss", fmt(summary["best_val_loss"]))
+    if summary["floor_loss"] is not None:
+        table.add_row("floor (Bayes-optimal)", fmt(summary["floor_loss"]))
+        if summary["final_val_loss"] is not None:
+            table.add_row("gap to floor", fmt(summary["final_val_loss"] - summary["floor_loss"]))
+    table.add_row("tokens/s", fmt(summary["tokens_per_s"], ",.0f"))
+    table.add_row("wall time", f"{summary['wall_s']:.1f} s")
+    table.add_row("parameters", f"{summary['params']:,}")
+    leak = summary["causal_leak"]
+    if leak["train"] is not None:
+        flag = " [red](leaks the future in train mode)[/red]" if summary["leaks_future"] else ""
+        table.add_row("causal leak train / eval", f"{leak['train']:.1e} / {leak['eval']:.1e}{flag}")
+    if summary["error"]:
+        table.add_row("error", summary["error"])
+    return table
+

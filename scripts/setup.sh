@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install normbench into it. Sourced by demo.sh and test.sh.
+# NORMBENCH_TORCH overrides the torch requirement, e.g. NORMBENCH_TORCH="torch==2.13.0" for a CPU wheel.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+extras="${1:-}"
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+py=.venv/bin/python
+stamp=".venv/.normbench-installed${extras:+-$extras}"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$py" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    if ! "$py" -c "import torch" 2>/dev/null; then
+        "$py" -m pip install -q "${NORMBENCH_TORCH:-torch>=2.4}"
+    fi
+    "$py" -m pip install -q -e ".${extras:+[$extras]}"
+    touch "$stamp"
+fi
