@@ -11,6 +11,7 @@ The training-throughput benchmark lives elsewhere.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import os
@@ -42,16 +43,19 @@ MAX_ROTATION = 64  # rotated input buffers at most, however small they are
 ROTATION_BYTES = 1 << 30  # memory the rotated inputs may take (a quarter of free memory on CUDA)
 
 
-def time_ms(fn, *, repeats: int = 25, warmup: int = 3, block_s: float = 2e-3,
-            device: torch.device | str = "cpu") -> float:
-    """Median milliseconds per call of ``fn()`` over ``repeats`` timed blocks.
+def time_ms(fns, *, repeats: int = 25, warmup: int = 3, block_s: float = 2e-3,
+            device: torch.device | str = "cpu"):
+    """Median milliseconds per call of ``fn()``; for a dict name -> fn, a dict of medians.
 
-    Each block runs ``fn`` enough times to last about ``block_s`` (so timer and
+    Each timed block runs a fn enough times to last about ``block_s`` (so timer and
     synchronization overhead stay small) and is bracketed by a device synchronize.
-    Standard-library ``timeit`` rather than ``torch.utils.benchmark.Timer``: Timer's
-    ``blocked_autorange`` picks power-of-ten block sizes, leaving sub-millisecond ops
-    only a few blocks to take a median of, and its ``timeit`` re-warms on every call,
-    which triples the cost of slow ops. ``timeit`` also switches off the GC while timing.
+    Blocks of the fns are interleaved (a b c a b c ...): a slow spell on a shared,
+    noisy machine then hits every fn alike instead of whichever was being timed, so
+    their ratios stay fair. Standard-library ``timeit`` rather than
+    ``torch.utils.benchmark.Timer``: Timer's ``blocked_autorange`` picks power-of-ten
+    block sizes, leaving sub-millisecond ops a few blocks to take a median of, its
+    ``timeit`` re-warms on every call (tripling the cost of slow ops), and neither
+    interleaves. ``timeit`` also switches off the GC while timing.
     """
     device = torch.device(device)
     clock = time.perf_counter
@@ -59,11 +63,36 @@ def time_ms(fn, *, repeats: int = 25, warmup: int = 3, block_s: float = 2e-3,
         def clock():  # kernels are asynchronous: a block ends when the device is done
             torch.cuda.synchronize(device)
             return time.perf_counter()
-    for _ in range(warmup):  # lazy init, allocator growth, compilation: none of it in a block
-        fn()
-    timer = timeit.Timer(fn, timer=clock)
-    number = max(1, round(block_s / timer.timeit(1)))
-    return 1e3 * statistics.median(timer.repeat(repeat=repeats, number=number)) / number
+    named = fns if isinstance(fns, dict) else {"": fns}
+    timers, numbers = {}, {}
+    for name, fn in named.items():
+        for _ in range(warmup):  # lazy init, allocator growth, compilation: none of it in a block
+            fn()
+        timers[name] = timeit.Timer(fn, timer=clock)
+        numbers[name] = max(1, round(block_s / timers[name].timeit(1)))
+    times = {name: [] for name in named}
+    for _ in range(repeats):
+        for name, timer in timers.items():
+            times[name].append(timer.timeit(numbers[name]) / numbers[name])
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    return ms if isinstance(fns, dict) else ms[""]
+
+
+def _keep_freed_memory() -> None:
+    """Stop glibc handing freed memory back to the OS between calls (CPU runs only).
+
+    Torch's CPU allocator is plain malloc: by default glibc unmaps or trims freed
+    megabyte-sized blocks, so an op's outputs land on fresh pages and pay page faults
+    and zeroing, at random depending on heap layout. Measured on a 512-wide fwd+bwd,
+    this swung one impl between 0.6 and 1.1 ms while the other stayed put. CUDA's
+    caching allocator needs no such help.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to tune
+        return
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never trim the heap top
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: heap, not a fresh mmap, up to glibc's 32 MiB maximum
 
 
 def _last_level_cache_bytes(device: torch.device) -> int:
@@ -174,11 +203,13 @@ def _check(device: str, dtypes: list[str], dims: list[int], tokens: int, norms: 
 
 def run_bench(device: str = "cpu", dtypes: list[str] = ("fp32",), dims: list[int] | None = None,
               tokens: int | None = None, norms: list[str] | None = None, repeats: int = 25,
-              compile: bool = True, out: Path | None = None, console: Console | None = None) -> pd.DataFrame:
+              compile: bool = True, threads: int | None = None, out: Path | None = None,
+              console: Console | None = None) -> pd.DataFrame:
     """Time every requested norm, width and dtype; return (and optionally write) the rows.
 
     ``tokens`` defaults to 8192 on CUDA and 1024 on CPU; ``repeats`` is the number of
-    timed blocks the median is taken over (see ``time_ms``). ``none`` is timed too, as
+    timed blocks the median is taken over (see ``time_ms``); ``threads`` sets torch's
+    CPU threads for the run (default: leave them as they are). ``none`` is timed too, as
     a floor: the harness's own cost (module call, autograd bookkeeping) with no norm.
     ``gb_per_s`` counts each full-size tensor once: fwd moves x in and y out, fwd+bwd
     also dy in and dx out, so bytes = (2 or 4) * tokens * dim * element size;
@@ -190,41 +221,60 @@ def run_bench(device: str = "cpu", dtypes: list[str] = ("fp32",), dims: list[int
     norms = list(NORMS) if norms is None else list(norms)
     dtypes = list(dtypes)
     dev = _check(device, dtypes, dims, 1 if tokens is None else tokens, norms, repeats)
+    if threads is not None and threads < 1:
+        raise ConfigError(f"threads must be >= 1, got {threads}")
     tokens = DEFAULT_TOKENS[dev.type] if tokens is None else tokens
     console = console or Console()
+    if dev.type == "cpu":
+        _keep_freed_memory()
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or saved_threads)
+    try:
+        df = _run(dev, dtypes, dims, tokens, norms, repeats, compile, console)
+    finally:
+        torch.set_num_threads(saved_threads)
+    if out is not None:
+        write_csv(df, Path(out))
+    show(df, console)
+    return df
+
+
+def _run(dev, dtypes, dims, tokens, norms, repeats, compile, console) -> pd.DataFrame:
     impls_of = {n: ["native"] * (n in GOALS and GOALS[n][0] == "native") + ["normbench"]
                 + ["compiled"] * (compile and n != "none") for n in norms}
 
     rows = []
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=len(dtypes) * len(dims) * sum(map(len, impls_of.values())))
+        task = progress.add_task("bench", total=len(dtypes) * len(dims) * len(norms))
         for dtype_name, dim in itertools.product(dtypes, dims):
             dtype = DTYPES[dtype_name]
             inputs = _rotated_inputs(tokens, dim, dtype, dev)
             for name in norms:
+                progress.update(task, description=f"{name} {dim} {dtype_name}")
                 m = build_norm(name, dim).to(dev)  # parameters stay fp32: mixed precision, as in training
+                steps = {}
                 for impl in impls_of[name]:
-                    progress.advance(task)
-                    if impl == "compiled" and not compile:
-                        continue
-                    progress.update(task, description=f"{name} {impl} {dim} {dtype_name}")
                     fn, leaves = m, list(m.parameters())
                     if impl == "native":
                         fn, leaves = _native(name, m, dtype)
                     elif impl == "compiled":
+                        if not compile:
+                            continue
                         try:
                             fn = _compile(m, *inputs[0])
                         except Exception as e:  # no C++ compiler, unsupported platform, compiler bug
-                            console.print(f"[yellow]compiled skipped from here on: {type(e).__name__}: "
-                                          f"{str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}")
+                            first = (str(e).strip().splitlines() or [""])[0][:120]
+                            console.print(f"[yellow]compiled skipped from here on: {type(e).__name__}: {first}")
                             compile = False
                             continue
                     for pass_, step in _passes(fn, leaves, inputs).items():
-                        ms = time_ms(step, repeats=repeats, device=dev)
-                        moved = (2 if pass_ == "fwd" else 4) * tokens * dim * dtype.itemsize
-                        rows.append(dict(norm=name, impl=impl, dim=dim, dtype=dtype_name, device=str(dev),
-                                         pass_=pass_, tokens=tokens, ms=ms,
-                                         gb_per_s=math.nan if name == "none" else moved / ms / 1e6))
+                        steps[impl, pass_] = step
+                for (impl, pass_), ms in time_ms(steps, repeats=repeats, device=dev).items():
+                    moved = (2 if pass_ == "fwd" else 4) * tokens * dim * dtype.itemsize
+                    rows.append(dict(norm=name, impl=impl, dim=dim, dtype=dtype_name, device=str(dev),
+                                     pass_=pass_, tokens=tokens, ms=ms,
+                                     gb_per_s=math.nan if name == "none" else moved / ms / 1e6))
+                progress.advance(task)
             del inputs
 
     df = pd.DataFrame(rows).rename(columns={"pass_": "pass"})
@@ -232,11 +282,7 @@ def run_bench(device: str = "cpu", dtypes: list[str] = ("fp32",), dims: list[int
     for ref in ("native", "compiled"):
         base = df[df.impl == ref].set_index(key).ms.rename("ref")
         df[f"ratio_to_{ref}"] = df.ms / df.join(base, on=key)["ref"]
-    df = df.reindex(columns=COLUMNS)
-    if out is not None:
-        write_csv(df, Path(out))
-    show(df, console)
-    return df
+    return df.reindex(columns=COLUMNS)
 
 
 def write_csv(df: pd.DataFrame, out: Path) -> None:

@@ -121,7 +121,8 @@ def sample_synthetic(n: int, length: int, transitions: torch.Tensor, copy_prob: 
         mix = markov.clone()
         mix[can_copy] *= 1 - copy_prob
         mix[rows[can_copy], target[can_copy]] += copy_prob
-        nxt = torch.multinomial(mix, 1).squeeze(1)
+        # Inverse-CDF sampling: one uniform per sequence, much faster than multinomial here.
+        nxt = torch.searchsorted(mix.cumsum(1), torch.rand(n, 1, dtype=mix.dtype)).squeeze(1).clamp_max(vocab - 1)
         tokens[:, t] = nxt
         logprob[:, t - 1] = mix[rows, nxt].log()
     return tokens, logprob

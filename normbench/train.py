@@ -133,6 +133,7 @@ class Run:
     def __init__(self, run, run_dir: Path):
         self.cfg, self.tcfg = run, run.train
         self.dir = RunDir(run_dir)
+        self.dir.path.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(self.tcfg.device)
         if self.tcfg.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)", allowed=["fp32", "bf16"])

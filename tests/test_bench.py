@@ -1,0 +1,105 @@
+"""The norm micro-benchmark: well-formed rows, honest timing, clear errors."""
+
+import io
+import math
+import time
+
+import pandas as pd
+import pytest
+import torch
+from rich.console import Console
+
+from normbench.bench import COLUMNS, run_bench, time_ms
+from normbench.errors import ConfigError
+from normbench.norms import NORMS
+
+NATIVE = {"ln", "rms", "bn", "gn"}
+
+
+def quiet():
+    return Console(file=io.StringIO(), width=120)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "sub" / "bench.csv"
+    console = quiet()
+    df = run_bench(dtypes=["fp32", "bf16"], dims=[32, 64], tokens=64, repeats=3, compile=False,
+                   threads=1, out=out, console=console)
+    return df, out, console.file.getvalue()
+
+
+def test_columns_and_one_row_per_config(bench):
+    df, _, _ = bench
+    assert list(df.columns) == COLUMNS
+    assert not df.duplicated(["norm", "impl", "dim", "dtype", "device", "pass"]).any()
+    expected = sum(2 if n in NATIVE else 1 for n in NORMS) * 2 * 2 * 2  # impls x dims x dtypes x passes
+    assert len(df) == expected
+    assert set(df["pass"]) == {"fwd", "fwd+bwd"}
+    assert set(df.impl) == {"native", "normbench"}  # compile off: no compiled rows
+    assert set(df[df.impl == "native"].norm) == NATIVE
+    assert (df.tokens == 64).all() and (df.device == "cpu").all()
+
+
+def test_times_and_ratios(bench):
+    df, _, _ = bench
+    assert (df.ms > 0).all() and df.ms.map(math.isfinite).all()
+    native = df[df.impl == "native"]
+    assert (native.ratio_to_native == 1.0).all()
+    assert df[~df.norm.isin(NATIVE)].ratio_to_native.isna().all()
+    nb = df[(df.impl == "normbench") & df.norm.isin(NATIVE)]
+    assert (nb.ratio_to_native > 0).all() and nb.ratio_to_native.map(math.isfinite).all()
+    assert df.ratio_to_compiled.isna().all()
+    real = df[df.norm != "none"]
+    assert (real.gb_per_s > 0).all()
+    # fwd moves 2 full tensors, fwd+bwd 4: check the docstring's formula on one row
+    row = real.iloc[0]
+    factor = 2 if row["pass"] == "fwd" else 4
+    bytes_ = factor * row.tokens * row.dim * (4 if row.dtype == "fp32" else 2)
+    assert row.gb_per_s == pytest.approx(bytes_ / (row.ms * 1e-3) / 1e9)
+
+
+def test_csv_written_and_table_shown(bench):
+    df, out, text = bench
+    assert out.exists() and not list(out.parent.glob("*.tmp"))
+    back = pd.read_csv(out)
+    assert list(back.columns) == COLUMNS and len(back) == len(df)
+    pd.testing.assert_series_equal(back.ms, df.ms, check_exact=False)
+    assert "normbench" in text and "rms" in text
+
+
+def test_timing_of_a_known_sleep():
+    ms = time_ms(lambda: time.sleep(0.002), repeats=5, warmup=1)
+    assert 1.9 < ms < 4.0
+
+
+def test_timing_uses_blocks_for_fast_calls():
+    calls = []
+    ms = time_ms(lambda: calls.append(1), repeats=3)
+    assert ms < 0.1 and len(calls) > 100  # many calls per block, not one timer read per call
+
+
+@pytest.mark.parametrize("kwargs, allowed", [
+    (dict(dtypes=["fp8"]), "fp32"),
+    (dict(norms=["ln", "nope"]), "rms"),
+    (dict(device="tpu"), "cpu"),
+    (dict(device="banana"), "cpu"),
+    (dict(dims=[64, 0]), None),
+    (dict(dims=[]), None),
+    (dict(tokens=0), None),
+    (dict(repeats=0), None),
+    (dict(threads=0), None),
+    (dict(dims=[6], norms=["gn"]), 3),  # gn's 4 groups don't divide 6
+])
+def test_bad_input_raises_config_error(kwargs, allowed):
+    with pytest.raises(ConfigError) as e:
+        run_bench(**{"dims": [32], "tokens": 8, "compile": False, "console": quiet(), **kwargs})
+    if allowed is not None:
+        assert allowed in e.value.allowed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_unavailable():
+    with pytest.raises(ConfigError, match="CUDA") as e:
+        run_bench(device="cuda", dims=[32], console=quiet())
+    assert e.value.allowed == ["cpu"]

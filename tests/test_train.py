@@ -1,0 +1,180 @@
+"""The training loop, the model's wiring and the run directory contract, on tiny models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from normbench.config import group_options, parse_config
+from normbench.model import GPT, ModelConfig
+from normbench.norms import NORMS
+from normbench.placements import PLACEMENTS
+from normbench.train import LEAK_TOLERANCE, TrainConfig, build_optimizer, lr_factor
+
+from conftest import compose_cfg, read_metrics, train_tiny
+
+
+def test_every_group_option_composes_and_validates():
+    for group in ("norm", "placement", "model", "data", "train"):
+        for option in group_options(group):
+            extra = ["data.path=README.md"] if (group, option) == ("data", "text") else []
+            run = parse_config(compose_cfg([f"{group}={option}", *extra]))
+            assert run.model.d_model % run.model.n_head == 0
+
+
+def test_placements_and_norms_have_yaml_files():
+    assert group_options("placement") == sorted(PLACEMENTS)
+    assert group_options("norm") == sorted(NORMS)
+
+
+def test_run_directory_contract(tmp_path):
+    summary = train_tiny(tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} >= {"metrics.jsonl", "summary.json"}
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("status", "final_val_loss", "best_val_loss", "floor_loss", "tokens_per_s", "wall_s", "steps",
+                "params", "env", "causal_leak"):
+        assert key in on_disk, key
+    assert on_disk["status"] == "completed" and on_disk["steps"] == 20
+    assert on_disk["params"] == summary["params"] > 0
+    assert set(on_disk["env"]) >= {"torch", "device", "threads", "python", "git_commit"}
+    assert not list(tmp_path.glob(".*.tmp")), "atomic write left a temp file"
+    records = read_metrics(tmp_path)
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in train] == [5, 10, 15, 20]
+    assert [r["step"] for r in evals] == [0, 10, 20]
+    assert all({"train_loss", "lr", "tokens_per_s"} <= set(r) for r in train)
+    assert on_disk["final_val_loss"] == evals[-1]["val_loss"]
+    assert on_disk["best_val_loss"] == min(r["val_loss"] for r in evals)
+
+
+def test_loss_falls(tmp_path):
+    train_tiny(tmp_path, "train.steps=60", "train.lr=1e-2")
+    evals = [r["val_loss"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
+    assert evals[0] == pytest.approx(math.log(64), abs=0.3)  # untrained: about uniform
+    assert evals[-1] < evals[0] - 0.5
+
+
+def test_same_seed_same_curve_bit_for_bit(tmp_path):
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_ms")} for r in rs]  # noqa: E731
+    train_tiny(tmp_path / "a", "model.dropout=0.1", "seed=3")
+    train_tiny(tmp_path / "b", "model.dropout=0.1", "seed=3")
+    train_tiny(tmp_path / "c", "model.dropout=0.1", "seed=4")
+    a, b, c = (strip(read_metrics(tmp_path / n)) for n in "abc")
+    assert a == b
+    assert a != c
+
+
+def test_divergence_is_a_result_not_a_crash(tmp_path):
+    summary = train_tiny(tmp_path, "train.lr=50", "train.warmup_steps=0", "train.grad_clip=0", "norm=none",
+                         "train.steps=200", "train.log_every=1", "train.diverge_threshold=6.0")
+    assert summary["status"] == "diverged"
+    assert summary["steps"] < 200 and summary["final_val_loss"] is None
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_lr_schedule_warmup_then_cosine_to_min_lr():
+    cfg = TrainConfig(steps=110, lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert lr_factor(0, cfg) == pytest.approx(0.1)
+    assert lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(60, cfg) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
+    assert lr_factor(110, cfg) == pytest.approx(0.1)
+
+
+def test_logged_lr_follows_the_schedule(tmp_path):
+    train_tiny(tmp_path, "train.lr=0.01", "train.min_lr=0.001", "train.warmup_steps=10", "train.log_every=1")
+    cfg = TrainConfig(steps=20, lr=0.01, min_lr=0.001, warmup_steps=10)
+    for r in read_metrics(tmp_path):
+        if r["kind"] == "train":
+            assert r["lr"] == pytest.approx(0.01 * lr_factor(r["step"] - 1, cfg))
+
+
+def test_weight_decay_skips_norms_biases_and_embeddings():
+    model = GPT(ModelConfig(n_layer=2, d_model=16, n_head=2, block_size=8), 11, {"name": "ln"}, {"name": "pre"})
+    opt = build_optimizer(model, TrainConfig(weight_decay=0.3), torch.device("cpu"))
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[i] for i in decayed} == {
+        f"blocks.{b}.{m}.weight" for b in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+    }
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_gpt2_init_scales_residual_projections():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=8, d_model=256, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "pre"})
+    assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
+    assert model.head.weight is model.tok_emb.weight
+
+
+def test_deepnorm_alpha_and_beta_init():
+    torch.manual_seed(0)
+    n_layer, d = 6, 256
+    model = GPT(ModelConfig(n_layer=n_layer, d_model=d, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "deepnorm", "final_norm": False})
+    block = model.blocks[0]
+    assert block.alpha == pytest.approx((2 * n_layer) ** 0.25)
+    beta = (8 * n_layer) ** -0.25
+    xavier = lambda fan_in, fan_out, gain: gain * math.sqrt(2.0 / (fan_in + fan_out))  # noqa: E731
+    q, k, v = block.attn.qkv.weight.split(d)
+    assert q.std().item() == pytest.approx(xavier(d, d, 1.0), rel=0.05)
+    assert v.std().item() == pytest.approx(xavier(d, d, beta), rel=0.05)
+    assert block.mlp.fc.weight.std().item() == pytest.approx(xavier(d, 4 * d, beta), rel=0.05)
+    assert isinstance(model.norm_final, torch.nn.Identity)
+
+
+def test_final_norm_can_be_turned_off(tmp_path):
+    on = GPT(ModelConfig(), 16, {"name": "rms"}, {"name": "pre", "final_norm": True})
+    off = GPT(ModelConfig(), 16, {"name": "rms"}, {"name": "pre", "final_norm": False})
+    assert on.num_params() - off.num_params() == ModelConfig().d_model
+
+
+def test_post_placement_normalizes_the_residual_stream():
+    """Post-LN: every block's output is a norm's output; Pre-LN's stream is left alone."""
+    torch.manual_seed(0)
+    idx = torch.randint(16, (2, 8))
+    for placement, normalized in (("post", True), ("pre", False)):
+        model = GPT(ModelConfig(n_layer=2, d_model=32, n_head=2, block_size=8), 16, {"name": "ln", "bias": False},
+                    {"name": placement, "final_norm": False})
+        outs = []
+        model.blocks[-1].register_forward_hook(lambda m, i, o: outs.append(o))
+        model(idx)
+        per_token = outs[0].std(-1, unbiased=False)
+        assert torch.allclose(per_token, torch.ones_like(per_token), atol=1e-3) == normalized
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+@pytest.mark.parametrize("norm", sorted(NORMS))
+def test_every_norm_in_every_placement_trains_and_probes(tmp_path, norm, placement):
+    summary = train_tiny(tmp_path, f"norm={norm}", f"placement={placement}", "train.steps=6", "train.log_every=3",
+                         "train.eval_every=6")
+    assert summary["status"] == "completed"
+    assert math.isfinite(summary["final_val_loss"])
+    leak = summary["causal_leak"]
+    assert leak["eval"] < LEAK_TOLERANCE, "eval mode must be causal for every norm"
+    if norm == "bn":
+        assert leak["train"] > 1e-2 and summary["leaks_future"], "BatchNorm's train-mode leak must show"
+    else:
+        assert leak["train"] < LEAK_TOLERANCE and not summary["leaks_future"]
+
+
+def test_batchnorm_validation_uses_running_statistics(tmp_path):
+    """Val loss is computed in eval mode: the same number the eval-mode model gives by hand."""
+    from normbench.train import Run
+
+    run = parse_config(compose_cfg(["model=tiny", "norm=bn", "train.device=cpu", "data.train_sequences=64",
+                                    "data.val_sequences=64", "train.eval_batches=2", "train.batch_size=8"]))
+    state = Run(run, tmp_path)
+    for _ in range(3):
+        state.train_step()
+    bn = state.model.blocks[0].norm_attn.bn
+    running = bn.running_mean.clone()
+    val = state.evaluate()
+    assert torch.equal(bn.running_mean, running), "evaluation must not update running statistics"
+    state.model.eval()
+    with torch.no_grad():
+        by_hand = torch.stack([state.model(x, y)[1] for x, y in state.val]).mean().item()
+    assert val == pytest.approx(by_hand, rel=1e-6)
