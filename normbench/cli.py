@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -63,6 +65,64 @@ Show the composed config with [bold]--cfg job[/bold]; choose the run directory w
 )
 def train(ctx: typer.Context) -> None:
     _hydra(ctx.args)
+
+
+def _fail(err: Exception) -> None:
+    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(None, help="Run or sweep directories (searched recursively) and bench CSV files. Default: results/"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. Default: a report/ folder beside the runs."),
+    group_by: Optional[str] = typer.Option(None, "--group-by", help="Comma-separated config keys to group by. Default: the keys that vary."),
+    metric: str = typer.Option("final_val_loss", "--metric", help="The summary field to rank configurations by."),
+    formats: str = typer.Option("png", "--format", help="Chart formats, comma-separated: png, svg."),
+) -> None:
+    """Tables (CSV, Markdown, terminal) and charts (PNG/SVG, one HTML page) comparing runs."""
+    from normbench.errors import ConfigError
+    from normbench.report import run_report
+
+    try:
+        run_report(
+            paths or [Path("results")],
+            out=out,
+            group_by=group_by.split(",") if group_by else None,
+            metric=metric,
+            formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
+        )
+    except ConfigError as err:
+        _fail(err)
+
+
+@app.command()
+def bench(
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Comma-separated: fp32, bf16, fp16."),
+    dims: Optional[str] = typer.Option(None, "--dims", help="Comma-separated widths. Default: 128 to 8192."),
+    tokens: Optional[int] = typer.Option(None, "--tokens", help="Tokens per call (rows of the (tokens, dim) input)."),
+    norms: Optional[str] = typer.Option(None, "--norms", help="Comma-separated norms. Default: the whole zoo."),
+    compile: bool = typer.Option(True, "--compile/--no-compile", help="Also time torch.compile'd versions."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results as CSV here."),
+) -> None:
+    """Micro-benchmark every norm (forward, forward+backward) against PyTorch's native op."""
+    from normbench.bench import run_bench
+    from normbench.errors import ConfigError
+
+    try:
+        kwargs = {"tokens": tokens} if tokens else {}
+        run_bench(
+            device=device,
+            dtypes=[d.strip() for d in dtype.split(",")],
+            dims=[int(d) for d in dims.split(",")] if dims else None,
+            norms=norms.split(",") if norms else None,
+            compile=compile,
+            out=out,
+            **kwargs,
+        )
+    except ValueError as err:  # ConfigError, or a --dims entry that is not an integer
+        _fail(err if isinstance(err, ConfigError) else f"--dims takes integers, e.g. 128,1024 ({err})")
 
 
 def main() -> None:
