@@ -32,7 +32,7 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
     except ConfigError as err:
         # Recorded as failed (never completed) so a sweep's index and a report show it.
         run_dir_.write_summary({"status": "failed", "error": f"config error: {err}"})
-        console.print(f"[bold red]error:[/bold red] {err}")
+        console.print(f"[bold red]error:[/bold red] {err}", soft_wrap=True, highlight=False)
         if not multirun:
             sys.exit(2)
         return None

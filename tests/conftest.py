@@ -29,9 +29,15 @@ TINY = [
     "train.warmup_steps=2",
     "train.progress=false",
     "train.device=cpu",
-    "data.train_sequences=128",
-    "data.val_sequences=32",
 ]
+# A small synthetic corpus: these keys exist only under data=synthetic.
+SYNTH = ["data.train_sequences=128", "data.val_sequences=32"]
+
+
+def tiny(*overrides: str) -> list[str]:
+    """TINY plus the small corpus unless another dataset is chosen."""
+    other_data = any(o.startswith("data=") for o in overrides)
+    return [*TINY, *([] if other_data else SYNTH), *overrides]
 
 
 def compose_cfg(overrides=()):
@@ -41,7 +47,7 @@ def compose_cfg(overrides=()):
 
 
 def train_tiny(run_dir: Path, *overrides: str) -> dict:
-    cfg = compose_cfg([*TINY, *overrides])
+    cfg = compose_cfg(tiny(*overrides))
     return train(parse_config(cfg), Path(run_dir))
 
 
@@ -57,6 +63,3 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     )
 
 
-@pytest.fixture
-def tiny_overrides():
-    return list(TINY)

@@ -55,7 +55,7 @@ def test_times_and_ratios(bench):
     # fwd moves 2 full tensors, fwd+bwd 4: check the docstring's formula on one row
     row = real.iloc[0]
     factor = 2 if row["pass"] == "fwd" else 4
-    bytes_ = factor * row.tokens * row.dim * (4 if row.dtype == "fp32" else 2)
+    bytes_ = factor * row.tokens * row.dim * (4 if row["dtype"] == "fp32" else 2)
     assert row.gb_per_s == pytest.approx(bytes_ / (row.ms * 1e-3) / 1e9)
 
 

@@ -1,0 +1,118 @@
+"""The command line as a user meets it: help, Hydra pass-through, bad input, exit codes, install."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from typer.testing import CliRunner
+
+from normbench.cli import app
+
+from conftest import REPO, run_cli, tiny
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_help_lists_commands_groups_and_examples():
+    top = invoke("--help")
+    assert top.exit_code == 0 and "train" in top.output
+    train = invoke("train", "--help")
+    assert train.exit_code == 0
+    for text in ("norm", "bn, dyt, gn, ln, none, rms, scale", "deepnorm, peri, post, pre", "normbench train norm=rms placement=pre"):
+        assert text in train.output
+
+
+def test_cfg_job_passes_through_to_hydra():
+    result = invoke("train", "--cfg", "job", "norm=rms", "placement=post", "model.n_layer=3")
+    assert result.exit_code == 0
+    assert "name: rms" in result.output and "name: post" in result.output and "n_layer: 3" in result.output
+
+
+def test_train_writes_the_run_directory(tmp_path):
+    result = invoke("train", *tiny(), f"hydra.run.dir={tmp_path}")
+    assert result.exit_code == 0, result.output
+    assert {"config.yaml", "metrics.jsonl", "summary.json"} <= {p.name for p in tmp_path.iterdir()}
+    assert "final val loss" in result.output
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+
+
+BAD_INPUTS = [
+    (["norm=foo"], "Available options in 'norm'"),
+    (["placement=sideways"], "Available options in 'placement'"),
+    (["norm.name=foo"], "unknown norm 'foo'; allowed: bn, dyt, gn, ln, none, rms, scale"),
+    (["model.d_model=30", "model.n_head=4"], "model.d_model=30 is not divisible by model.n_head=4"),
+    (["train.steps=0"], "train.steps must be a positive integer"),
+    (["train.batch_size=-2"], "train.batch_size must be a positive integer"),
+    (["model.block_size=0"], "model.block_size must be a positive integer"),
+    (["train.lr=fast"], "train.lr: Value 'fast' of type 'str' could not be converted to Float"),
+    (["train.precision=fp8"], "unknown train.precision 'fp8'; allowed: fp32, bf16, fp16"),
+    (["train.device=cuda:7"], "train.device=cuda:7 is not available"),
+    (["train.device=tpu"], "train.device"),
+    (["data=text"], "data=text needs a file: data.path="),
+    (["data=text", "data.path=/nonexistent/file.txt"], "no such file"),
+    (["norm=gn", "norm.groups=5"], "norm.groups=5 must divide the model width"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_INPUTS)
+def test_bad_input_is_a_short_clear_error(tmp_path, overrides, message):
+    result = invoke("train", *tiny(*overrides), f"hydra.run.dir={tmp_path}")
+    assert result.exit_code != 0
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+    summary = tmp_path / "summary.json"
+    assert not summary.exists() or json.loads(summary.read_text())["status"] == "failed"
+    assert not (tmp_path / "metrics.jsonl").exists(), "nothing trained, so nothing logged"
+
+
+@pytest.mark.parametrize("content", [b"", b"\xc3\x28 not utf-8"])
+def test_bad_text_file_through_the_cli(tmp_path, content):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(content)
+    result = invoke("train", *tiny("data=text", f"data.path={path}"), f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.exit_code == 2 and ("is empty" in result.output or "is not UTF-8" in result.output)
+
+
+def test_real_process_exit_codes_and_no_traceback(tmp_path):
+    bad = run_cli("train", *tiny("model.n_head=3"), f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2
+    assert "error:" in bad.stderr and "Traceback" not in bad.stderr + bad.stdout
+    diverged = run_cli("train", *tiny("norm=none", "train.lr=50", "train.grad_clip=0", "train.warmup_steps=0",
+                                        "train.log_every=1", "train.diverge_threshold=6"), f"hydra.run.dir={tmp_path / 'div'}")
+    assert diverged.returncode == 0, diverged.stderr  # a diverged configuration is a result
+    assert json.loads((tmp_path / "div" / "summary.json").read_text())["status"] == "diverged"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_wheel_ships_the_configs_and_runs_from_elsewhere(tmp_path):
+    """pip install . must carry conf/ inside the package: run the installed wheel from another directory."""
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(REPO)],
+        capture_output=True, text=True, timeout=300,
+    )
+    if build.returncode != 0 and "Could not find a version" in build.stderr + build.stdout:
+        pytest.skip("no build backend available offline")
+    assert build.returncode == 0, build.stderr
+    wheel = next((tmp_path / "dist").glob("normbench-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "normbench/conf/config.yaml" in names and "normbench/conf/norm/rms.yaml" in names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)], check=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "normbench", "train", "--cfg", "job", "norm=rms"],
+        cwd=elsewhere, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "name: rms" in result.stdout
