@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import platform
-import statistics
 import subprocess
 import time
 import traceback
@@ -28,7 +27,9 @@ from normbench.data import build_dataset
 from normbench.errors import ConfigError
 from normbench.model import GPT
 from normbench.runs import RunDir
+from normbench.perf import StepTimer, flops_per_token, peak_flops, peak_memory_mb
 from normbench.sinks import JsonlSink, MetricSinks
+from normbench.stats import LayerStats, global_grad_norm
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
@@ -48,6 +49,8 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 4
     log_every: int = 10
+    stats_every: int = 50  # per-layer statistics at step 0 and every N steps; 0 turns them off
+    peak_flops: float | None = None  # FLOP/s for MFU; None measures a matmul peak on the device
     precision: str = "fp32"
     device: str = "auto"
     threads: int = 0  # 0 leaves PyTorch's default
@@ -58,7 +61,7 @@ class TrainConfig:
         for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}")
-        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup_steps", "threads"):
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup_steps", "threads", "stats_every"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
         if self.lr == 0:
@@ -153,20 +156,30 @@ class Run:
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.tcfg.eval_batches, self.tcfg.batch_size)]
         self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
 
-    def train_step(self) -> torch.Tensor:
+    def train_step(self, stats: LayerStats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One update; returns (loss, global grad norm before clipping), both still on the device."""
         x, y = self.data.train_batch(self.tcfg.batch_size, self.batch_gen)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if stats:
+            stats.begin()
         with self.autocast:
             _, loss = self.model(x, y)
         self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)  # true gradients for clipping and statistics
+        if stats:
+            stats.after_backward()
+        params = self.model.parameters()
         if self.tcfg.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.tcfg.grad_clip)
+        else:
+            grad_norm = global_grad_norm(params)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if stats:
+            stats.after_update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss.detach()
+        return loss.detach(), grad_norm.detach()
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -191,6 +204,7 @@ def _progress(console: Console, enabled: bool) -> Progress:
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
         TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("|g| {task.fields[gnorm]}"),
         TimeRemainingColumn(),
         console=console,
         disable=not enabled,
@@ -204,42 +218,50 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     started = time.perf_counter()
     state = Run(run, run_dir)
     tcfg = state.tcfg
+    stats = LayerStats(state.model) if tcfg.stats_every else None
     sinks = MetricSinks([JsonlSink(run_dir)])
+    tokens_per_step = tcfg.batch_size * run.model.block_size
+    timer = StepTimer(warmup_steps=min(tcfg.log_every, tcfg.steps // 5))
     status, error = "completed", None
     val_losses: list[float] = []
-    window_tps: list[float] = []
-    tokens_per_step = tcfg.batch_size * run.model.block_size
+    grad_norms: list[float] = []
     step = 0
     try:
         val_losses.append(state.evaluate())
         sinks.log({"kind": "eval", "step": 0, "val_loss": val_losses[-1]})
-        pending: list[torch.Tensor] = []
-        window_start = time.perf_counter()
+        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        timer.resume()
         with _progress(console, tcfg.progress) as bar:
-            task = bar.add_task("train", total=tcfg.steps, loss="-", tps="-")
+            task = bar.add_task("train", total=tcfg.steps, loss="-", tps="-", gnorm="-")
             for step in range(1, tcfg.steps + 1):
                 lr = state.scheduler.get_last_lr()[0]
-                pending.append(state.train_step())
+                # The gradients of update `step` are taken after step - 1 updates: that is their label.
+                collect = stats is not None and (step - 1) % tcfg.stats_every == 0
+                loss, grad_norm = state.train_step(stats if collect else None)
+                if collect:
+                    sinks.log(stats.record(step - 1, grad_norm, tcfg.grad_clip))
+                pending.append((loss, grad_norm))
+                timer.tick()
                 if step % tcfg.log_every and step != tcfg.steps:
                     continue
-                losses = torch.stack(pending).float().tolist()  # the one host sync of the window
-                elapsed = time.perf_counter() - window_start
-                tps = len(pending) * tokens_per_step / elapsed
-                window_tps.append(tps)
+                losses, norms = torch.stack([torch.stack(p) for p in pending]).float().T.tolist()  # one sync per window
+                grad_norms += norms
+                window_s = sum(timer.times[-len(pending):])
                 train_loss = sum(losses) / len(losses)
+                tps = len(pending) * tokens_per_step / window_s
                 sinks.log({
-                    "kind": "train", "step": step, "train_loss": train_loss, "lr": lr,
-                    "tokens_per_s": tps, "step_ms": 1000 * elapsed / len(pending), "tokens": step * tokens_per_step,
+                    "kind": "train", "step": step, "train_loss": train_loss, "lr": lr, "grad_norm": norms[-1],
+                    "tokens_per_s": tps, "step_ms": 1000 * window_s / len(pending), "tokens": step * tokens_per_step,
                 })
-                bar.update(task, completed=step, loss=f"{train_loss:.3f}", tps=f"{tps:,.0f}")
+                bar.update(task, completed=step, loss=f"{train_loss:.3f}", tps=f"{tps:,.0f}", gnorm=f"{norms[-1]:.2f}")
+                pending = []
                 if not all(math.isfinite(v) and v < state.threshold for v in losses):
                     status = "diverged"
                     break
                 if step % tcfg.eval_every == 0 or step == tcfg.steps:
                     val_losses.append(state.evaluate())
                     sinks.log({"kind": "eval", "step": step, "val_loss": val_losses[-1]})
-                pending = []
-                window_start = time.perf_counter()
+                    timer.resume()
     except KeyboardInterrupt:
         sinks.close()
         raise
@@ -251,14 +273,25 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
 
     leak = state.probe() if status != "failed" else {"train": None, "eval": None}
     finite_vals = [v for v in val_losses if math.isfinite(v)]
-    steady = window_tps[1:] or window_tps  # the first window holds warm-up (allocation, caches)
+    finite_norms = [g for g in grad_norms if math.isfinite(g)]
+    speed = timer.summary(tokens_per_step)
+    dtype = PRECISIONS[tcfg.precision]
+    model_flops = flops_per_token(state.model)
+    mfu = None
+    if speed["tokens_per_s"]:
+        mfu = model_flops * speed["tokens_per_s"] / peak_flops(state.device, dtype, tcfg.peak_flops)
     summary = {
         "status": status,
         "error": error,
         "final_val_loss": val_losses[-1] if status == "completed" else None,
         "best_val_loss": min(finite_vals) if finite_vals else None,
         "floor_loss": state.data.floor_loss,
-        "tokens_per_s": statistics.median(steady) if steady else None,
+        **speed,
+        "peak_mem_mb": peak_memory_mb(state.device),
+        "mfu": mfu,
+        "flops_per_token": model_flops,
+        "max_grad_norm": max(finite_norms) if finite_norms else None,
+        "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms)) if grad_norms and tcfg.grad_clip > 0 else 0.0,
         "wall_s": time.perf_counter() - started,
         "steps": step,
         "params": state.model.num_params(),

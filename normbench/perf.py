@@ -1,0 +1,111 @@
+"""Throughput, step time, peak memory and model FLOPs utilisation (MFU) of a training run.
+
+MFU follows PaLM (Chowdhery et al. 2022, appendix B) as nanoGPT does: model FLOPs per token
+= 6 N + 12 L d T (N parameters without position embeddings; the second term is attention),
+times tokens per second, over a peak. The peak is ``train.peak_flops`` when given, otherwise a
+quick matrix-multiply measurement on the device, cached per device, dtype and thread count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from normbench.runs import write_atomic
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NORMBENCH_CACHE_DIR", "~/.cache/normbench")).expanduser()
+
+
+def flops_per_token(model) -> float:
+    cfg = model.cfg
+    n = model.num_params() - model.pos_emb.weight.numel()
+    return 6 * n + 12 * cfg.n_layer * cfg.d_model * cfg.block_size
+
+
+def _measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 10) -> float:
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        a @ b
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        sync()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / min(times)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype, setting: float | None = None) -> float:
+    """FLOP/s that count as 100% MFU: the setting, else a cached matmul measurement."""
+    if setting:
+        return float(setting)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    key = f"{name}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
+    path = cache_dir() / "peak_flops.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        cache[key] = _measure_matmul_flops(device, dtype, size=4096 if device.type == "cuda" else 1024)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(cache, indent=1))
+        except OSError:
+            pass  # a read-only home only costs a re-measurement next time
+    return cache[key]
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: peak allocated by PyTorch. CPU: the process's peak resident set (all it ever held)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+
+
+class StepTimer:
+    """Per-step wall times from host timestamps: no device sync of its own.
+
+    On a GPU the host runs ahead until the launch queue fills, after which each
+    host step lasts as long as a device step; the steady-state figures exclude warm-up.
+    """
+
+    def __init__(self, warmup_steps: int):
+        self.warmup = warmup_steps
+        self.times: list[float] = []
+        self.last = time.perf_counter()
+
+    def tick(self) -> float:
+        now = time.perf_counter()
+        self.times.append(now - self.last)
+        self.last = now
+        return self.times[-1]
+
+    def resume(self) -> None:
+        """Start the next step's clock now, so time spent evaluating is not counted as a step."""
+        self.last = time.perf_counter()
+
+    def steady(self) -> list[float]:
+        return self.times[self.warmup :] or self.times
+
+    def summary(self, tokens_per_step: int) -> dict:
+        steady = self.steady()
+        if not steady:
+            return {"tokens_per_s": None, "step_ms_p50": None, "step_ms_p90": None}
+        ms = sorted(1000 * t for t in steady)
+        p90 = ms[min(len(ms) - 1, int(0.9 * len(ms)))]
+        median = statistics.median(ms)
+        return {"tokens_per_s": tokens_per_step / (median / 1000), "step_ms_p50": median, "step_ms_p90": p90}

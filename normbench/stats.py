@@ -1,0 +1,142 @@
+"""Training diagnostics: per-layer gradient, weight and update norms, residual RMS, norm gains.
+
+On a statistics step (step 0, then every ``train.stats_every`` steps) the training
+loop calls ``begin()`` before the forward pass, ``after_backward()`` once the
+gradients exist (before clipping and the update), and ``after_update()`` after the
+optimizer step; ``record()`` then reads every number back in one host transfer.
+Nothing here changes the training: it reads parameters, gradients and activations.
+
+Step labels follow Xiong et al. 2020: the record for step s holds the gradients at
+the parameters after s updates, so step 0 is the first batch at initialization.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# The sub-layer parts every block has, by the key used in metrics.jsonl.
+PARTS = {"attn_in": "attn.qkv", "attn_out": "attn.proj", "mlp_in": "mlp.fc", "mlp_out": "mlp.proj"}
+
+
+def _norm_of(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The L2 norm of several tensors taken together (one vector), on their device."""
+    if not tensors:
+        return None
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.detach().float()) for t in tensors]))
+
+
+def global_grad_norm(params) -> torch.Tensor:
+    """What clip_grad_norm_ would return, for when clipping is off."""
+    return _norm_of([p.grad for p in params if p.grad is not None])
+
+
+def _norm_modules(module: nn.Module) -> dict[str, nn.Module]:
+    """A block's norms: its direct children named norm_* (the placements' convention)."""
+    return {name: child for name, child in module.named_children() if name.startswith("norm")}
+
+
+def _gain(norm: nn.Module) -> torch.Tensor | None:
+    weight = getattr(norm, "weight", None)
+    return weight if isinstance(weight, torch.Tensor) else None
+
+
+class LayerStats:
+    """Collects the per-layer statistics of one step for a model built by normbench.model.GPT."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.groups: dict[str, list[nn.Parameter]] = {}  # "blocks.3.mlp_out" -> params
+        for i, block in enumerate(model.blocks):
+            for key, path in PARTS.items():
+                self.groups[f"{i}.{key}"] = list(block.get_submodule(path).parameters())
+            self.groups[f"{i}.norm"] = [p for n in _norm_modules(block).values() for p in n.parameters()]
+        self.groups["embedding.tok"] = [model.tok_emb.weight]
+        self.groups["embedding.pos"] = [model.pos_emb.weight]
+        self.groups["final_norm"] = list(model.norm_final.parameters())
+        self._resid: list[torch.Tensor | None] = [None] * len(model.blocks)
+        self._active = False
+        for i, block in enumerate(model.blocks):
+            block.register_forward_hook(self._hook(i))
+        self._values: dict[str, torch.Tensor | None] = {}
+        self._before: dict[str, list[torch.Tensor]] = {}
+        self._gains: dict[str, torch.Tensor] = {}
+
+    def _hook(self, index: int):
+        def store(module, inputs, output):
+            if self._active:
+                self._resid[index] = output.detach().float().pow(2).mean().sqrt()
+
+        return store
+
+    def begin(self) -> None:
+        self._active = True
+        self._values = {}
+
+    def after_backward(self) -> None:
+        self._active = False
+        for key, params in self.groups.items():
+            self._values[f"grad_norm.{key}"] = _norm_of([p.grad for p in params if p.grad is not None])
+            self._values[f"weight_norm.{key}"] = _norm_of(params)
+            self._before[key] = [p.detach().clone() for p in params]
+        # Gains as they were when the gradients were taken, like the weight norms.
+        self._gains = {}
+        for i, block in enumerate(self.model.blocks):
+            for name, norm in _norm_modules(block).items():
+                if (g := _gain(norm)) is not None:
+                    self._gains[f"{i}.{name}"] = g.detach().float().clone()
+        if (g := _gain(self.model.norm_final)) is not None:
+            self._gains["final_norm"] = g.detach().float().clone()
+
+    @torch.no_grad()
+    def after_update(self) -> None:
+        for key, params in self.groups.items():
+            update = _norm_of([p - old for p, old in zip(params, self._before[key])])
+            weight = self._values[f"weight_norm.{key}"]
+            self._values[f"update_ratio.{key}"] = None if update is None else update / weight.clamp_min(1e-12)
+        self._before = {}
+
+    def record(self, step: int, grad_norm: torch.Tensor, grad_clip: float) -> dict:
+        """The JSON record for this step; the one host sync of the statistics."""
+        names, tensors = [], []
+        for name, value in [*self._values.items(), *((f"resid.{i}", r) for i, r in enumerate(self._resid)), ("grad_norm", grad_norm)]:
+            if value is not None:
+                names.append(name)
+                tensors.append(value.reshape(()))
+        for name, g in self._gains.items():
+            names += [f"gain.{name}.mean", f"gain.{name}.min", f"gain.{name}.max"]
+            tensors += [g.mean(), g.min(), g.max()]
+        flat = dict(zip(names, torch.stack(tensors).tolist()))
+
+        def part(kind: str, prefix: str, keys) -> dict:
+            return {k: flat.get(f"{kind}.{prefix}{k}") for k in keys}
+
+        keys = [*PARTS, "norm"]
+        layers = []
+        for i, block in enumerate(self.model.blocks):
+            layers.append({
+                "grad_norm": part("grad_norm", f"{i}.", keys),
+                "weight_norm": part("weight_norm", f"{i}.", keys),
+                "update_ratio": part("update_ratio", f"{i}.", keys),
+                "resid_rms": flat.get(f"resid.{i}"),
+                "gain": {
+                    name: {s: flat[f"gain.{i}.{name}.{s}"] for s in ("mean", "min", "max")}
+                    for name in _norm_modules(block) if f"gain.{i}.{name}.mean" in flat
+                },
+            })
+        extra = {}
+        for group in ("embedding.tok", "embedding.pos", "final_norm"):
+            extra[group.replace(".", "_")] = {
+                kind: flat.get(f"{kind}.{group}") for kind in ("grad_norm", "weight_norm", "update_ratio")
+            }
+        if "gain.final_norm.mean" in flat:
+            extra["final_norm"]["gain"] = {s: flat[f"gain.final_norm.{s}"] for s in ("mean", "min", "max")}
+        total = flat["grad_norm"]
+        return {
+            "kind": "stats",
+            "step": step,
+            "grad_norm": total,
+            "clipped": bool(grad_clip > 0 and total > grad_clip),
+            "layers": layers,
+            **extra,
+        }
