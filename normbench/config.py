@@ -45,6 +45,7 @@ class RunConfig:
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
+    logger: str = "jsonl"
 
 
 def _typed(schema, node, group: str):
@@ -78,6 +79,7 @@ def parse_config(cfg: DictConfig) -> RunConfig:
         model=_typed(ModelConfig, cfg.model, "model"),
         data=_typed(DataConfig, cfg.data, "data"),
         train=_typed(TrainConfig, cfg.train, "train"),
+        logger=cfg.logger.name,
     )
     run.model.validate()
     run.train.validate()

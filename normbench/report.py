@@ -51,7 +51,7 @@ EXTRA_COLORS = ("C6", "C8", "C9", "#17becf", "#393b79", "#8c6d31")
 PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\")}
 IMPL_LINESTYLES = {"normbench": "-", "native": "--", "compiled": ":"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-DPI = 110
+DPI = 100
 
 
 def norm_color(norm) -> str:
@@ -270,7 +270,7 @@ def resolve_group_keys(group_by: list[str] | None, data: ReportData) -> list[str
     allowed = ["norm", "placement", *[k for k in data.config_keys if k not in ALIASES]]
     keys = []
     for key in group_by:
-        key = ALIASES.get(key, key)
+        key = ALIASES.get(key.strip(), key.strip())
         if key not in allowed:
             raise ConfigError(f"unknown group key {key!r}", allowed=allowed)
         keys += [key] if key not in keys else []
@@ -305,7 +305,7 @@ def aggregate(runs: pd.DataFrame, keys: list[str], metric: str = "final_val_loss
     status = runs["status"]
     flags = runs.assign(runs=1, completed=status.eq("completed"), diverged=status.eq("diverged"),
                         failed=status.eq("failed"), leaks_future=runs["leaks_future"].map(
-                            lambda v: v if isinstance(v, bool) else pd.NA))
+                            lambda v: bool(v) if isinstance(v, (bool, np.bool_)) else pd.NA))
     groups = flags.groupby(keys, dropna=False, sort=False)
     agg = groups[["runs", "completed", "diverged", "failed"]].sum()
     completed = runs[status.eq("completed")].groupby(keys, dropna=False, sort=False)
@@ -401,27 +401,30 @@ def _legend(fig, axes) -> None:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    if handles:
-        fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize="small")
+    if handles:  # as many columns as it takes for the legend to fit the figure's height
+        ncols = math.ceil(len(handles) / max(4, int(fig.get_figheight() * 72 / 15)))
+        fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize="small", ncols=ncols)
 
 
-def _by_config(d: ReportData, frame: pd.DataFrame):
-    """(label, rows, style) per configuration, in the aggregate's best-first order."""
-    groups = dict(list(frame.groupby(frame["run"].map(d.runs["config"]))))
+def _plain(text) -> str:
+    """A config value as literal chart text: two '$' in a label would otherwise start TeX math."""
+    return str(text).replace("$", r"\$")
+
+
+def _bands(ax, d: ReportData, frame: pd.DataFrame, x: str, y: str) -> None:
+    """Per configuration, best first: the mean over seeds as a line, min–max over seeds as a band."""
+    frame = frame.dropna(subset=[x, y])
+    frame = frame.assign(config=frame["run"].map(d.runs["config"]))
+    stats = frame.groupby(["config", x])[y].agg(["mean", "min", "max"])  # one groupby for all configs
+    seeds = frame.groupby("config")["run"].nunique()
     for label in d.agg["config"]:
-        if label in groups:
-            yield label, groups[label], d.styles[label]
-
-
-def _band(ax, rows: pd.DataFrame, x: str, y: str, style: dict, label: str) -> None:
-    """Mean over seeds as a line, min-max over seeds as a shaded band."""
-    stats = rows.dropna(subset=[x, y]).groupby(x)[y].agg(["mean", "min", "max"])
-    if stats.empty:
-        return
-    ax.plot(stats.index, stats["mean"], label=label, color=style["color"], linestyle=style["linestyle"],
-            marker=style["marker"], markevery=max(1, len(stats) // 8), markersize=4)
-    if rows["run"].nunique() > 1:
-        ax.fill_between(stats.index, stats["min"], stats["max"], color=style["color"], alpha=0.15, linewidth=0)
+        if label not in seeds.index:
+            continue
+        s, style = stats.loc[label], d.styles[label]
+        ax.plot(s.index, s["mean"], label=_plain(label), color=style["color"], linestyle=style["linestyle"],
+                marker=style["marker"], markevery=max(1, len(s) // 8), markersize=4)
+        if seeds[label] > 1:
+            ax.fill_between(s.index, s["min"], s["max"], color=style["color"], alpha=0.15, linewidth=0)
 
 
 def _floor(ax, runs: pd.DataFrame) -> None:
@@ -437,7 +440,7 @@ def _bars(ax, d: ReportData, values: pd.Series, errs: list | None = None) -> Non
             style = d.styles[label]
             ax.bar(i, value, yerr=None if errs is None else errs[i], capsize=3, color=style["color"],
                    hatch=style["hatch"], edgecolor="black", linewidth=0.5)
-    ax.set_xticks(range(len(d.agg)), d.agg["config"], rotation=35, ha="right", fontsize="small")
+    ax.set_xticks(range(len(d.agg)), d.agg["config"].map(_plain), rotation=35, ha="right", fontsize="small")
 
 
 def _completed(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
@@ -454,8 +457,7 @@ def chart_loss_curves(d: ReportData):
         return "no completed run logged train or eval losses in metrics.jsonl"
     fig, axes = _figure(len(panels))
     for ax, (frame, x, y, title, xlabel) in zip(axes, panels):
-        for label, rows, style in _by_config(d, frame):
-            _band(ax, rows, x, y, style, label)
+        _bands(ax, d, frame, x, y)
         _floor(ax, d.runs[d.runs["status"].eq("completed")])
         ax.set(title=title, xlabel=xlabel, ylabel="loss (nats/token)")
         ax.grid(alpha=0.3)
@@ -469,7 +471,7 @@ def chart_final_loss(d: ReportData):
     mean, std, bad = agg["final_val_loss_mean"], agg["final_val_loss_std"].fillna(0), agg["diverged"] + agg["failed"]
     if mean.isna().all() and bad.sum() == 0:
         return "no run reported final_val_loss"
-    fig, (ax,) = _figure(1, width=max(5.0, 0.45 * len(agg) + 2))
+    fig, (ax,) = _figure(1, width=max(5.0, 0.45 * len(agg) + 2), height=5.0)
     _bars(ax, d, mean, list(std))
     _floor(ax, d.runs)
     # Losses differ in the second decimal: a zero baseline would flatten every bar to the same height.
@@ -485,7 +487,7 @@ def chart_final_loss(d: ReportData):
             ax.plot(i, 0.95, "x", color="red", markersize=9, markeredgewidth=2, transform=ax.get_xaxis_transform(),
                     label="diverged/failed runs (not averaged)")
             ax.annotate(f"{n_bad}/{n}", (i, 0.91), xycoords=ax.get_xaxis_transform(), ha="center", va="top",
-                        color="red", fontsize="small")
+                        color="red", fontsize="small", backgroundcolor="white")
     ax.set(title="Final validation loss per configuration (mean ± std over completed seeds)",
            ylabel="final val loss (nats/token)")
     ax.grid(axis="y", alpha=0.3)
@@ -498,16 +500,15 @@ def chart_grad_by_layer(d: ReportData):
     last = _completed(d, d.layers[d.layers["when"].eq("last")])  # the init picture holds for every run
     steps = first["step"].dropna().unique()
     at = f"step {steps[0]:.0f}" if len(steps) == 1 else "first stats record"
-    panels = [(first, "grad", f"mlp_out grad norm by layer, {at}", "grad norm (L2)", True),
-              (last, "grad", "mlp_out grad norm by layer, last stats record", "grad norm (L2)", True),
-              (last, "resid_rms", "Residual-stream RMS by layer, last stats record", "residual RMS", False)]
+    panels = [(first, "grad", f"mlp_out grad norm, {at}", "grad norm of mlp_out weight (L2)", True),
+              (last, "grad", "mlp_out grad norm, last stats record", "grad norm of mlp_out weight (L2)", True),
+              (last, "resid_rms", "Residual-stream RMS, last stats record", "residual RMS", False)]
     panels = [p for p in panels if p[0][p[1]].notna().any()]
     if not panels:
         return "no per-layer stats records in metrics.jsonl"
     fig, axes = _figure(len(panels))
     for ax, (frame, y, title, ylabel, logy) in zip(axes, panels):
-        for label, rows, style in _by_config(d, frame):
-            _band(ax, rows, "layer", y, style, label)
+        _bands(ax, d, frame, "layer", y)
         ax.set(title=title, xlabel="layer (block index, input → output)", ylabel=ylabel)
         ax.set_yscale("log" if logy else "linear")
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -521,10 +522,9 @@ def chart_grad_norm(d: ReportData):
     grads = _completed(d, d.grads)
     if not grads["grad_norm"].notna().any():
         return "no completed run logged stats records with grad_norm"
-    fig, (ax,) = _figure(1, width=7)
-    for label, rows, style in _by_config(d, grads):
-        _band(ax, rows, "step", "grad_norm", style, label)
-    ax.set(title="Global gradient norm over training (before clipping; completed runs)", xlabel="step",
+    fig, (ax,) = _figure(1, width=8)
+    _bands(ax, d, grads, "step", "grad_norm")
+    ax.set(title="Global gradient norm over training (completed runs)", xlabel="step",
            ylabel="grad norm (L2)", yscale="log")
     ax.grid(alpha=0.3)
     _legend(fig, [ax])
@@ -539,12 +539,16 @@ def chart_throughput(d: ReportData):
     panels = [p for p in panels if agg[p[0]].notna().any()]
     if not panels:
         return "no run reported tokens_per_s, step time or peak memory"
-    fig, axes = _figure(len(panels), width=max(4.0, 0.4 * len(agg) + 1.5))
+    # Many configurations make wide bar panels: stack them instead of putting them side by side.
+    fig, axes = _figure(len(panels), width=max(4.0, 0.4 * len(agg) + 1.5), height=4.5, ncols=1 if len(agg) > 6 else 3)
     for ax, (col, upper, title, unit) in zip(axes, panels):
         errs = None if upper is None else [[[0], [u]] for u in (agg[upper] - agg[col]).clip(lower=0).fillna(0)]
         _bars(ax, d, agg[col], errs)
         ax.set(title=title, ylabel=unit)
         ax.grid(axis="y", alpha=0.3)
+    if len(axes) > 1 and len(agg) > 6:
+        for ax in axes[:-1]:  # stacked panels share the configuration labels of the bottom one
+            ax.tick_params(labelbottom=False)
     fig.suptitle("Speed and memory per configuration (mean over runs)")
     return fig
 
@@ -583,7 +587,8 @@ def chart_stability(d: ReportData):
                     color="red" if n_bad > 0 else ("white" if value < (vmin + vmax) / 2 else "black"))
         ax.set_xticks(range(len(lrs)), [f"{v:g}" for v in lrs], rotation=35)
         ax.set_yticks(range(len(ys)), [_fmt_value(v) for v in ys])
-        ax.set(title=" / ".join(map(_fmt_value, pkey)), xlabel="peak learning rate (train.lr)", ylabel=ykey or "")
+        ax.set(title=_plain(" / ".join(map(_fmt_value, pkey))), xlabel="peak learning rate (train.lr)",
+               ylabel=ykey or "")
     fig.colorbar(im, ax=list(axes), label="final val loss (nats/token), mean over completed seeds")
     fig.suptitle("Stability map: grey × cells = diverged/failed runs (not averaged)")
     return fig
@@ -592,14 +597,17 @@ def chart_stability(d: ReportData):
 def chart_bench(d: ReportData):
     if d.bench is None or d.bench.empty:
         return "no bench CSV among the inputs (pass the file from `normbench bench --out X.csv`)"
-    panels = list(d.bench.groupby(["device", "dtype", "pass"], sort=True))
+    # One panel per setting that changes the timings, so each line compares like with like.
+    keys = ["device", "dtype", "pass"] + ["tokens"] * ("tokens" in d.bench and d.bench["tokens"].nunique() > 1)
+    panels = list(d.bench.groupby(keys, sort=True))
     fig, axes = _figure(len(panels))
-    for ax, ((device, dtype, pass_), part) in zip(axes, panels):
+    for ax, (panel, part) in zip(axes, panels):
         for (norm, impl), line in part.groupby(["norm", "impl"], sort=True):
             line = line.sort_values("dim")
             ax.plot(line["dim"], line["ms"], color=norm_color(norm), linestyle=IMPL_LINESTYLES.get(str(impl), "-."),
-                    marker="o", markersize=3, label=f"{norm} ({impl})")
-        ax.set(title=f"{pass_} · {dtype} · {device}", xlabel="hidden size (dim)", ylabel="time per call (ms)")
+                    marker="o", markersize=3, label=_plain(f"{norm} ({impl})"))
+        title = " · ".join(f"{k}={v}" if k == "tokens" else str(v) for k, v in zip(keys, panel))
+        ax.set(title=_plain(title), xlabel="hidden size (dim)", ylabel="time per call (ms)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
@@ -708,23 +716,26 @@ def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] |
                                          "diverged and failed runs are counted, not averaged.\n\n" + to_markdown(table))
 
     charts, written = [], set()
-    with matplotlib.rc_context({"text.parse_math": False}):  # a '$' in a config value is text, not TeX
-        for name, title, draw in CHARTS:
+    for name, title, draw in CHARTS:
+        try:
             result = "no run directories among the inputs" if name in RUN_CHARTS and d.agg is None else draw(d)
-            if isinstance(result, str):
-                console.print(f"[dim]note: chart {name} not drawn: {escape(result)}[/dim]")
-                charts.append((title, None, result))
-                continue
+        except Exception as err:  # odd data in one chart must not cost the tables and the other charts
+            warn(f"chart {name} failed: {err!r}")
+            result = f"failed: {err!r}"
+        if isinstance(result, str):
+            console.print(f"[dim]note: chart {name} not drawn: {escape(result)}[/dim]")
+            charts.append((title, None, result))
+            continue
+        buffer = io.BytesIO()
+        result.savefig(buffer, format="png", dpi=DPI)
+        charts.append((title, buffer.getvalue(), None))
+        write_atomic(out / f"{name}.png", buffer.getvalue())
+        written.add(f"{name}.png")
+        for fmt in set(formats) - {"png"}:
             buffer = io.BytesIO()
-            result.savefig(buffer, format="png", dpi=DPI)
-            charts.append((title, buffer.getvalue(), None))
-            write_atomic(out / f"{name}.png", buffer.getvalue())
-            written.add(f"{name}.png")
-            for fmt in set(formats) - {"png"}:
-                buffer = io.BytesIO()
-                result.savefig(buffer, format=fmt, dpi=DPI)
-                write_atomic(out / f"{name}.{fmt}", buffer.getvalue())
-                written.add(f"{name}.{fmt}")
+            result.savefig(buffer, format=fmt, dpi=DPI)
+            write_atomic(out / f"{name}.{fmt}", buffer.getvalue())
+            written.add(f"{name}.{fmt}")
     # A chart left out this time must not survive from an earlier report in the same folder.
     for name, _, _ in CHARTS:
         for fmt in FORMATS:

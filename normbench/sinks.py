@@ -1,13 +1,15 @@
 """Metric sinks: where the training loop's records go.
 
 The JSONL file in the run directory is the source of truth and is always written;
-other sinks (TensorBoard) mirror it. A sink takes one flat-ish dict per call.
+``logger=NAME`` adds a mirror (``logger=tensorboard``: TensorBoard event files in the
+run directory, one scalar per JSONL key, nested keys joined with dots).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from normbench.errors import ConfigError
 from normbench.runs import METRICS, to_json
 
 
@@ -25,11 +27,46 @@ class JsonlSink:
         self.file.close()
 
 
-class MetricSinks:
-    """Fans each record out to every configured sink."""
+def flatten(record: dict, prefix: str = "") -> dict[str, float]:
+    """{"layers": [{"grad_norm": {"mlp_out": 1.0}}]} -> {"layers.0.grad_norm.mlp_out": 1.0}."""
+    out = {}
+    items = record.items() if isinstance(record, dict) else enumerate(record)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list)):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step":
+            out[name] = float(value)
+    return out
 
-    def __init__(self, sinks: list):
-        self.sinks = sinks
+
+class TensorBoardSink:
+    def __init__(self, run_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("logger=tensorboard needs the tensorboard package: pip install 'normbench[tensorboard]'") from None
+        self.writer = SummaryWriter(log_dir=str(run_dir))
+
+    def log(self, record: dict) -> None:
+        for name, value in flatten(record).items():
+            self.writer.add_scalar(name, value, global_step=record["step"])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+EXTRA_SINKS = {"jsonl": [], "tensorboard": [TensorBoardSink]}
+
+
+class MetricSinks:
+    """Fans each record out to the JSONL file and the configured mirrors."""
+
+    def __init__(self, run_dir: Path, logger: str = "jsonl"):
+        if logger not in EXTRA_SINKS:
+            raise ConfigError(f"unknown logger '{logger}'", allowed=sorted(EXTRA_SINKS))
+        self.sinks = [cls(run_dir) for cls in EXTRA_SINKS[logger]]
+        self.sinks.insert(0, JsonlSink(run_dir))
 
     def log(self, record: dict) -> None:
         for sink in self.sinks:

@@ -28,7 +28,7 @@ from normbench.errors import ConfigError
 from normbench.model import GPT
 from normbench.runs import RunDir
 from normbench.perf import StepTimer, flops_per_token, peak_flops, peak_memory_mb
-from normbench.sinks import JsonlSink, MetricSinks
+from normbench.sinks import MetricSinks
 from normbench.stats import LayerStats, global_grad_norm
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -219,7 +219,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     state = Run(run, run_dir)
     tcfg = state.tcfg
     stats = LayerStats(state.model) if tcfg.stats_every else None
-    sinks = MetricSinks([JsonlSink(run_dir)])
+    sinks = MetricSinks(state.dir.path, run.logger)
     tokens_per_step = tcfg.batch_size * run.model.block_size
     timer = StepTimer(warmup_steps=min(tcfg.log_every, tcfg.steps // 5))
     status, error = "completed", None
@@ -320,6 +320,11 @@ def summary_table(summary: dict) -> Table:
         if summary["final_val_loss"] is not None:
             table.add_row("gap to floor", fmt(summary["final_val_loss"] - summary["floor_loss"]))
     table.add_row("tokens/s", fmt(summary["tokens_per_s"], ",.0f"))
+    table.add_row("step time p50 / p90", f"{fmt(summary['step_ms_p50'], '.1f')} / {fmt(summary['step_ms_p90'], '.1f')} ms")
+    if summary["mfu"] is not None:
+        table.add_row("MFU", f"{100 * summary['mfu']:.1f}%")
+    table.add_row("peak memory", f"{fmt(summary['peak_mem_mb'], ',.0f')} MB")
+    table.add_row("max grad norm / clipped", f"{fmt(summary['max_grad_norm'], '.3g')} / {100 * summary['clip_fraction']:.0f}% of steps")
     table.add_row("wall time", f"{summary['wall_s']:.1f} s")
     table.add_row("parameters", f"{summary['params']:,}")
     leak = summary["causal_leak"]

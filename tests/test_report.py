@@ -76,7 +76,8 @@ def sweep(tmp_path_factory):
     """ln/pre seeds 2.0 2.2 2.4; rms/pre seeds 2.0 2.2 plus one diverged run with a huge loss."""
     root = tmp_path_factory.mktemp("sweep")
     for seed, final in enumerate([2.0, 2.2, 2.4]):
-        make_run(root, f"ln_pre_s{seed}", norm="ln", seed=seed, final=final, best=final - 0.1, tokens_per_s=1000.0 * (seed + 1))
+        make_run(root, f"ln_pre_s{seed}", norm="ln", seed=seed, final=final, best=final - 0.1,
+                 tokens_per_s=1000.0 * (seed + 1))
     make_run(root, "rms_pre_s0", norm="rms", eps=1e-6, seed=0, final=2.0)
     make_run(root, "rms_pre_s1", norm="rms", eps=1e-6, seed=1, final=2.2)
     make_run(root, "rms_pre_s2", norm="rms", eps=1e-6, seed=2, final=50.0, status="diverged")
@@ -84,7 +85,7 @@ def sweep(tmp_path_factory):
         "norm,impl,dim,dtype,device,pass,ms,gb_per_s,ratio_to_native\n"
         + "".join(f"{n},{impl},{dim},float32,cpu,fwd,{dim / 1000 * (2 if impl == 'native' else 1)},1.0,1.0\n"
                   for n in ("ln", "rms") for impl in ("normbench", "native") for dim in (256, 512, 1024)))
-    out, text = report([root, root / "bench.csv"], formats=("png", "svg"))
+    out, text = report([root, root / "bench.csv"])
     return root, out, text
 
 
@@ -123,7 +124,7 @@ def test_every_chart_drawn_when_data_present(sweep):
     _, out, _ = sweep
     for name in RUN_CHARTS[:-1] + ["bench"]:  # lr does not vary in this sweep
         assert (out / f"{name}.png").stat().st_size > 1000, name
-        assert (out / f"{name}.svg").exists(), name
+        assert not (out / f"{name}.svg").exists(), name  # only when asked for
     assert not (out / "stability.png").exists()
     page = (out / "report.html").read_text()
     assert "Stability map" in page and "train.lr does not vary" in page
@@ -181,11 +182,11 @@ def test_broken_runs_are_skipped_with_a_warning(tmp_path, monkeypatch):
 def test_absent_chart_data_gives_a_note_not_an_empty_chart(tmp_path):
     make_run(tmp_path, "a", norm="ln", stats=False)
     make_run(tmp_path, "b", norm="rms", stats=False)
-    out, text = report([tmp_path])
+    out, text = report([tmp_path], formats=("png", "svg"))
     for name in ("loss_curves", "final_loss", "throughput"):
-        assert (out / f"{name}.png").exists()
+        assert (out / f"{name}.png").exists() and (out / f"{name}.svg").exists()
     for name in ("grad_by_layer", "grad_norm", "stability", "bench"):
-        assert not (out / f"{name}.png").exists()
+        assert not (out / f"{name}.png").exists() and not (out / f"{name}.svg").exists()
         assert f"chart {name} not drawn" in " ".join(text.split())
     page = (out / "report.html").read_text()
     assert "no per-layer stats records" in page and "no bench CSV among the inputs" in page
@@ -211,7 +212,8 @@ def test_stability_map_and_leaks_future(tmp_path, monkeypatch):
     agg = pd.read_csv(out / "aggregate.csv")
     assert list(agg.columns[1:3]) == ["norm", "train.lr"]
     bn_high = agg[(agg["norm"] == "bn") & (agg["train.lr"] == 1e-2)].iloc[0]
-    assert bn_high["diverged"] == 2 and bn_high["final_val_loss_count"] == 0 and math.isnan(bn_high["final_val_loss_mean"])
+    assert bn_high["diverged"] == 2 and bn_high["final_val_loss_count"] == 0
+    assert math.isnan(bn_high["final_val_loss_mean"])
     assert bool(bn_high["leaks_future"]) is True
     assert agg["config"].iloc[-1] == "bn lr=0.01"  # nothing completed: sorted last
     assert "leaks future" in (out / "summary.md").read_text()
@@ -226,7 +228,9 @@ def test_default_group_keys_are_exactly_the_varying_keys(tmp_path):
     assert default_group_keys(data.runs, data.config_keys) == ["norm", "placement", "train.lr"]
     make_run(tmp_path, "d", norm="ln", eps=1e-4, placement="pre", lr=1e-3, n_layer=4, seed=3)
     data = load_runs(sorted(p for p in tmp_path.iterdir()), warn=print)
-    assert default_group_keys(data.runs, data.config_keys) == ["norm", "placement", "model.n_layer", "norm.eps", "train.lr"]
+    # now norm.eps splits the ln runs; keys after norm/placement follow the config's order
+    expected = ["norm", "placement", "model.n_layer", "norm.eps", "train.lr"]
+    assert default_group_keys(data.runs, data.config_keys) == expected
 
 
 def test_explicit_group_by(tmp_path, monkeypatch):
@@ -271,12 +275,12 @@ def test_older_summaries_with_missing_fields(tmp_path, monkeypatch):
 
 
 def test_200_runs(tmp_path):
-    norms, placements, lrs = ("ln", "rms", "bn", "dyt"), ("pre", "post"), (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    norms, placements, lrs = ("ln", "rms"), ("pre", "post"), (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
     i = 0
     for norm in norms:
         for placement in placements:
             for lr in lrs:
-                for seed in range(5):
+                for seed in range(10):
                     diverged = lr == 1e-1 and placement == "post"
                     make_run(tmp_path, f"r{i:03d}", norm=norm, placement=placement, lr=lr, seed=seed,
                              status="diverged" if diverged else "completed", final=2.0 + lr + 0.01 * seed,
@@ -286,6 +290,6 @@ def test_200_runs(tmp_path):
     out, _ = report([tmp_path])
     print(f"report over 200 runs: {time.perf_counter() - start:.2f}s")
     agg = pd.read_csv(out / "aggregate.csv")
-    assert len(agg) == 40 and agg["runs"].sum() == 200 and agg["diverged"].sum() == 20
+    assert len(agg) == 20 and agg["runs"].sum() == 200 and agg["diverged"].sum() == 20
     assert all((out / f"{name}.png").exists() for name in RUN_CHARTS)
     assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | {"bench"}

@@ -122,3 +122,18 @@ def test_xavier_init_option(tmp_path):
     proj = state.model.blocks[0].mlp.proj.weight
     assert fc.abs().max().item() <= math.sqrt(6 / (64 + 256)) + 1e-6
     assert proj.std().item() == pytest.approx(math.sqrt(2 / (64 + 256)), rel=0.05)  # no residual scaling
+
+
+def test_tensorboard_mirror_matches_the_jsonl(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train_tiny(tmp_path, "logger=tensorboard", "train.stats_every=10")
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train_loss", "val_loss", "lr", "tokens_per_s", "grad_norm", "layers.0.grad_norm.mlp_out", "layers.1.resid_rms"} <= tags
+    jsonl = {r["step"]: r["train_loss"] for r in read_metrics(tmp_path) if r["kind"] == "train"}
+    board = {e.step: e.value for e in events.Scalars("train_loss")}
+    assert board.keys() == jsonl.keys()
+    assert all(board[s] == pytest.approx(jsonl[s], rel=1e-6) for s in jsonl)

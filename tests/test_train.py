@@ -18,7 +18,7 @@ from conftest import compose_cfg, read_metrics, train_tiny
 
 
 def test_every_group_option_composes_and_validates():
-    for group in ("norm", "placement", "model", "data", "train"):
+    for group in ("norm", "placement", "model", "data", "train", "logger"):
         for option in group_options(group):
             extra = ["data.path=README.md"] if (group, option) == ("data", "text") else []
             run = parse_config(compose_cfg([f"{group}={option}", *extra]))
