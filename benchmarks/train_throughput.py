@@ -1,0 +1,94 @@
+"""Training throughput: normbench's loop against a minimal hand-written PyTorch loop.
+
+Same model, data, batch and optimizer. Three variants, interleaved over several
+rounds so that machine noise hits all of them alike, each reporting the median
+per-step time of its steady state:
+
+  bare        forward, backward, clip, AdamW step, zero_grad: nothing else
+  normbench   normbench.train.train() with statistics at the default cadence
+  no-stats    normbench.train.train() with train.stats_every=0
+
+Prints tokens/s for each and the ratios (normbench / bare: the loop's overhead;
+normbench / no-stats: what the statistics cost). Usage:
+
+    python benchmarks/train_throughput.py [--rounds 3] [--steps 150] [OVERRIDES...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from rich.console import Console
+from rich.table import Table
+
+from normbench.config import conf_dir, parse_config
+from normbench.data import build_dataset
+from normbench.model import GPT
+from normbench.train import build_optimizer, train
+
+
+def bare_loop(run, steps: int, warmup: int) -> float:
+    """The minimal loop a person would write by hand; returns median seconds per step."""
+    torch.manual_seed(run.seed)
+    data = build_dataset(run.data, run.model.block_size, run.train.eval_batches * run.train.batch_size)
+    model = GPT(run.model, data.vocab_size, run.norm, run.placement)
+    optimizer = build_optimizer(model, run.train, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(run.seed)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        x, y = data.train_batch(run.train.batch_size, gen)
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), run.train.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[warmup:])
+
+
+def normbench_loop(run, tmp: Path) -> float:
+    summary = train(run, tmp, console=Console(quiet=True))
+    return summary["step_ms_p50"] / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the model/data/train config")
+    args = parser.parse_args()
+    base = [f"train.steps={args.steps}", "train.progress=false", "train.device=cpu", "train.eval_every=100000", *args.overrides]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        runs = {
+            "normbench": parse_config(compose("config", base)),
+            "no-stats": parse_config(compose("config", [*base, "train.stats_every=0"])),
+        }
+    bare_run = runs["normbench"]
+    warmup = min(10, args.steps // 5)
+    seconds: dict[str, list[float]] = {"bare": [], "normbench": [], "no-stats": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            seconds["bare"].append(bare_loop(bare_run, args.steps, warmup))
+            for name, run in runs.items():
+                seconds[name].append(normbench_loop(run, Path(tmp) / f"{name}-{r}"))
+    tokens = bare_run.train.batch_size * bare_run.model.block_size
+    tps = {name: tokens / statistics.median(s) for name, s in seconds.items()}
+    table = Table(title=f"training throughput, {args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads")
+    for col in ("loop", "tokens/s (median)", "vs bare"):
+        table.add_column(col, justify="right")
+    for name, value in tps.items():
+        table.add_row(name, f"{value:,.0f}", f"{value / tps['bare']:.3f}")
+    console = Console()
+    console.print(table)
+    console.print(f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of throughput")
+
+
+if __name__ == "__main__":
+    main()
