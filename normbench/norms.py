@@ -28,6 +28,11 @@ NORMS: dict[str, type[nn.Module]] = {}
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """Half inputs are upcast for their statistics; float32 and float64 stay as they are."""
+    return x.float() if x.dtype in _HALF else x
+
+
 def register_norm(name: str):
     """Class decorator: make a norm available as ``norm=name``."""
 
@@ -114,10 +119,8 @@ class BatchNorm(nn.Module):
         return self.bn.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        if flat.dtype in _HALF:
-            return self.bn(flat.float()).to(x.dtype).reshape(x.shape)
-        return self.bn(flat).reshape(x.shape)
+        flat = _at_least_float32(x.reshape(-1, x.shape[-1]))
+        return self.bn(flat).to(x.dtype).reshape(x.shape)
 
 
 @register_norm("gn")
@@ -157,8 +160,8 @@ class ScaleNorm(nn.Module):
         self.weight = nn.Parameter(torch.tensor(math.sqrt(dim)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # F.normalize is exactly x / max(||x||_2, eps); the norm is taken in float32.
-        return (F.normalize(x.float(), dim=-1, eps=self.eps) * self.weight).to(x.dtype)
+        # F.normalize is exactly x / max(||x||_2, eps).
+        return (F.normalize(_at_least_float32(x), dim=-1, eps=self.eps) * self.weight).to(x.dtype)
 
 
 @register_norm("dyt")

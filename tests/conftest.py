@@ -9,11 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from normbench.config import conf_dir, parse_config
 from normbench.train import train
+
+# CI replays the same examples every time; locally hypothesis keeps exploring new ones.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -86,19 +86,22 @@ def test_norm_matches_reference(name, shape):
     eps=st.sampled_from([1e-6, 1e-5, 1e-3, 0.1]),
     scale=st.floats(0.01, 100.0),
     seed=st.integers(0, 2**16),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
 )
-def test_norm_property_random_shapes_and_eps(name, lead, groups_pow, width_mult, eps, scale, seed):
+def test_norm_property_random_shapes_and_eps(name, lead, groups_pow, width_mult, eps, scale, seed, dtype):
+    """Any shape, width, eps, input scale and full-precision dtype; half precision is tested below."""
     groups = 2**groups_pow
     dim = groups * width_mult
     options = {k: v for k, v in {"eps": eps, "groups": groups}.items() if k in norm_options(name)}
     torch.manual_seed(seed)
-    norm = randomize(build_norm(name, dim, **options), seed).train()
-    x = torch.randn(*lead, dim) * scale
+    norm = randomize(build_norm(name, dim, **options).to(dtype), seed).train()
+    x = torch.randn(*lead, dim, dtype=dtype) * scale
     if name == "bn" and math.prod(lead) < 2:
-        x = torch.randn(2, dim) * scale  # batch statistics need two tokens
+        x = torch.randn(2, dim, dtype=dtype) * scale  # batch statistics need two tokens
     out = norm(x)
     assert out.shape == x.shape and out.dtype == x.dtype
-    assert torch.allclose(out.double(), reference(name, norm, x), atol=1e-4, rtol=1e-4)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    assert torch.allclose(out.double(), reference(name, norm, x), atol=tol, rtol=tol)
 
 
 def test_layernorm_worked_example():
