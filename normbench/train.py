@@ -4,7 +4,8 @@
 warm-up + cosine schedule, evaluates in eval mode on fixed validation batches, stops
 on divergence, probes causality and writes ``summary.json``. Losses stay on the
 device and are read back once per ``train.log_every`` steps, so logging costs one
-host sync per window, not one per step.
+host sync per window, not one per step. Under torchrun the same loop trains with
+DDP (normbench.distributed); rank 0 alone writes the run directory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from normbench import distributed
 from normbench.causality import causal_leak
 from normbench.data import build_dataset
 from normbench.errors import ConfigError
@@ -133,16 +135,20 @@ class Run:
     def __init__(self, run, run_dir: Path):
         self.cfg, self.tcfg = run, run.train
         self.dir = RunDir(run_dir)
-        self.dir.path.mkdir(parents=True, exist_ok=True)
-        self.device = resolve_device(self.tcfg.device)
+        if distributed.is_main():
+            self.dir.path.mkdir(parents=True, exist_ok=True)
+        self.device = distributed.setup(resolve_device(self.tcfg.device))
+        distributed.local_batch_size(self.tcfg.batch_size)  # a batch that does not split evenly fails here
         if self.tcfg.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)", allowed=["fp32", "bf16"])
         if self.tcfg.threads:
             torch.set_num_threads(self.tcfg.threads)
-        torch.manual_seed(run.seed)
+        # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every rank).
+        torch.manual_seed(run.seed + distributed.rank())
         eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
         self.data = build_dataset(run.data, run.model.block_size, eval_sequences)
         self.model = GPT(run.model, self.data.vocab_size, run.norm, run.placement).to(self.device)
+        self.step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
         self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, self.tcfg))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tcfg.precision == "fp16")
@@ -154,10 +160,11 @@ class Run:
         self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
 
     def train_step(self) -> torch.Tensor:
-        x, y = self.data.train_batch(self.tcfg.batch_size, self.batch_gen)
+        x, y = self.data.train_batch(self.tcfg.batch_size, self.batch_gen)  # the global batch, on every rank
+        x, y = distributed.shard(x), distributed.shard(y)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with self.autocast:
-            _, loss = self.model(x, y)
+            _, loss = self.step_model(x, y)
         self.scaler.scale(loss).backward()
         if self.tcfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
@@ -204,7 +211,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     started = time.perf_counter()
     state = Run(run, run_dir)
     tcfg = state.tcfg
-    sinks = MetricSinks([JsonlSink(run_dir)])
+    sinks = MetricSinks([JsonlSink(run_dir)] if distributed.is_main() else [])
     status, error = "completed", None
     val_losses: list[float] = []
     window_tps: list[float] = []
@@ -215,14 +222,15 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         sinks.log({"kind": "eval", "step": 0, "val_loss": val_losses[-1]})
         pending: list[torch.Tensor] = []
         window_start = time.perf_counter()
-        with _progress(console, tcfg.progress) as bar:
+        with _progress(console, tcfg.progress and distributed.is_main()) as bar:
             task = bar.add_task("train", total=tcfg.steps, loss="-", tps="-")
             for step in range(1, tcfg.steps + 1):
                 lr = state.scheduler.get_last_lr()[0]
                 pending.append(state.train_step())
                 if step % tcfg.log_every and step != tcfg.steps:
                     continue
-                losses = torch.stack(pending).float().tolist()  # the one host sync of the window
+                # The one host sync of the window (and the one all-reduce: every rank sees the same losses).
+                losses = distributed.all_mean(torch.stack(pending).float()).tolist()
                 elapsed = time.perf_counter() - window_start
                 tps = len(pending) * tokens_per_step / elapsed
                 window_tps.append(tps)
@@ -245,7 +253,10 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one
         status, error = "failed", f"{type(err).__name__}: {err}"
-        state.dir.write_error(traceback.format_exc())
+        if distributed.is_main():
+            state.dir.write_error(traceback.format_exc())
+        else:
+            console.print(traceback.format_exc(), markup=False, highlight=False)
     finally:
         sinks.close()
 
@@ -263,11 +274,14 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         "steps": step,
         "params": state.model.num_params(),
         "vocab_size": state.data.vocab_size,
+        "world_size": distributed.world_size(),
+        "sync_batchnorm": distributed.batchnorm_sync(state.model),
         "causal_leak": leak,
         "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
         "env": environment(state.device),
     }
-    state.dir.write_summary(summary)
+    if distributed.is_main():
+        state.dir.write_summary(summary)
     return summary
 
 
