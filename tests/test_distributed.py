@@ -24,6 +24,8 @@ from normbench.norms import build_norm
 from conftest import REPO, TINY, compose_cfg, read_metrics, run_cli, train_tiny
 
 TIMEOUT_S = 180
+# The small corpus, spelled out: both runs of a comparison must train on the same data.
+CORPUS = ["data.train_sequences=128", "data.val_sequences=32"]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -54,7 +56,7 @@ def torchrun(tmp_path: Path, *overrides: str, nproc: int = 2) -> tuple[str, Path
         "TMPDIR": str(tmp),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "normbench", "train", *TINY, "train.threads=1", *overrides]
+           "-m", "normbench", "train", *TINY, *CORPUS, "train.threads=1", *overrides]
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -79,7 +81,7 @@ def curve(run_dir: Path, kind: str, key: str) -> list[float]:
 
 @pytest.mark.parametrize("norm", ["ln", "bn"])
 def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
-    one = train_tiny(tmp_path / "one", f"norm={norm}")
+    one = train_tiny(tmp_path / "one", *CORPUS, f"norm={norm}")
     out, cwd = torchrun(tmp_path, f"norm={norm}", "train.progress=true")
 
     # One run directory, Hydra's default one, written by rank 0 alone; nothing else in the working directory.
@@ -109,7 +111,7 @@ def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
 
 def test_unsynchronized_batchnorm_keeps_per_rank_statistics(tmp_path):
     short = ["train.steps=5", "train.eval_every=5"]  # one logged window shows the difference
-    train_tiny(tmp_path / "one", "norm=bn", *short)
+    train_tiny(tmp_path / "one", *CORPUS, "norm=bn", *short)
     _, cwd = torchrun(tmp_path, "norm=bn", "norm.sync=false", *short, f"hydra.run.dir={tmp_path / 'two'}")
     assert not list(cwd.iterdir()), "hydra.run.dir given: nothing may land in the working directory"
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
@@ -122,7 +124,7 @@ def test_unsynchronized_batchnorm_keeps_per_rank_statistics(tmp_path):
 
 def test_a_sweep_under_torchrun_is_refused_with_a_pointer_to_the_launchers(tmp_path):
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PYTHONPATH": str(REPO)}
-    result = run_cli("train", "-m", *TINY, "seed=0,1", cwd=tmp_path, env=env, timeout=120)
+    result = run_cli("train", "-m", *TINY, *CORPUS, "seed=0,1", cwd=tmp_path, env=env, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "not a sweep" in result.stderr and "docs/distributed.md" in result.stderr
 
