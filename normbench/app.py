@@ -4,6 +4,8 @@
 (a single run) and ``normbench sweep`` (Hydra's multirun: every sweeper and launcher
 plugin calls this same function, which is why it lives at module level: joblib and
 submitit pickle it). Each job writes its results into Hydra's output directory.
+Under torchrun every process runs this function; rank 0 alone writes and reports
+(``normbench.cli`` gives the other ranks a throwaway Hydra directory).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
+from normbench import distributed
 from normbench.config import conf_dir, parse_config
 from normbench.errors import ConfigError
 from normbench.runs import RunDir
@@ -25,20 +28,27 @@ from normbench.train import summary_table, train
 def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
     """Validate, train and report one configuration into ``run_dir``."""
     console = Console(stderr=True)
+    main = distributed.is_main()
     run_dir_ = RunDir(run_dir)
-    run_dir_.write_config(cfg)
+    if main:
+        run_dir_.write_config(cfg)
     try:
         summary = train(parse_config(cfg), run_dir_.path, console=console)
     except ConfigError as err:
         # Recorded as failed (never completed) so a sweep's index and a report show it.
-        run_dir_.write_summary({"status": "failed", "error": f"config error: {err}"})
-        console.print(f"[bold red]error:[/bold red] {err}", soft_wrap=True, highlight=False)
+        if main:
+            run_dir_.write_summary({"status": "failed", "error": f"config error: {err}"})
+        # Every rank says so: an error only one rank hits (its GPU, say) must not go unseen.
+        rank = "" if main else f"(rank {distributed.rank()}) "
+        console.print(f"[bold red]error:[/bold red] {rank}{err}", soft_wrap=True, highlight=False)
         if not multirun:
             sys.exit(2)
         return None
-    console.print(summary_table(summary))
+    if main:
+        console.print(summary_table(summary))
     if summary["status"] == "failed":
-        console.print(f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / 'error.log'})")
+        if main:  # the other ranks printed their traceback already
+            console.print(f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / 'error.log'})")
         if not multirun:
             sys.exit(1)
     return summary
@@ -47,4 +57,15 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
-    run_job(cfg, hc.runtime.output_dir, multirun=hc.mode == RunMode.MULTIRUN)
+    multirun = hc.mode == RunMode.MULTIRUN
+    if multirun and distributed.launched():
+        Console(stderr=True).print(
+            "[bold red]error:[/bold red] torchrun runs one data-parallel training job, not a sweep (-m): "
+            "sweep with a launcher (one job per GPU, e.g. hydra/launcher=submitit_slurm) or start torchrun "
+            "once per configuration; see docs/distributed.md"
+        )
+        sys.exit(2)
+    try:
+        run_job(cfg, hc.runtime.output_dir, multirun=multirun)
+    finally:
+        distributed.teardown()

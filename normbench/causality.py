@@ -15,8 +15,11 @@ from torch import nn
 def causal_leak(model: nn.Module, tokens: torch.Tensor, vocab_size: int, train_mode: bool) -> float:
     """Max |logit change| at positions <= t when tokens after t = T // 2 are replaced."""
     t = tokens.shape[1] // 2
+    # A fixed perturbation: the probe measures the model, never the caller's RNG state, and every
+    # data-parallel rank perturbs alike (a synchronized BatchNorm pools all ranks' probe batches).
+    shift = torch.randint(vocab_size - 1, tokens[:, t + 1 :].shape, generator=torch.Generator().manual_seed(0))
     perturbed = tokens.clone()
-    perturbed[:, t + 1 :] = (tokens[:, t + 1 :] + 1 + torch.randint_like(tokens[:, t + 1 :], vocab_size - 1)) % vocab_size
+    perturbed[:, t + 1 :] = (tokens[:, t + 1 :] + 1 + shift.to(tokens.device)) % vocab_size
     was_training = model.training
     buffers = {k: v.clone() for k, v in model.state_dict().items() if k in dict(model.named_buffers())}
     model.train(train_mode)

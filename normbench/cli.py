@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -37,10 +38,19 @@ def _root() -> None:
 
 
 def _hydra(args: list[str]) -> None:
+    from normbench import distributed
     from normbench.app import hydra_main  # imported late: Hydra is slow to import and --help needs none of it
 
-    sys.argv = ["normbench", *args]
-    hydra_main()
+    if distributed.is_main():
+        sys.argv = ["normbench", *args]
+        hydra_main()
+        return
+    # Under torchrun, Hydra would create a run directory (.hydra/, a log) in every process, and its
+    # ${now:...} name can differ between ranks by a second. Rank 0 owns the real one; the others get
+    # a private scratch directory (last override wins) that is deleted when they finish.
+    with tempfile.TemporaryDirectory(prefix=f"normbench-rank{distributed.rank()}-") as scratch:
+        sys.argv = ["normbench", *args, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"]
+        hydra_main()
 
 
 @app.command(

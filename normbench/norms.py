@@ -106,12 +106,19 @@ class BatchNorm(nn.Module):
     tokens and other sequences. Eval mode uses the running statistics and is causal.
     The work is done by a child ``nn.BatchNorm1d`` on the flattened (B*T, C) tokens,
     so ``nn.SyncBatchNorm.convert_sync_batchnorm`` can swap it for DDP.
+
+    ``sync`` only matters under data-parallel training (normbench.distributed): true
+    takes the statistics over the global batch (every rank's tokens), false over each
+    rank's share. One process has nothing to synchronize and ignores it.
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, momentum: float = 0.1):
+    def __init__(self, dim: int, *, eps: float = 1e-5, momentum: float = 0.1, sync: bool = True):
         super().__init__()
         if not 0.0 <= momentum <= 1.0:
             raise ConfigError(f"norm.momentum must be in [0, 1], got {momentum}")
+        if not isinstance(sync, bool):
+            raise ConfigError(f"norm.sync must be true or false, got {sync!r}", allowed=["true", "false"])
+        self.sync = sync
         self.bn = nn.BatchNorm1d(dim, eps=_check_eps(eps), momentum=momentum)
 
     @property

@@ -62,11 +62,11 @@ EXTRA_SINKS = {"jsonl": [], "tensorboard": [TensorBoardSink]}
 class MetricSinks:
     """Fans each record out to the JSONL file and the configured mirrors."""
 
-    def __init__(self, run_dir: Path, logger: str = "jsonl"):
+    def __init__(self, run_dir: Path, logger: str = "jsonl", enabled: bool = True):
         if logger not in EXTRA_SINKS:
             raise ConfigError(f"unknown logger '{logger}'", allowed=sorted(EXTRA_SINKS))
-        self.sinks = [cls(run_dir) for cls in EXTRA_SINKS[logger]]
-        self.sinks.insert(0, JsonlSink(run_dir))
+        # Disabled on data-parallel ranks other than 0: one writer per run directory.
+        self.sinks = [JsonlSink(run_dir), *(cls(run_dir) for cls in EXTRA_SINKS[logger])] if enabled else []
 
     def log(self, record: dict) -> None:
         for sink in self.sinks:

@@ -4,7 +4,8 @@
 warm-up + cosine schedule, evaluates in eval mode on fixed validation batches, stops
 on divergence, probes causality and writes ``summary.json``. Losses stay on the
 device and are read back once per ``train.log_every`` steps, so logging costs one
-host sync per window, not one per step.
+host sync per window, not one per step. Under torchrun the same loop trains with
+DDP (normbench.distributed); rank 0 alone writes the run directory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from normbench import distributed
 from normbench.causality import causal_leak
 from normbench.data import build_dataset
 from normbench.errors import ConfigError
@@ -136,16 +138,20 @@ class Run:
     def __init__(self, run, run_dir: Path):
         self.cfg, self.tcfg = run, run.train
         self.dir = RunDir(run_dir)
-        self.dir.path.mkdir(parents=True, exist_ok=True)
-        self.device = resolve_device(self.tcfg.device)
+        if distributed.is_main():
+            self.dir.path.mkdir(parents=True, exist_ok=True)
+        self.device = distributed.setup(resolve_device(self.tcfg.device))
+        distributed.local_batch_size(self.tcfg.batch_size)  # a batch that does not split evenly fails here
         if self.tcfg.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)", allowed=["fp32", "bf16"])
         if self.tcfg.threads:
             torch.set_num_threads(self.tcfg.threads)
-        torch.manual_seed(run.seed)
+        # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every rank).
+        torch.manual_seed(run.seed + distributed.rank())
         eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
         self.data = build_dataset(run.data, run.model.block_size, eval_sequences)
         self.model = GPT(run.model, self.data.vocab_size, run.norm, run.placement).to(self.device)
+        self.step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
         self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, self.tcfg))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tcfg.precision == "fp16")
@@ -158,12 +164,13 @@ class Run:
 
     def train_step(self, stats: LayerStats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One update; returns (loss, global grad norm before clipping), both still on the device."""
-        x, y = self.data.train_batch(self.tcfg.batch_size, self.batch_gen)
+        x, y = self.data.train_batch(self.tcfg.batch_size, self.batch_gen)  # the global batch, on every rank
+        x, y = distributed.shard(x), distributed.shard(y)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         if stats:
             stats.begin()
         with self.autocast:
-            _, loss = self.model(x, y)
+            _, loss = self.step_model(x, y)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)  # true gradients for clipping and statistics
         if stats:
@@ -219,7 +226,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     state = Run(run, run_dir)
     tcfg = state.tcfg
     stats = LayerStats(state.model) if tcfg.stats_every else None
-    sinks = MetricSinks(state.dir.path, run.logger)
+    sinks = MetricSinks(state.dir.path, run.logger, enabled=distributed.is_main())
     tokens_per_step = tcfg.batch_size * run.model.block_size
     timer = StepTimer(warmup_steps=min(tcfg.log_every, tcfg.steps // 5))
     status, error = "completed", None
@@ -231,7 +238,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         sinks.log({"kind": "eval", "step": 0, "val_loss": val_losses[-1]})
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         timer.resume()
-        with _progress(console, tcfg.progress) as bar:
+        with _progress(console, tcfg.progress and distributed.is_main()) as bar:
             task = bar.add_task("train", total=tcfg.steps, loss="-", tps="-", gnorm="-")
             for step in range(1, tcfg.steps + 1):
                 lr = state.scheduler.get_last_lr()[0]
@@ -244,7 +251,9 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
                 timer.tick()
                 if step % tcfg.log_every and step != tcfg.steps:
                     continue
-                losses, norms = torch.stack([torch.stack(p) for p in pending]).float().T.tolist()  # one sync per window
+                # The one host sync of the window (and the one all-reduce: every rank sees the same losses).
+                window = distributed.all_mean(torch.stack([torch.stack(p) for p in pending]).float())
+                losses, norms = window.T.tolist()
                 grad_norms += norms
                 window_s = sum(timer.times[-len(pending):])
                 train_loss = sum(losses) / len(losses)
@@ -267,7 +276,10 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one
         status, error = "failed", f"{type(err).__name__}: {err}"
-        state.dir.write_error(traceback.format_exc())
+        if distributed.is_main():
+            state.dir.write_error(traceback.format_exc())
+        else:
+            console.print(traceback.format_exc(), markup=False, highlight=False)
     finally:
         sinks.close()
 
@@ -279,7 +291,9 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     model_flops = flops_per_token(state.model)
     mfu = None
     if speed["tokens_per_s"]:
-        mfu = model_flops * speed["tokens_per_s"] / peak_flops(state.device, dtype, tcfg.peak_flops)
+        # tokens_per_s counts the global batch, which every rank's device shares.
+        peak = peak_flops(state.device, dtype, tcfg.peak_flops) * distributed.world_size()
+        mfu = model_flops * speed["tokens_per_s"] / peak
     summary = {
         "status": status,
         "error": error,
@@ -296,11 +310,14 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         "steps": step,
         "params": state.model.num_params(),
         "vocab_size": state.data.vocab_size,
+        "world_size": distributed.world_size(),
+        "sync_batchnorm": distributed.batchnorm_sync(state.model),
         "causal_leak": leak,
         "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
         "env": environment(state.device),
     }
-    state.dir.write_summary(summary)
+    if distributed.is_main():
+        state.dir.write_summary(summary)
     return summary
 
 

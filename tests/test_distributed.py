@@ -1,0 +1,163 @@
+"""Data-parallel training: 2 gloo processes on loopback train what 1 process trains.
+
+The 2-rank runs go through the real launcher (``python -m torch.distributed.run
+--standalone ... -m normbench train``), each in an empty working directory and with
+its own TMPDIR, so stray files and leftover scratch directories show up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from normbench import distributed
+from normbench.errors import ConfigError
+from normbench.norms import build_norm
+
+from conftest import REPO, TINY, compose_cfg, read_metrics, run_cli, train_tiny
+
+TIMEOUT_S = 180
+# The small corpus, spelled out: both runs of a comparison must train on the same data.
+CORPUS = ["data.train_sequences=128", "data.val_sequences=32"]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun starts its workers in sessions of their own)."""
+    parent_of = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent_of[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parent_of.items() if parent == frontier.pop()]
+        found += children
+        frontier += children
+    return found
+
+
+def torchrun(tmp_path: Path, *overrides: str, nproc: int = 2) -> tuple[str, Path]:
+    """Train under torchrun in an empty working directory; return (console output, that directory)."""
+    cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir()
+    tmp.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "PYTHONUNBUFFERED": "1",
+        "TMPDIR": str(tmp),
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "normbench", "train", *TINY, *CORPUS, "train.threads=1", *overrides]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        out = "(timed out)"
+    finally:
+        if proc.poll() is None:  # timed out or interrupted: take the workers down with torchrun
+            for pid in [*_descendants(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert not list(tmp.glob("normbench-*")), "a rank's scratch directory was left behind"
+    return out, cwd
+
+
+def curve(run_dir: Path, kind: str, key: str) -> list[float]:
+    return [r[key] for r in read_metrics(run_dir) if r["kind"] == kind]
+
+
+@pytest.mark.parametrize("norm", ["ln", "bn"])
+def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
+    one = train_tiny(tmp_path / "one", *CORPUS, f"norm={norm}")
+    out, cwd = torchrun(tmp_path, f"norm={norm}", "train.progress=true")
+
+    # One run directory, Hydra's default one, written by rank 0 alone; nothing else in the working directory.
+    assert [p.name for p in cwd.iterdir()] == ["results"]
+    runs = list((cwd / "results" / "runs").iterdir())
+    assert len(runs) == 1, runs
+    two_dir = runs[0]
+    assert {p.name for p in two_dir.iterdir()} == {".hydra", "config.yaml", "metrics.jsonl", "summary.json", "normbench.log"}
+    assert out.count("run completed") == 1 and out.count("20/20") == 1, out  # one summary table, one progress bar
+
+    two = json.loads((two_dir / "summary.json").read_text())
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["sync_batchnorm"] == two["sync_batchnorm"] == (True if norm == "bn" else None)
+    assert two["status"] == "completed"
+
+    assert curve(two_dir, "train", "step") == curve(tmp_path / "one", "train", "step")
+    assert curve(two_dir, "train", "train_loss") == pytest.approx(curve(tmp_path / "one", "train", "train_loss"), rel=1e-5)
+    # BatchNorm's val loss is looser: the biases in front of a BatchNorm get an exactly-zero gradient,
+    # AdamW turns its float noise into lr-sized steps, and those move the running means that eval
+    # uses. One process with 1 vs 2 threads differs by the same ~1e-4; the train-mode loss is immune.
+    val_rel = 1e-3 if norm == "bn" else 1e-5
+    assert curve(two_dir, "eval", "val_loss") == pytest.approx(curve(tmp_path / "one", "eval", "val_loss"), rel=val_rel)
+    assert two["causal_leak"]["eval"] < 1e-4
+    if norm == "bn":  # every rank probes the same tokens, so the synchronized statistics are one rank's
+        assert two["causal_leak"]["train"] == pytest.approx(one["causal_leak"]["train"], rel=1e-2)
+
+
+def test_unsynchronized_batchnorm_keeps_per_rank_statistics(tmp_path):
+    short = ["train.steps=5", "train.eval_every=5"]  # one logged window shows the difference
+    train_tiny(tmp_path / "one", *CORPUS, "norm=bn", *short)
+    _, cwd = torchrun(tmp_path, "norm=bn", "norm.sync=false", *short, f"hydra.run.dir={tmp_path / 'two'}")
+    assert not list(cwd.iterdir()), "hydra.run.dir given: nothing may land in the working directory"
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["world_size"] == 2 and summary["sync_batchnorm"] is False
+    # Statistics over 4 sequences per rank instead of all 8: a different computation from the first step.
+    one, two = curve(tmp_path / "one", "train", "train_loss"), curve(tmp_path / "two", "train", "train_loss")
+    assert two != pytest.approx(one, rel=1e-4)
+
+
+def test_a_sweep_under_torchrun_is_refused_with_a_pointer_to_the_launchers(tmp_path):
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PYTHONPATH": str(REPO)}
+    result = run_cli("train", "-m", *TINY, *CORPUS, "seed=0,1", cwd=tmp_path, env=env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "not a sweep" in result.stderr and "docs/distributed.md" in result.stderr
+
+
+@pytest.fixture
+def two_rank_env(monkeypatch):
+    """Rank 1 of 2 as torchrun describes it, without starting a process group."""
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_each_rank_keeps_its_contiguous_slice_of_the_global_batch(two_rank_env):
+    assert distributed.launched() and distributed.rank() == 1 and not distributed.is_main()
+    assert distributed.shard(torch.arange(8)).tolist() == [4, 5, 6, 7]
+
+
+def test_a_global_batch_that_does_not_split_evenly_is_a_config_error(two_rank_env):
+    with pytest.raises(ConfigError, match=r"batch_size=9 .* 2 processes; allowed: 8, 10"):
+        distributed.local_batch_size(9)
+
+
+def test_one_process_is_untouched(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    batch = torch.arange(6)
+    assert distributed.shard(batch) is batch and distributed.world_size() == 1 and distributed.is_main()
+    assert distributed.all_mean(batch) is batch
+
+
+def test_sync_is_a_batchnorm_option_only():
+    assert build_norm("bn", 4).sync is True and build_norm("bn", 4, sync=False).sync is False
+    with pytest.raises(ConfigError, match="norm.sync must be true or false"):
+        build_norm("bn", 4, sync="sometimes")
+    with pytest.raises(ConfigError, match="norm 'ln' has no option sync"):
+        build_norm("ln", 4, sync=True)
+    assert compose_cfg(["norm=bn"]).norm.sync is True
