@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -58,6 +59,8 @@ class TrainConfig:
     threads: int = 0  # 0 leaves PyTorch's default
     diverge_threshold: float | None = None  # default 3 x ln(vocab size)
     progress: bool = True
+    compile: bool = False  # torch.compile the model for training; falls back to eager with a message
+    tf32: bool = True  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
@@ -114,6 +117,29 @@ def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
 
 
+def compile_model(step_model: nn.Module, model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast):
+    """torch.compile the training forward, compiled now on one batch so a failure falls back to eager.
+
+    Returns (module to train with, None) or (the eager module, why compiling failed).
+    The trial pass leaves no trace: gradients are dropped, BatchNorm's running statistics
+    restored, and the RNG untouched.
+    """
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    try:
+        compiled = torch.compile(step_model)
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []), autocast:
+            loss = compiled(x, y)[1]
+        loss.backward()
+        return compiled, None
+    except Exception as err:  # no compiler, unsupported platform, an op inductor can't lower
+        return step_model, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    finally:
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, value in model.named_buffers():
+                value.copy_(buffers[name])
+
+
 def environment(device: torch.device) -> dict:
     try:
         commit = subprocess.run(
@@ -146,6 +172,8 @@ class Run:
             raise ConfigError("train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)", allowed=["fp32", "bf16"])
         if self.tcfg.threads:
             torch.set_num_threads(self.tcfg.threads)
+        if self.device.type == "cuda" and self.tcfg.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every rank).
         torch.manual_seed(run.seed + distributed.rank())
         eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
@@ -161,6 +189,9 @@ class Run:
         self.batch_gen = torch.Generator().manual_seed(run.seed)
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.tcfg.eval_batches, self.tcfg.batch_size)]
         self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
+        self.compile_error = None
+        if self.tcfg.compile:
+            self.step_model, self.compile_error = compile_model(self.step_model, self.model, *self.val[0], self.autocast)
 
     def train_step(self, stats: LayerStats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One update; returns (loss, global grad norm before clipping), both still on the device."""
@@ -225,6 +256,8 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     started = time.perf_counter()
     state = Run(run, run_dir)
     tcfg = state.tcfg
+    if state.compile_error:
+        console.print(f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]", soft_wrap=True)
     stats = LayerStats(state.model) if tcfg.stats_every else None
     sinks = MetricSinks(state.dir.path, run.logger, enabled=distributed.is_main())
     tokens_per_step = tcfg.batch_size * run.model.block_size
@@ -314,6 +347,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         "sync_batchnorm": distributed.batchnorm_sync(state.model),
         "causal_leak": leak,
         "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
+        "compiled": bool(tcfg.compile and state.compile_error is None),
         "env": environment(state.device),
     }
     if distributed.is_main():

@@ -178,3 +178,22 @@ def test_batchnorm_validation_uses_running_statistics(tmp_path):
     with torch.no_grad():
         by_hand = torch.stack([state.model(x, y)[1] for x, y in state.val]).mean().item()
     assert val == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_compiled_model_trains_to_the_eager_loss(tmp_path):
+    compiled = train_tiny(tmp_path / "compiled", "train.compile=true")
+    if not compiled["compiled"]:
+        pytest.skip("torch.compile is not usable on this machine (the run fell back to eager)")
+    eager = train_tiny(tmp_path / "eager")
+    assert compiled["status"] == eager["status"] == "completed"
+    assert compiled["final_val_loss"] == pytest.approx(eager["final_val_loss"], rel=1e-3)
+
+
+def test_compile_falls_back_to_eager_with_a_message(tmp_path, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    summary = train_tiny(tmp_path, "train.compile=true")
+    assert summary["status"] == "completed" and summary["compiled"] is False
+    assert "training eagerly" in capsys.readouterr().err
