@@ -34,31 +34,31 @@ from normbench.norms import NORMS, build_norm
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_DIMS = [128, 256, 512, 1024, 2048, 4096, 8192]
-DEFAULT_TOKENS = {"cuda": 8192, "cpu": 1024}  # CPU: keeps the default run near a minute without compile
+DEFAULT_TOKENS = {"cuda": 8192, "cpu": 1024}  # CPU: a default fp32 run takes about a minute, compile included
 COLUMNS = ["norm", "impl", "dim", "dtype", "device", "pass", "tokens", "ms", "gb_per_s",
            "ratio_to_native", "ratio_to_compiled"]
-GOALS = {"ln": ("native", 1.1), "rms": ("native", 1.1), "bn": ("native", 1.1), "gn": ("native", 1.1),
-         "scale": ("compiled", 1.2), "dyt": ("compiled", 1.2)}  # norm -> (reference impl, max ratio)
+NATIVE = ("ln", "rms", "bn", "gn")  # norms with a PyTorch op for the same math
+GOALS = {**{n: ("native", 1.1) for n in NATIVE}, "scale": ("compiled", 1.2), "dyt": ("compiled", 1.2)}
 MAX_ROTATION = 64  # rotated input buffers at most, however small they are
 ROTATION_BYTES = 1 << 30  # memory the rotated inputs may take (a quarter of free memory on CUDA)
 
 
 def time_ms(fns, *, repeats: int = 25, warmup: int = 3, block_s: float = 2e-3,
-            device: torch.device | str = "cpu"):
+            device: torch.device | str = "cpu", clock=None):
     """Median milliseconds per call of ``fn()``; for a dict name -> fn, a dict of medians.
 
     Each timed block runs a fn enough times to last about ``block_s`` (so timer and
-    synchronization overhead stay small) and is bracketed by a device synchronize.
-    Blocks of the fns are interleaved (a b c a b c ...): a slow spell on a shared,
-    noisy machine then hits every fn alike instead of whichever was being timed, so
-    their ratios stay fair. Standard-library ``timeit`` rather than
-    ``torch.utils.benchmark.Timer``: Timer's ``blocked_autorange`` picks power-of-ten
-    block sizes, leaving sub-millisecond ops a few blocks to take a median of, its
-    ``timeit`` re-warms on every call (tripling the cost of slow ops), and neither
-    interleaves. ``timeit`` also switches off the GC while timing.
+    synchronization overhead stay small); on CUDA it ends with a synchronize. Blocks
+    of the fns are interleaved (a b c a b c ...): a slow spell on a shared machine
+    then hits every fn alike instead of whichever was being timed, so their ratios
+    stay fair. ``clock`` defaults to wall time (``time.perf_counter``).
+    Standard-library ``timeit`` rather than ``torch.utils.benchmark.Timer``: Timer's
+    ``blocked_autorange`` picks power-of-ten block sizes, leaving sub-millisecond ops
+    a few blocks to take a median of, its ``timeit`` re-warms on every call (tripling
+    the cost of slow ops), and neither interleaves. ``timeit`` also pauses the GC.
     """
     device = torch.device(device)
-    clock = time.perf_counter
+    clock = clock or time.perf_counter
     if device.type == "cuda":
         def clock():  # kernels are asynchronous: a block ends when the device is done
             torch.cuda.synchronize(device)
@@ -79,20 +79,20 @@ def time_ms(fns, *, repeats: int = 25, warmup: int = 3, block_s: float = 2e-3,
 
 
 def _keep_freed_memory() -> None:
-    """Stop glibc handing freed memory back to the OS between calls (CPU runs only).
+    """Make glibc keep freed memory for reuse instead of returning it to the OS (CPU runs).
 
-    Torch's CPU allocator is plain malloc: by default glibc unmaps or trims freed
-    megabyte-sized blocks, so an op's outputs land on fresh pages and pay page faults
-    and zeroing, at random depending on heap layout. Measured on a 512-wide fwd+bwd,
-    this swung one impl between 0.6 and 1.1 ms while the other stayed put. CUDA's
-    caching allocator needs no such help.
+    Torch's CPU allocator is plain malloc, and glibc by default serves big blocks with a
+    fresh mmap and trims the heap on free, so an op's outputs land on new pages and pay
+    page faults and zeroing on every call, more or less at random with heap layout.
+    Measured here: ln fwd at 1024 x 8192 fp32 took 22-31 ms that way and 5.8 ms with
+    the heap kept, with no page faults. CUDA's caching allocator needs no such help.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc: nothing to tune
         return
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never trim the heap top
-    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: heap, not a fresh mmap, up to glibc's 32 MiB maximum
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never give the heap top back
+    libc.mallopt(-4, 0)  # M_MMAP_MAX: no mmap per big block; everything from the reusable heap
 
 
 def _last_level_cache_bytes(device: torch.device) -> int:
@@ -110,25 +110,27 @@ def _last_level_cache_bytes(device: torch.device) -> int:
 
 
 def _rotated_inputs(tokens: int, dim: int, dtype: torch.dtype, device: torch.device):
-    """(x, grad_output) pairs, enough that together they are twice the last-level cache.
+    """An endless cycle of (x, grad_output) pairs whose x's add up to twice the last-level cache.
 
     A benchmark that reuses one input finds it in cache from the previous call and
-    reports a bandwidth no training step sees; cycling through more data than the
-    cache holds makes every call read from memory, as a norm in a real model does.
+    reports a bandwidth no training step sees. Every timed closure draws from this one
+    shared cycle, so each call gets the least recently used pair: with per-closure
+    cycles, whichever impl ran second in a round read inputs the first had just
+    cached (measured: bn at 2048 wide, 1.6 ms timed first vs 1.1 ms timed second).
     """
-    pair_bytes = 2 * tokens * dim * dtype.itemsize
+    x_bytes = tokens * dim * dtype.itemsize
     budget = ROTATION_BYTES
     if device.type == "cuda":
         budget = min(budget, torch.cuda.mem_get_info(device)[0] // 4)
-    count = math.ceil(2 * _last_level_cache_bytes(device) / pair_bytes)
-    count = max(1, min(count, MAX_ROTATION, budget // pair_bytes))
+    count = math.ceil(2 * _last_level_cache_bytes(device) / x_bytes)
+    count = max(1, min(count, MAX_ROTATION, budget // (2 * x_bytes)))
     gen = torch.Generator(device).manual_seed(0)
     make = lambda: torch.randn(tokens, dim, dtype=dtype, device=device, generator=gen)
-    return [(make().requires_grad_(), make()) for _ in range(count)]
+    return itertools.cycle([(make().requires_grad_(), make()) for _ in range(count)])
 
 
 def _native(name: str, m: nn.Module, dtype: torch.dtype):
-    """PyTorch's op for the same math on the module's own tensors: (fn, leaves), or None."""
+    """PyTorch's op for the same math on the module's own tensors: (fn, grad leaves)."""
     if name == "ln":
         return (lambda x: F.layer_norm(x, m.weight.shape, m.weight, m.bias, m.eps)), list(m.parameters())
     if name == "rms":
@@ -141,7 +143,7 @@ def _native(name: str, m: nn.Module, dtype: torch.dtype):
         bn = m.bn
         return (lambda x: F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias,
                                        True, bn.momentum, bn.eps)), list(m.parameters())
-    return None
+    raise KeyError(name)
 
 
 def _compile(m: nn.Module, x: torch.Tensor, dy: torch.Tensor):
@@ -156,15 +158,12 @@ def _compile(m: nn.Module, x: torch.Tensor, dy: torch.Tensor):
 
 
 def _passes(fn, leaves: list[torch.Tensor], inputs):
-    """The two timed closures, each taking the next pre-allocated input on every call."""
-    xs = itertools.cycle([x for x, _ in inputs])
-    pairs = itertools.cycle(inputs)
-
+    """The two timed closures, each taking the next pre-allocated pair on every call."""
     def fwd():  # the training forward: autograd records, as inside a training step
-        fn(next(xs))
+        fn(next(inputs)[0])
 
     def fwd_bwd():
-        x, dy = next(pairs)
+        x, dy = next(inputs)
         torch.autograd.backward(fn(x), dy)
         # None, not zero_(): no memset kernel, and no accumulate kernel in the next backward.
         x.grad = None
@@ -174,8 +173,7 @@ def _passes(fn, leaves: list[torch.Tensor], inputs):
     return {"fwd": fwd, "fwd+bwd": fwd_bwd}
 
 
-def _check(device: str, dtypes: list[str], dims: list[int], tokens: int, norms: list[str],
-           repeats: int) -> torch.device:
+def _check(device, dtypes, dims, tokens, norms, repeats, threads) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -186,15 +184,17 @@ def _check(device: str, dtypes: list[str], dims: list[int], tokens: int, norms: 
         if not torch.cuda.is_available():
             raise ConfigError("CUDA is not available on this machine", allowed=["cpu"])
         if (dev.index or 0) >= torch.cuda.device_count():
-            raise ConfigError(f"no device '{device}'", allowed=[f"cuda:{i}" for i in range(torch.cuda.device_count())])
-    for name, given, allowed in (("dtype", dtypes, DTYPES), ("norm", norms, NORMS)):
+            count = torch.cuda.device_count()
+            raise ConfigError(f"no device '{device}'", allowed=[f"cuda:{i}" for i in range(count)])
+    for what, given, allowed in (("dtype", dtypes, DTYPES), ("norm", norms, NORMS)):
         bad = [g for g in given if g not in allowed]
         if bad or not given:
-            raise ConfigError(f"unknown {name} {', '.join(map(repr, bad)) or '(none given)'}", allowed=sorted(allowed))
+            raise ConfigError(f"unknown {what} {', '.join(map(repr, bad)) or '(none given)'}", allowed=sorted(allowed))
     if not dims or any(not isinstance(d, int) or d <= 0 for d in dims):
         raise ConfigError(f"dims must be positive integers, got {dims}", allowed=["e.g. 128 256 1024"])
-    if tokens <= 0 or repeats < 1:
-        raise ConfigError(f"tokens and repeats must be >= 1, got tokens={tokens} repeats={repeats}")
+    for what, value in (("tokens", tokens), ("repeats", repeats), ("threads", threads)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{what} must be >= 1, got {value}")
     for name in norms:  # a width a norm can't take (gn's groups) fails now, not ten minutes in
         for dim in dims:
             build_norm(name, dim)
@@ -203,14 +203,20 @@ def _check(device: str, dtypes: list[str], dims: list[int], tokens: int, norms: 
 
 def run_bench(device: str = "cpu", dtypes: list[str] = ("fp32",), dims: list[int] | None = None,
               tokens: int | None = None, norms: list[str] | None = None, repeats: int = 25,
-              compile: bool = True, threads: int | None = None, out: Path | None = None,
+              compile: bool = True, threads: int | None = 1, out: Path | None = None,
               console: Console | None = None) -> pd.DataFrame:
     """Time every requested norm, width and dtype; return (and optionally write) the rows.
 
-    ``tokens`` defaults to 8192 on CUDA and 1024 on CPU; ``repeats`` is the number of
-    timed blocks the median is taken over (see ``time_ms``); ``threads`` sets torch's
-    CPU threads for the run (default: leave them as they are). ``none`` is timed too, as
-    a floor: the harness's own cost (module call, autograd bookkeeping) with no norm.
+    ``tokens`` defaults to 8192 on CUDA and 1024 on CPU. ``repeats`` is the number of
+    timed blocks each median is taken over (see ``time_ms``). ``threads`` is torch's
+    CPU thread count during the run (None: leave it), 1 by default as in
+    ``torch.utils.benchmark``: comparable across machines and safe from
+    oversubscription (on a shared 2-vCPU VM, 2 threads cost every parallel op 8 ms);
+    with 1 thread, CPU ms are the thread's CPU time, not wall time (see ``_run``).
+    ``none`` is timed as a floor: the harness's own cost (module call, autograd
+    bookkeeping, dx = dy copy) with no norm.
+    Parameters stay fp32 whatever the dtype, as under mixed precision in training.
+
     ``gb_per_s`` counts each full-size tensor once: fwd moves x in and y out, fwd+bwd
     also dy in and dx out, so bytes = (2 or 4) * tokens * dim * element size;
     parameters, their grads and saved statistics are O(dim + tokens) and left out.
@@ -218,12 +224,10 @@ def run_bench(device: str = "cpu", dtypes: list[str] = ("fp32",), dims: list[int
     of the same norm, dim, dtype and pass (NaN where that impl wasn't measured).
     """
     dims = DEFAULT_DIMS if dims is None else list(dims)
-    norms = list(NORMS) if norms is None else list(norms)
-    dtypes = list(dtypes)
-    dev = _check(device, dtypes, dims, 1 if tokens is None else tokens, norms, repeats)
-    if threads is not None and threads < 1:
-        raise ConfigError(f"threads must be >= 1, got {threads}")
-    tokens = DEFAULT_TOKENS[dev.type] if tokens is None else tokens
+    norms = list(NORMS) if norms is None else [norms] if isinstance(norms, str) else list(norms)
+    dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes)
+    dev = _check(device, dtypes, dims, tokens, norms, repeats, threads)
+    tokens = tokens or DEFAULT_TOKENS[dev.type]
     console = console or Console()
     if dev.type == "cpu":
         _keep_freed_memory()
@@ -240,9 +244,10 @@ def run_bench(device: str = "cpu", dtypes: list[str] = ("fp32",), dims: list[int
 
 
 def _run(dev, dtypes, dims, tokens, norms, repeats, compile, console) -> pd.DataFrame:
-    impls_of = {n: ["native"] * (n in GOALS and GOALS[n][0] == "native") + ["normbench"]
-                + ["compiled"] * (compile and n != "none") for n in norms}
-
+    # One CPU thread does all the work (ATen, autograd and the compiled kernels, generated
+    # for torch's thread count), so its CPU time is the op's time minus any time other
+    # processes held the core: reproducible on a shared machine, where wall time is not.
+    clock = time.thread_time if dev.type == "cpu" and torch.get_num_threads() == 1 else None
     rows = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=len(dtypes) * len(dims) * len(norms))
@@ -251,33 +256,28 @@ def _run(dev, dtypes, dims, tokens, norms, repeats, compile, console) -> pd.Data
             inputs = _rotated_inputs(tokens, dim, dtype, dev)
             for name in norms:
                 progress.update(task, description=f"{name} {dim} {dtype_name}")
-                m = build_norm(name, dim).to(dev)  # parameters stay fp32: mixed precision, as in training
-                steps = {}
-                for impl in impls_of[name]:
-                    fn, leaves = m, list(m.parameters())
-                    if impl == "native":
-                        fn, leaves = _native(name, m, dtype)
-                    elif impl == "compiled":
-                        if not compile:
-                            continue
-                        try:
-                            fn = _compile(m, *inputs[0])
-                        except Exception as e:  # no C++ compiler, unsupported platform, compiler bug
-                            first = (str(e).strip().splitlines() or [""])[0][:120]
-                            console.print(f"[yellow]compiled skipped from here on: {type(e).__name__}: {first}")
-                            compile = False
-                            continue
-                    for pass_, step in _passes(fn, leaves, inputs).items():
-                        steps[impl, pass_] = step
-                for (impl, pass_), ms in time_ms(steps, repeats=repeats, device=dev).items():
+                m = build_norm(name, dim).to(dev)
+                impls = {"normbench": (m, list(m.parameters()))}
+                if name in NATIVE:
+                    impls["native"] = _native(name, m, dtype)
+                if compile and name != "none":
+                    try:
+                        impls["compiled"] = (_compile(m, *next(inputs)), list(m.parameters()))
+                    except Exception as e:  # no C++ compiler, unsupported platform, compiler bug
+                        first = (str(e).strip().splitlines() or [""])[0][:120]
+                        console.print(f"[yellow]compiled skipped from here on: {type(e).__name__}: {first}")
+                        compile = False
+                steps = {(impl, p): step for impl, (fn, leaves) in impls.items()
+                         for p, step in _passes(fn, leaves, inputs).items()}
+                for (impl, pass_), ms in time_ms(steps, repeats=repeats, device=dev, clock=clock).items():
                     moved = (2 if pass_ == "fwd" else 4) * tokens * dim * dtype.itemsize
-                    rows.append(dict(norm=name, impl=impl, dim=dim, dtype=dtype_name, device=str(dev),
-                                     pass_=pass_, tokens=tokens, ms=ms,
-                                     gb_per_s=math.nan if name == "none" else moved / ms / 1e6))
+                    rows.append({"norm": name, "impl": impl, "dim": dim, "dtype": dtype_name,
+                                 "device": str(dev), "pass": pass_, "tokens": tokens, "ms": ms,
+                                 "gb_per_s": math.nan if name == "none" else moved / ms / 1e6})
                 progress.advance(task)
             del inputs
 
-    df = pd.DataFrame(rows).rename(columns={"pass_": "pass"})
+    df = pd.DataFrame(rows)
     key = ["norm", "dim", "dtype", "device", "pass"]
     for ref in ("native", "compiled"):
         base = df[df.impl == ref].set_index(key).ms.rename("ref")

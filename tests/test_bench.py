@@ -103,3 +103,25 @@ def test_cuda_unavailable():
     with pytest.raises(ConfigError, match="CUDA") as e:
         run_bench(device="cuda", dims=[32], console=quiet())
     assert e.value.allowed == ["cpu"]
+
+
+def test_cpu_clock_counts_work_not_waiting():
+    busy = lambda: sum(range(20_000))
+    wall = time_ms(busy, repeats=5)
+    cpu = time_ms(busy, repeats=5, clock=time.thread_time)
+    assert 0.3 < cpu / wall < 1.5
+    assert time_ms(lambda: time.sleep(0.002), repeats=3, warmup=1, clock=time.thread_time) < 0.5
+
+
+def test_compile_failure_is_skipped_with_a_note(monkeypatch):
+    import normbench.bench as bench
+
+    def broken(*args):
+        raise RuntimeError("no C++ compiler found\nlong traceback...")
+
+    monkeypatch.setattr(bench, "_compile", broken)
+    console = quiet()
+    df = run_bench(dims=[32], tokens=16, norms="dyt", repeats=2, compile=True, console=console)
+    assert set(df.impl) == {"normbench"} and df.ratio_to_compiled.isna().all()
+    text = console.file.getvalue()
+    assert text.count("compiled skipped") == 1 and "no C++ compiler found" in text and "long traceback" not in text
