@@ -9,6 +9,8 @@ submitit pickle it). Each job writes its results into Hydra's output directory.
 from __future__ import annotations
 
 import sys
+import traceback
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -16,26 +18,54 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
+from normbench import sweep
 from normbench.config import conf_dir, parse_config
 from normbench.errors import ConfigError
-from normbench.runs import RunDir
+from normbench.runs import RunDir, config_hash
 from normbench.train import summary_table, train
 
 
 def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
-    """Validate, train and report one configuration into ``run_dir``."""
+    """Validate, train and report one configuration into ``run_dir``.
+
+    In a sweep (``multirun``) a job reuses the result its directory already holds for the
+    same config (see normbench.sweep.prepare_job), and a failure of any kind is recorded
+    in the run directory and returned, never raised: one bad run must not stop the others.
+    """
     console = Console(stderr=True)
     run_dir_ = RunDir(run_dir)
+    cfg_hash = config_hash(cfg)
+    if multirun:
+        result = sweep.prepare_job(run_dir_.path, cfg)
+        if result is not None:
+            console.print(f"already {result.get('status')} with this config: {run_dir_.path} (skipped)")
+            return result
     run_dir_.write_config(cfg)
     try:
-        summary = train(parse_config(cfg), run_dir_.path, console=console)
+        run = parse_config(cfg)
+        if multirun:
+            # The sweep command draws its own progress; parallel jobs share the cores.
+            run.train.progress = False
+            run.train.threads = run.train.threads or sweep.job_threads(HydraConfig.get().launcher)
+        summary = train(run, run_dir_.path, console=console)
     except ConfigError as err:
         # Recorded as failed (never completed) so a sweep's index and a report show it.
-        run_dir_.write_summary({"status": "failed", "error": f"config error: {err}"})
+        run_dir_.write_error(f"config error: {err}\n")
+        run_dir_.write_summary({"status": "failed", "error": f"config error: {err}", "config_hash": cfg_hash})
         console.print(f"[bold red]error:[/bold red] {err}")
         if not multirun:
             sys.exit(2)
         return None
+    except Exception as err:
+        if not multirun:
+            raise
+        # A crash outside the training loop (building the data or the model) fails this run only.
+        run_dir_.write_error(traceback.format_exc())
+        run_dir_.write_summary({"status": "failed", "error": f"{type(err).__name__}: {err}", "config_hash": cfg_hash})
+        console.print(f"[bold red]run failed:[/bold red] {type(err).__name__}: {err}")
+        return None
+    summary["config_hash"] = cfg_hash
+    run_dir_.write_summary(summary)
     console.print(summary_table(summary))
     if summary["status"] == "failed":
         console.print(f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / 'error.log'})")
@@ -47,4 +77,9 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
-    run_job(cfg, hc.runtime.output_dir, multirun=hc.mode == RunMode.MULTIRUN)
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        run_job(cfg, hc.runtime.output_dir, multirun=multirun)
+    finally:
+        if multirun:
+            sweep.write_index(Path(hc.sweep.dir))
