@@ -106,9 +106,10 @@ def job_threads(launcher: DictConfig | dict | None) -> int:
     """Torch threads for one job, so parallel jobs don't oversubscribe the cores; 0 = torch's default.
 
     joblib runs n_jobs jobs at once on this machine: each gets cpus // n_jobs threads
-    (n_jobs=-1 means one job per cpu, -2 all but one, as in joblib). submitit gets its
-    cpus_per_task. Other launchers run one job at a time per machine: torch's default.
-    An explicit train.threads always wins (the caller checks that).
+    (n_jobs=-1 means one job per cpu, -2 all but one, as in joblib). submitit jobs get
+    their cpus_per_task, Ray tasks their ray.remote.num_cpus. The basic launcher runs one
+    job at a time: torch's default. An explicit train.threads always wins (the caller
+    checks that).
     """
     launcher = launcher or {}
     cpus = available_cpus()
@@ -116,8 +117,9 @@ def job_threads(launcher: DictConfig | dict | None) -> int:
     if isinstance(n_jobs, int) and n_jobs != 0:
         parallel = n_jobs if n_jobs > 0 else max(1, cpus + 1 + n_jobs)
         return max(1, cpus // parallel)
-    cpus_per_task = launcher.get("cpus_per_task")
-    return int(cpus_per_task) if cpus_per_task else 0
+    ray_cpus = ((launcher.get("ray") or {}).get("remote") or {}).get("num_cpus")
+    per_task = launcher.get("cpus_per_task") or ray_cpus
+    return int(per_task) if per_task else 0
 
 
 # ----------------------------------------------------------------------------- the plan (runs in the sweep command)
