@@ -215,7 +215,7 @@ def plan_sweep(args: list[str]) -> Plan:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, OverrideParseException
     from hydra.types import RunMode
     from omegaconf.errors import OmegaConfBaseException
 
@@ -223,8 +223,9 @@ def plan_sweep(args: list[str]) -> Plan:
 
     try:
         parsed = OverridesParser.create().parse_overrides(args)
-    except HydraException as err:  # a syntax error in an override
-        raise ConfigError(_short(err)) from None
+    except OverrideParseException as err:
+        raise ConfigError(f"cannot read the override '{err.override}': {err.message.splitlines()[0]}",
+                          allowed=["KEY=VALUE", "KEY=A,B,C", "KEY=range(START,STOP)", "GROUP=glob(PATTERN)"]) from None
     _check_args(parsed)
     GlobalHydra.instance().clear()
     try:
