@@ -81,7 +81,7 @@ same config are kept, interrupted ones run again, diverged and failed ones are k
 
 [bold]Launchers[/bold]: hydra/launcher=joblib hydra.launcher.n_jobs=N (parallel on this machine:
 each job gets cpus // N torch threads), hydra/launcher=slurm (SLURM, one GPU per job; pip install
-'normbench[slurm]'), hydra/launcher=ray_cluster (Ray; pip install 'normbench[ray]').
+'normbench\\[slurm]'), hydra/launcher=ray_cluster (Ray; pip install 'normbench\\[ray]'). See docs/sweep.md.
 
 [bold]Examples[/bold]
 

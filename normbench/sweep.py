@@ -74,7 +74,7 @@ def stored_result(run_dir: Path, cfg_hash: str) -> dict | None:
         # config.yaml is rewritten before a run starts and summary.json only after it ends,
         # so the two always belong to the same attempt.
         stored = config_hash(OmegaConf.load(run.path / CONFIG))
-    except (OSError, ValueError):
+    except Exception:  # missing or unreadable (edited by hand): nothing to reuse
         return None
     return summary if stored == cfg_hash else None
 
@@ -349,12 +349,19 @@ def read_index(sweep_dir: Path) -> list[dict]:
 # ----------------------------------------------------------------------------- the sweep command
 
 
+def _table(title: str, plan: Plan) -> Table:
+    """A table with the job number and one column per swept key, which keep their width; the run dir gives way."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right", no_wrap=True)
+    names = [key.rsplit(".", 1)[-1] for key in plan.varying]  # train.lr -> lr, unless two keys end alike
+    for key, name in zip(plan.varying, names):
+        table.add_column(name if names.count(name) == 1 else key, no_wrap=True)
+    return table
+
+
 def _plan_table(plan: Plan, retry_failed: bool) -> Table:
-    table = Table(title=f"{len(plan.jobs)} runs in {plan.sweep_dir}", title_justify="left")
-    table.add_column("#", justify="right")
-    for key in plan.varying:
-        table.add_column(key)
-    table.add_column("run dir")
+    table = _table(f"{len(plan.jobs)} runs in {plan.sweep_dir}", plan)
+    table.add_column("run dir", no_wrap=True)
     table.add_column("state")
     for job in plan.jobs:
         action = ("fail" if job.invalid else "run") if will_run(job, retry_failed) else "keep"
@@ -370,22 +377,17 @@ def _counts(states: list[str]) -> str:
     return ", ".join(parts) or "none"
 
 
-def _closing_table(plan: Plan, rows: list[dict]) -> Table:
-    by_dir = {r["run_dir"]: r for r in rows}
-    table = Table(title=f"sweep {plan.sweep_dir}", title_justify="left")
-    table.add_column("#", justify="right")
-    for key in plan.varying:
-        table.add_column(key)
-    table.add_column("status")
-    table.add_column("final val loss", justify="right")
-    table.add_column("wall s", justify="right")
-    table.add_column("run dir")
+def _closing_table(plan: Plan, by_dir: dict[str, dict]) -> Table:
+    table = _table(f"sweep {plan.sweep_dir}", plan)
+    table.add_column("status", no_wrap=True)
+    table.add_column("val loss", justify="right", no_wrap=True)
+    table.add_column("wall s", justify="right", no_wrap=True)
     for job in plan.jobs:
         row = by_dir.get(job.run_dir.name, {})
         status = row.get("status", "pending")
         loss, wall = row.get("final_val_loss"), row.get("wall_s")
         cells = [Text(status, STYLES.get(status, "")), "-" if loss is None else f"{loss:.4f}",
-                 "-" if wall is None else f"{wall:.1f}", job.run_dir.name]
+                 "-" if wall is None else f"{wall:.1f}"]
         table.add_row(str(job.num), *map(Text, plan.values(job)), *cells)
     return table
 
@@ -445,7 +447,13 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
             return 130
 
     rows = write_index(plan.sweep_dir, final=True)
-    console.print(_closing_table(plan, rows))
+    by_dir = {r["run_dir"]: r for r in rows}
+    console.print(_closing_table(plan, by_dir))
+    for job in plan.jobs:
+        row = by_dir.get(job.run_dir.name, {})
+        if row.get("status") == "failed":
+            what = " ".join(plan.values(job)) or job.run_dir.name
+            console.print(Text.assemble(("failed", "red"), f" {what}: {row.get('error')} ({job.run_dir / ERROR_LOG})"))
     states = [r["status"] for r in rows]
     console.print(f"{len(states)} runs: {_counts(states)}; index: {plan.sweep_dir / INDEX}; "
                   f"compare them with: normbench report {plan.sweep_dir}")
@@ -462,23 +470,25 @@ def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float) -> 
     """Run Hydra's multirun in a child process, its output into sweep.log, and watch it; return its exit code."""
     console.print(f"[dim]Hydra's output: {plan.sweep_dir / LOG}[/dim]")
     command = _child_command(plan, retry_failed)
-    started = time.time()
     with open(plan.sweep_dir / LOG, "a", encoding="utf-8") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[3:])}\n")
         log.flush()
         # Its own process group: Ctrl-C or the death of this process stops every job it started.
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
         try:
-            _watch(plan, proc, started, console, poll_s)
+            _watch(plan, proc, console, poll_s)
         except KeyboardInterrupt:
             _stop(proc)
             raise
     return proc.returncode
 
 
-def _watch(plan: Plan, proc: subprocess.Popen, started: float, console: Console, poll_s: float) -> None:
+def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float) -> None:
     """Draw runs done / running / failed / diverged from the run directories until Hydra's process ends."""
-    seen: dict[Path, str] = {}
+    # What each run directory held at launch, to tell this sweep's work from earlier results
+    # by a change of file, not by clock (a cluster's file server keeps its own time).
+    at_launch = {job.run_dir: (_mtime(job.run_dir / CONFIG), _mtime(job.run_dir / SUMMARY)) for job in plan.jobs}
+    reported: set[Path] = set()
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[counts]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -488,15 +498,16 @@ def _watch(plan: Plan, proc: subprocess.Popen, started: float, console: Console,
             states = []
             for job in plan.jobs:
                 state = run_status(job.run_dir)
-                if state == "running" and (job.run_dir / CONFIG).stat().st_mtime < started:
+                config_then, summary_then = at_launch[job.run_dir]
+                if state == "running" and _mtime(job.run_dir / CONFIG) == config_then:
                     state = "pending"  # left over from a killed sweep, not started again yet
-                if state in FINISHED and seen.get(job.run_dir) not in FINISHED and _fresh(job.run_dir, started):
+                if state in FINISHED and job.run_dir not in reported and _mtime(job.run_dir / SUMMARY) != summary_then:
+                    reported.add(job.run_dir)
                     summary = RunDir(job.run_dir).read_summary() or {}
                     loss = summary.get("final_val_loss")
                     detail = f"val {loss:.4f}" if loss is not None else (summary.get("error") or "")
                     what = " ".join(plan.values(job)) or job.run_dir.name
                     bar.console.print(Text.assemble((f"{state:>9}", STYLES[state]), f" {what}  {detail}"))
-                seen[job.run_dir] = state
                 states.append(state)
             counts = (f"{states.count('running')} running · [red]{states.count('failed')} failed[/red] · "
                       f"[yellow]{states.count('diverged')} diverged[/yellow]")
@@ -506,11 +517,11 @@ def _watch(plan: Plan, proc: subprocess.Popen, started: float, console: Console,
             time.sleep(poll_s)
 
 
-def _fresh(run_dir: Path, started: float) -> bool:
+def _mtime(path: Path) -> float:
     try:
-        return (run_dir / SUMMARY).stat().st_mtime >= started
+        return path.stat().st_mtime
     except OSError:
-        return False
+        return 0.0
 
 
 def multirun_child() -> None:

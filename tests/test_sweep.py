@@ -88,6 +88,14 @@ def test_grid_failures_index_and_resume(tmp_path, monkeypatch):
 
     _, out = run_sweep_dry(grid, retry_failed=True)
     assert "diverged → run" in out and out.count("→ fail") == 2 and "completed → keep" in out
+    done = mtimes(sweep_dir / r["run_dir"] for r in rows if r["status"] == "completed")
+    retried = mtimes(sweep_dir / r["run_dir"] for r in rows if r["status"] != "completed")
+    code, out = sweep([*grid, "train.threads=1"], retry_failed=True)
+    assert code == 1, out
+    assert mtimes(sweep_dir / name for name in done) == done  # completed runs are never retried
+    after = mtimes(sweep_dir / name for name in retried)
+    assert all(after[name] != retried[name] for name in retried)
+    assert sorted(r["status"] for r in read_index(sweep_dir)) == ["completed", "diverged", "failed", "failed"]
 
     # Another command whose runs all exist in this sweep directory (found by config, not by
     # name or job number): nothing to run, and diverging is a result, so the exit code is 0.
