@@ -239,7 +239,9 @@ def plan_sweep(args: list[str]) -> Plan:
                 sweep_dir = Path(str(cfg.hydra.sweep.dir))
             else:
                 sweep_dir = default_sweep_dir(cfg, parsed)
-                args = [*args, f"hydra.sweep.dir={_hydra_quote(str(sweep_dir))}"]
+            # Pinned for the jobs: absolute, because a launcher may run them in another working
+            # directory, and resolved once, because ${now:...} would differ in every process.
+            args = [*args, f"hydra.sweep.dir={_hydra_quote(str(sweep_dir.resolve()))}"]
             params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
             overrides = OverridesParser.create(config_loader=loader).parse_overrides(
                 params + list(cfg.hydra.overrides.task))
@@ -360,7 +362,7 @@ def _table(title: str, plan: Plan) -> Table:
 
 
 def _plan_table(plan: Plan, retry_failed: bool) -> Table:
-    table = _table(f"{len(plan.jobs)} runs in {plan.sweep_dir}", plan)
+    table = _table(f"{_runs(len(plan.jobs))} in {plan.sweep_dir}", plan)
     table.add_column("run dir", no_wrap=True)
     table.add_column("state")
     for job in plan.jobs:
@@ -370,6 +372,10 @@ def _plan_table(plan: Plan, retry_failed: bool) -> Table:
             state.append(f" (invalid: {job.invalid})", style="red")
         table.add_row(str(job.num), *map(Text, plan.values(job)), job.run_dir.name, state)
     return table
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def _counts(states: list[str]) -> str:
@@ -399,10 +405,11 @@ def _child_command(plan: Plan, retry_failed: bool) -> list[str]:
 
 
 def _child_env() -> dict:
-    # The child must import this very normbench (a checkout, not some installed copy).
-    root = str(Path(__file__).resolve().parent.parent)
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONPATH": root + (os.pathsep + path if path else "")}
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    root = Path(__file__).resolve().parent.parent
+    if conf_dir() == root / "conf":  # a source checkout: the child must import this very normbench
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    return env
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -423,9 +430,9 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
     plan = plan_sweep(args)
     todo = [j for j in plan.jobs if will_run(j, retry_failed)]
     done = [j.state for j in plan.jobs if not will_run(j, retry_failed)]
-    have = f"{len(done)} have results ({_counts(done)})" if done else "none has results yet"
+    have = f"{len(done)} {'has' if len(done) == 1 else 'have'} results ({_counts(done)})" if done else "none has results yet"
     redo = [j.state for j in todo if j.state != "new"]
-    headline = (f"{len(plan.jobs)} runs in {plan.sweep_dir}: {have}, {len(todo)} to run"
+    headline = (f"{_runs(len(plan.jobs))} in {plan.sweep_dir}: {have}, {len(todo)} to run"
                 + (f" ({_counts(redo)} among them)" if redo else ""))
     if dry_run:
         console.print(_plan_table(plan, retry_failed))
@@ -455,12 +462,13 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
             what = " ".join(plan.values(job)) or job.run_dir.name
             console.print(Text.assemble(("failed", "red"), f" {what}: {row.get('error')} ({job.run_dir / ERROR_LOG})"))
     states = [r["status"] for r in rows]
-    console.print(f"{len(states)} runs: {_counts(states)}; index: {plan.sweep_dir / INDEX}; "
+    console.print(f"{_runs(len(states))}: {_counts(states)}; index: {plan.sweep_dir / INDEX}; "
                   f"compare them with: normbench report {plan.sweep_dir}")
     if returncode != 0:
-        tail = (plan.sweep_dir / LOG).read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-        console.print("[red]Hydra's multirun stopped with an error[/red] (last lines of sweep.log):")
-        console.print("\n".join(tail), markup=False, highlight=False)
+        lines = [line for line in (plan.sweep_dir / LOG).read_text(encoding="utf-8", errors="replace").splitlines()
+                 if line.strip()]
+        console.print(Text.assemble(("Hydra's multirun stopped with an error: ", "red"), lines[-1] if lines else "",
+                                    f" (the whole traceback is in {plan.sweep_dir / LOG})"))
         return 1
     unfinished = [s for s in states if s not in FINISHED]
     return 1 if "failed" in states or unfinished else 0

@@ -207,6 +207,10 @@ def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path
     assert plan_sweep(["train.lr=1e-3"]).jobs[0].run_dir.name == plan_sweep(["train.lr=0.001"]).jobs[0].run_dir.name
     custom = plan_sweep(["norm=ln,rms", "hydra.sweep.dir=elsewhere"])
     assert custom.sweep_dir == Path("elsewhere")
+    # What the jobs get: absolute (launchers may change directory) and resolved once.
+    assert custom.args[-1] == f"hydra.sweep.dir={tmp_path.resolve() / 'elsewhere'}"
+    stamped = plan_sweep(["hydra.sweep.dir=out/${now:%H%M%S%f}"])
+    assert stamped.args[-1] == f"hydra.sweep.dir={tmp_path.resolve() / stamped.sweep_dir}"
 
 
 def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
