@@ -149,7 +149,7 @@ class Plan:
 
 def _hydra_quote(value: str) -> str:
     """An override value Hydra's parser reads back unchanged."""
-    if re.fullmatch(r"[\w./:~-]+", value):
+    if re.fullmatch(r"[\w./:-]+", value):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -266,6 +266,12 @@ def plan_sweep(args: list[str]) -> Plan:
         GlobalHydra.instance().clear()
     if jobs and all(job.invalid for job in jobs):
         raise ConfigError(jobs[0].invalid)  # nothing would train: say why now rather than after launching
+    first: dict[Path, Job] = {}
+    for job in jobs:  # e.g. train.lr=1e-3,0.001: two jobs would train into one directory at once
+        other = first.setdefault(job.run_dir, job)
+        if other is not job:
+            raise ConfigError(f"jobs {other.num} and {job.num} are the same config "
+                              f"({' '.join(other.overrides)} / {' '.join(job.overrides)}): drop one of the values")
     for job in jobs:
         job.state = _state_before(job)
     keys = [o.split("=", 1)[0] for o in jobs[0].overrides] if jobs else []

@@ -245,6 +245,7 @@ def test_user_mistakes_are_short_clear_errors(tmp_path, monkeypatch):
         (["norm=[ln"], "cannot read the override 'norm=[ln'"),
         (["experiment=warmup,depth"], "one experiment per sweep"),
         (["train.lr=-1"], "train.lr must be >= 0"),
+        (["train.lr=1e-3,0.001"], "jobs 0 and 1 are the same config"),
     ]:
         with pytest.raises(ConfigError) as err:
             plan_sweep(args)
