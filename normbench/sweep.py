@@ -442,14 +442,14 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
                 + (f" ({_counts(redo)} among them)" if redo else ""))
     if dry_run:
         console.print(_plan_table(plan, retry_failed))
-        console.print(headline)
+        console.print(headline, soft_wrap=True)
         return 0
 
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.sweep_dir / PLAN, json.dumps({"args": plan.args, "jobs": [
         {"job": j.num, "overrides": j.overrides, "run_dir": j.run_dir.name, "config_hash": j.config_hash}
         for j in plan.jobs]}, indent=1) + "\n")
-    console.print(headline)
+    console.print(headline, soft_wrap=True)
     returncode = 0
     if todo:  # with nothing to run, Hydra has nothing to do either
         try:
@@ -469,7 +469,7 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
             console.print(Text.assemble(("failed", "red"), f" {what}: {row.get('error')} ({job.run_dir / ERROR_LOG})"))
     states = [r["status"] for r in rows]
     console.print(f"{_runs(len(states))}: {_counts(states)}; index: {plan.sweep_dir / INDEX}; "
-                  f"compare them with: normbench report {plan.sweep_dir}")
+                  f"compare them with: normbench report {plan.sweep_dir}", soft_wrap=True)
     if returncode != 0:
         lines = [line for line in (plan.sweep_dir / LOG).read_text(encoding="utf-8", errors="replace").splitlines()
                  if line.strip()]
