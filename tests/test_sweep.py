@@ -155,7 +155,8 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in children), "jobs kept running after the sweep command was killed"
     finished = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if (d / "summary.json").exists()]
-    cut_short = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if not (d / "summary.json").exists()]
+    cut_short = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*")
+                 if (d / "config.yaml").exists() and not (d / "summary.json").exists()]
     before = mtimes(finished)
 
     result = run_cli(*args, cwd=tmp_path)
