@@ -11,6 +11,8 @@ Under torchrun every process runs this function; rank 0 alone writes and reports
 from __future__ import annotations
 
 import sys
+import traceback
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -18,31 +20,56 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
-from normbench import distributed
+from normbench import distributed, sweep
 from normbench.config import conf_dir, parse_config
 from normbench.errors import ConfigError
-from normbench.runs import RunDir
+from normbench.runs import RunDir, config_hash
 from normbench.train import summary_table, train
 
 
 def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
-    """Validate, train and report one configuration into ``run_dir``."""
+    """Validate, train and report one configuration into ``run_dir``.
+
+    In a sweep (``multirun``) a job reuses the result its directory already holds for the
+    same config (see normbench.sweep.prepare_job), and a failure of any kind is recorded
+    in the run directory and returned, never raised: one bad run must not stop the others.
+    """
     console = Console(stderr=True)
     main = distributed.is_main()
     run_dir_ = RunDir(run_dir)
+    cfg_hash = config_hash(cfg)
+    if multirun:
+        result = sweep.prepare_job(run_dir_.path, cfg)
+        if result is not None:
+            console.print(f"already {result.get('status')} with this config: {run_dir_.path} (skipped)")
+            return result
     if main:
         run_dir_.write_config(cfg)
     try:
-        summary = train(parse_config(cfg), run_dir_.path, console=console)
+        run = parse_config(cfg)
+        if multirun:
+            # The sweep command draws its own progress; parallel jobs share the cores.
+            run.train.progress = False
+            run.train.threads = run.train.threads or sweep.job_threads(HydraConfig.get().launcher)
+        summary = train(run, run_dir_.path, console=console, config_hash=cfg_hash)
     except ConfigError as err:
         # Recorded as failed (never completed) so a sweep's index and a report show it.
         if main:
-            run_dir_.write_summary({"status": "failed", "error": f"config error: {err}"})
+            run_dir_.write_error(f"config error: {err}\n")
+            run_dir_.write_summary({"status": "failed", "error": f"config error: {err}", "config_hash": cfg_hash})
         # Every rank says so: an error only one rank hits (its GPU, say) must not go unseen.
         rank = "" if main else f"(rank {distributed.rank()}) "
         console.print(f"[bold red]error:[/bold red] {rank}{err}", soft_wrap=True, highlight=False)
         if not multirun:
             sys.exit(2)
+        return None
+    except Exception as err:
+        if not multirun:
+            raise
+        # A crash outside the training loop (building the data or the model) fails this run only.
+        run_dir_.write_error(traceback.format_exc())
+        run_dir_.write_summary({"status": "failed", "error": f"{type(err).__name__}: {err}", "config_hash": cfg_hash})
+        console.print(f"[bold red]run failed:[/bold red] {type(err).__name__}: {err}", soft_wrap=True)
         return None
     if main:
         console.print(summary_table(summary))
@@ -62,10 +89,12 @@ def hydra_main(cfg: DictConfig) -> None:
         Console(stderr=True).print(
             "[bold red]error:[/bold red] torchrun runs one data-parallel training job, not a sweep (-m): "
             "sweep with a launcher (one job per GPU, e.g. hydra/launcher=submitit_slurm) or start torchrun "
-            "once per configuration; see docs/distributed.md"
+            "once per configuration; see the README's 'Scaling out'"
         )
         sys.exit(2)
     try:
         run_job(cfg, hc.runtime.output_dir, multirun=multirun)
     finally:
         distributed.teardown()
+        if multirun:
+            sweep.write_index(Path(hc.sweep.dir))

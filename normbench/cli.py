@@ -77,6 +77,52 @@ def train(ctx: typer.Context) -> None:
     _hydra(ctx.args)
 
 
+@app.command(
+    context_settings=HYDRA_ARGS,
+    help=f"""Run a grid of trainings: Hydra's multirun, resumable. Arguments are Hydra overrides.
+
+A comma list, range(a,b[,step]) or glob(...) sweeps a key; every combination is one run with
+its own run directory under the sweep directory (results/sweeps/NAME-HASH unless
+hydra.sweep.dir=DIR is given). Running the same command again resumes: runs completed with the
+same config are kept, interrupted ones run again, diverged and failed ones are kept unless
+--retry-failed. The exit code is 1 if any run failed (diverging is a result, not a failure).
+
+[bold]Named experiments[/bold] (experiment=NAME): {', '.join(group_options('experiment'))}
+
+[bold]Launchers[/bold]: hydra/launcher=joblib hydra.launcher.n_jobs=N (parallel on this machine:
+each job gets cpus // N torch threads), hydra/launcher=slurm (SLURM, one GPU per job; pip install
+'normbench\\[slurm]'), hydra/launcher=ray_cluster (Ray; pip install 'normbench\\[ray]'). See the README's Sweeps section.
+
+[bold]Examples[/bold]
+
+  normbench sweep norm=ln,rms,bn,gn placement=pre,post seed=0,1,2
+
+  normbench sweep experiment=norm_zoo hydra/launcher=joblib hydra.launcher.n_jobs=2
+
+  normbench sweep --dry-run experiment=warmup train.steps=2000
+
+  normbench sweep norm=ln,rms seed="range(0,5)" model=small hydra/launcher=slurm hydra.launcher.partition=gpu
+""",
+)
+def sweep(
+    ctx: typer.Context,
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the runs the sweep would make, and which already have results."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again the runs that diverged or failed."),
+) -> None:
+    from normbench.errors import ConfigError
+    from normbench.sweep import run_sweep
+
+    flags = [a for a in ctx.args if a.startswith("-")]
+    if flags:
+        _fail(f"unknown option {flags[0]}: sweep takes --dry-run, --retry-failed and Hydra overrides KEY=VALUE "
+              "(to see a run's config: normbench train --cfg job KEY=VALUE ...)")
+    try:
+        code = run_sweep(ctx.args, dry_run=dry_run, retry_failed=retry_failed)
+    except ConfigError as err:
+        _fail(err)
+    raise typer.Exit(code)
+
+
 def _fail(err: Exception) -> None:
     typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)

@@ -250,7 +250,7 @@ def _progress(console: Console, enabled: bool) -> Progress:
     )
 
 
-def train(run, run_dir: Path, console: Console | None = None) -> dict:
+def train(run, run_dir: Path, console: Console | None = None, config_hash: str | None = None) -> dict:
     """Train one configuration; return (and write) its summary. Raises ConfigError on bad input."""
     console = console or Console(stderr=True)
     started = time.perf_counter()
@@ -348,6 +348,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         "causal_leak": leak,
         "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
         "compiled": bool(tcfg.compile and state.compile_error is None),
+        "config_hash": config_hash,
         "env": environment(state.device),
     }
     if distributed.is_main():

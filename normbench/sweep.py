@@ -1,0 +1,557 @@
+"""Sweeps: ``normbench sweep`` is Hydra's multirun, made resumable and watchable.
+
+Hydra sweeps and launches (the basic sweeper's grid syntax; the basic, joblib, submitit
+and ray launchers) and every job runs ``normbench.app.hydra_main`` exactly like a
+``train`` run. This module adds what a plain multirun lacks:
+
+- a stable sweep directory (``results/sweeps/NAME-HASH``) and one run directory per
+  distinct config (``conf/config.yaml`` names it after the config hash), so running the
+  same command again resumes it;
+- the job-side rules (``prepare_job``, ``job_threads``): reuse a result made by the same
+  config, re-run an interrupted run, share the cores between parallel jobs;
+- the plan (the jobs the sweeper will make, which ``--dry-run`` lists), the index file
+  (``index.csv``, rebuilt after each job), the live progress and the closing table.
+
+``run_sweep`` runs Hydra's multirun in a child process (its output goes to
+``sweep.log``) and watches the run directories, so the display is the same whatever
+launcher runs the jobs and wherever they run, as long as they write to this filesystem.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from normbench.config import conf_dir, group_options
+from normbench.errors import ConfigError
+from normbench.runs import CONFIG, ERROR_LOG, METRICS, NOT_HASHED, SUMMARY, RunDir, config_hash, write_atomic
+
+PLAN, INDEX, LOG = "plan.json", "index.csv", "sweep.log"
+RETRY_ENV = "NORMBENCH_RETRY_FAILED"  # set in every job through hydra.job.env_set, so it reaches any launcher
+PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
+FINISHED = ("completed", "diverged", "failed")
+# Launcher choices that need a plugin, and the extra that installs it.
+LAUNCHER_EXTRAS = {
+    "joblib": ("hydra_joblib_launcher", "joblib"),
+    "submitit_local": ("hydra_submitit_launcher", "slurm"),
+    "submitit_slurm": ("hydra_submitit_launcher", "slurm"),
+    "slurm": ("hydra_submitit_launcher", "slurm"),
+    "ray": ("hydra_ray_launcher", "ray"),
+    "ray_aws": ("hydra_ray_launcher", "ray"),
+    "ray_cluster": ("hydra_ray_launcher", "ray"),
+}
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+STYLES = {"completed": "green", "diverged": "yellow", "failed": "red", "interrupted": "magenta", "pending": "dim"}
+
+
+# ----------------------------------------------------------------------------- one job (runs in the job process)
+
+
+def stored_result(run_dir: Path, cfg_hash: str) -> dict | None:
+    """The summary in ``run_dir`` if it is a result of this very config (same hash), else None."""
+    run = RunDir(run_dir)
+    summary = run.read_summary()
+    if summary is None:
+        return None
+    try:
+        # config.yaml is rewritten before a run starts and summary.json only after it ends,
+        # so the two always belong to the same attempt.
+        stored = config_hash(OmegaConf.load(run.path / CONFIG))
+    except Exception:  # missing or unreadable (edited by hand): nothing to reuse
+        return None
+    return summary if stored == cfg_hash else None
+
+
+def prepare_job(run_dir: Path, cfg: DictConfig) -> dict | None:
+    """Return the result to reuse (the job is skipped), or clear the directory for a fresh run and return None.
+
+    Completed results are always reused; diverged and failed ones too, unless the sweep
+    runs with --retry-failed. Anything else (a run killed half-way, a result of another
+    config) is run again from scratch.
+    """
+    result = stored_result(Path(run_dir), config_hash(cfg))
+    retry = os.environ.get(RETRY_ENV) == "1"
+    if result is not None and (result.get("status") == "completed" or not retry):
+        return result
+    for name in (SUMMARY, METRICS, ERROR_LOG):  # summary first: a kill now leaves an interrupted run, not a stale result
+        (Path(run_dir) / name).unlink(missing_ok=True)
+    return None
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may use (cgroups, taskset, SLURM)
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def job_threads(launcher: DictConfig | dict | None) -> int:
+    """Torch threads for one job, so parallel jobs don't oversubscribe the cores; 0 = torch's default.
+
+    joblib runs n_jobs jobs at once on this machine: each gets cpus // n_jobs threads
+    (n_jobs=-1 means one job per cpu, -2 all but one, as in joblib). submitit jobs get
+    their cpus_per_task, Ray tasks their ray.remote.num_cpus. The basic launcher runs one
+    job at a time: torch's default. An explicit train.threads always wins (the caller
+    checks that).
+    """
+    launcher = launcher or {}
+    cpus = available_cpus()
+    n_jobs = launcher.get("n_jobs")
+    if isinstance(n_jobs, int) and n_jobs != 0:
+        parallel = n_jobs if n_jobs > 0 else max(1, cpus + 1 + n_jobs)
+        return max(1, cpus // parallel)
+    ray_cpus = ((launcher.get("ray") or {}).get("remote") or {}).get("num_cpus")
+    per_task = launcher.get("cpus_per_task") or ray_cpus
+    return int(per_task) if per_task else 0
+
+
+# ----------------------------------------------------------------------------- the plan (runs in the sweep command)
+
+
+@dataclass
+class Job:
+    num: int
+    overrides: list[str]  # as the sweeper hands them to the job
+    run_dir: Path
+    config_hash: str
+    state: str = "new"  # before launch: new, interrupted, completed, diverged, failed
+    invalid: str | None = None  # the ConfigError the job will fail with
+
+
+@dataclass
+class Plan:
+    sweep_dir: Path
+    jobs: list[Job]
+    args: list[str]  # the overrides Hydra's multirun gets: the user's plus the sweep dir
+    varying: list[str]  # the keys whose value differs between jobs
+
+    def values(self, job: Job) -> list[str]:
+        kv = dict(o.split("=", 1) for o in job.overrides if "=" in o)
+        return [kv.get(key, "") for key in self.varying]
+
+
+def _hydra_quote(value: str) -> str:
+    """An override value Hydra's parser reads back unchanged."""
+    if re.fullmatch(r"[\w./:-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _check_args(parsed) -> None:
+    """Mistakes worth a better message than Hydra's."""
+    for o in parsed:
+        key = o.key_or_group
+        if key == "experiment":
+            names = group_options("experiment")
+            if o.is_sweep_override():
+                raise ConfigError("one experiment per sweep (experiment=NAME)", allowed=names)
+            if o.value() not in names:
+                raise ConfigError(f"unknown experiment '{o.value()}'", allowed=names)
+        if key == "hydra/launcher":
+            name = str(o.value())
+            module, extra = LAUNCHER_EXTRAS.get(name, (None, None))
+            if module and not _has_module(f"hydra_plugins.{module}"):
+                raise ConfigError(
+                    f"hydra/launcher={name} needs the Hydra launcher plugin {module.replace('_', '-')}: "
+                    f"pip install 'normbench[{extra}]'"
+                )
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _short(err: Exception) -> str:
+    """Hydra's composition errors on one line, with the options it lists but not its search path."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[1].startswith("Available options"):
+        options = [line for line in lines[2:] if not line.startswith(("Config search path", "provider="))]
+        return f"{lines[0]}; {lines[1].rstrip(':').lower()}: {', '.join(options)}"
+    return " ".join(lines[:2])
+
+
+def default_sweep_dir(cfg: DictConfig, parsed: list) -> Path:
+    """results/sweeps/<experiment or grid>-<hash of the user's overrides>: the same command finds the same directory.
+
+    The hash ignores the order of the overrides, the launcher and other hydra.* settings,
+    and the keys that never change a result (NOT_HASHED).
+    """
+    keyed = sorted(o.input_line for o in parsed if not o.is_hydra_override() and o.key_or_group not in NOT_HASHED)
+    digest = hashlib.sha256("\n".join(keyed).encode()).hexdigest()[:8]
+    name = cfg.hydra.runtime.choices.get("experiment") or "grid"
+    return Path(str(cfg.results_dir)) / "sweeps" / f"{name}-{digest}"
+
+
+def plan_sweep(args: list[str]) -> Plan:
+    """The jobs Hydra's basic sweeper will make from these overrides, each with its run directory and state.
+
+    Uses the sweeper's own parser and grid expansion (lists, range(), glob(), the
+    experiment's hydra.sweeper.params) and composes every job's config as Hydra will.
+    """
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+    from hydra.types import RunMode
+    from omegaconf.errors import OmegaConfBaseException
+
+    from normbench.config import parse_config
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except OverrideParseException as err:
+        raise ConfigError(f"cannot read the override '{err.override}': {err.message.splitlines()[0]}",
+                          allowed=["KEY=VALUE", "KEY=A,B,C", "KEY=range(START,STOP)", "GROUP=glob(PATTERN)"]) from None
+    _check_args(parsed)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"):
+            loader = GlobalHydra.instance().config_loader()
+            cfg = loader.load_configuration("config", args, RunMode.MULTIRUN)
+            if cfg.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+                raise ConfigError("normbench sweep plans and resumes grids of Hydra's basic sweeper",
+                                  allowed=["hydra/sweeper=basic"])
+            if "hydra.sweep.dir" in {o.split("=", 1)[0].lstrip("+") for o in cfg.hydra.overrides.hydra}:
+                sweep_dir = Path(str(cfg.hydra.sweep.dir))
+            else:
+                sweep_dir = default_sweep_dir(cfg, parsed)
+            # Pinned for the jobs: absolute, because a launcher may run them in another working
+            # directory, and resolved once, because ${now:...} would differ in every process.
+            args = [*args, f"hydra.sweep.dir={_hydra_quote(str(sweep_dir.resolve()))}"]
+            params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
+            overrides = OverridesParser.create(config_loader=loader).parse_overrides(
+                params + list(cfg.hydra.overrides.task))
+            jobs = []
+            for num, job_overrides in enumerate(BasicSweeper.split_arguments(overrides, None)[0]):
+                job_cfg = loader.load_sweep_config(cfg, list(job_overrides))
+                with open_dict(job_cfg.hydra.job):
+                    job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"plan_{num}"
+                HydraConfig.instance().set_config(job_cfg)
+                run_dir = sweep_dir / str(OmegaConf.select(job_cfg, "hydra.sweep.subdir"))
+                job = Job(num, list(job_overrides), run_dir, config_hash(job_cfg))
+                try:
+                    with open_dict(job_cfg):
+                        del job_cfg["hydra"]
+                    parse_config(job_cfg)
+                except ConfigError as err:
+                    job.invalid = str(err)
+                jobs.append(job)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(_short(err)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    if jobs and all(job.invalid for job in jobs):
+        raise ConfigError(jobs[0].invalid)  # nothing would train: say why now rather than after launching
+    first: dict[Path, Job] = {}
+    for job in jobs:  # e.g. train.lr=1e-3,0.001: two jobs would train into one directory at once
+        other = first.setdefault(job.run_dir, job)
+        if other is not job:
+            raise ConfigError(f"jobs {other.num} and {job.num} are the same config "
+                              f"({' '.join(other.overrides)} / {' '.join(job.overrides)}): drop one of the values")
+    for job in jobs:
+        job.state = _state_before(job)
+    keys = [o.split("=", 1)[0] for o in jobs[0].overrides] if jobs else []
+    varying = [k for k in keys if len({dict(o.split("=", 1) for o in j.overrides).get(k) for j in jobs}) > 1]
+    return Plan(sweep_dir, jobs, args, varying)
+
+
+def _state_before(job: Job) -> str:
+    result = stored_result(job.run_dir, job.config_hash)
+    if result is not None:
+        return result.get("status", "failed")
+    return "interrupted" if (job.run_dir / CONFIG).exists() else "new"
+
+
+def will_run(job: Job, retry_failed: bool) -> bool:
+    return job.state in ("new", "interrupted") or (retry_failed and job.state in ("diverged", "failed"))
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+def run_status(run_dir: Path) -> str:
+    """What a run directory says now: completed/diverged/failed, running (started, no result yet) or pending."""
+    summary = RunDir(run_dir).read_summary()
+    if summary is not None:
+        return summary.get("status") or "failed"
+    return "running" if (Path(run_dir) / CONFIG).exists() else "pending"
+
+
+def _indexed_jobs(sweep_dir: Path) -> list[dict]:
+    """The sweep's jobs: from plan.json when normbench sweep launched it, else every job directory found."""
+    try:
+        return json.loads((sweep_dir / PLAN).read_text(encoding="utf-8"))["jobs"]
+    except (OSError, ValueError, KeyError):
+        pass
+    jobs = []
+    for overrides_file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
+        run_dir = overrides_file.parent.parent
+        jobs.append({"job": None, "overrides": list(OmegaConf.load(overrides_file)), "run_dir": run_dir.name})
+    return jobs
+
+
+def write_index(sweep_dir: Path, final: bool = False) -> list[dict]:
+    """Rebuild index.csv from the run directories (atomic, so parallel jobs may all do it).
+
+    One row per job: its overrides, status, run directory (relative to the sweep), config
+    hash, final loss, wall time and error. ``final`` (the sweep has ended) reports a run
+    that started and never finished as interrupted rather than running.
+    """
+    sweep_dir = Path(sweep_dir)
+    rows = []
+    for job in _indexed_jobs(sweep_dir):
+        run_dir = sweep_dir / job["run_dir"]
+        summary = RunDir(run_dir).read_summary() or {}
+        status = run_status(run_dir)
+        if final and status == "running":
+            status = "interrupted"
+        rows.append({
+            "job": job.get("job"),
+            "status": status,
+            "overrides": " ".join(job["overrides"]),
+            "run_dir": job["run_dir"],
+            "config_hash": summary.get("config_hash") or job.get("config_hash"),
+            "final_val_loss": summary.get("final_val_loss"),
+            "wall_s": summary.get("wall_s"),
+            "error": summary.get("error"),
+        })
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=["job", "status", "overrides", "run_dir", "config_hash",
+                                              "final_val_loss", "wall_s", "error"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    if sweep_dir.is_dir():
+        write_atomic(sweep_dir / INDEX, text.getvalue())
+    return rows
+
+
+def read_index(sweep_dir: Path) -> list[dict]:
+    with open(Path(sweep_dir) / INDEX, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+# ----------------------------------------------------------------------------- the sweep command
+
+
+def _table(title: str, plan: Plan) -> Table:
+    """A table with the job number and one column per swept key, which keep their width; the run dir gives way."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right", no_wrap=True)
+    names = [key.rsplit(".", 1)[-1] for key in plan.varying]  # train.lr -> lr, unless two keys end alike
+    for key, name in zip(plan.varying, names):
+        table.add_column(name if names.count(name) == 1 else key, no_wrap=True)
+    return table
+
+
+def _plan_table(plan: Plan, retry_failed: bool) -> Table:
+    table = _table(f"{_runs(len(plan.jobs))} in {plan.sweep_dir}", plan)
+    table.add_column("run dir", no_wrap=True)
+    table.add_column("state")
+    for job in plan.jobs:
+        action = ("fail" if job.invalid else "run") if will_run(job, retry_failed) else "keep"
+        state = Text.assemble((job.state, STYLES.get(job.state, "")), f" → {action}")
+        if job.invalid:
+            state.append(f" (invalid: {job.invalid})", style="red")
+        table.add_row(str(job.num), *map(Text, plan.values(job)), job.run_dir.name, state)
+    return table
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def _counts(states: list[str]) -> str:
+    parts = [f"{states.count(s)} {s}" for s in ("completed", "diverged", "failed", "interrupted") if states.count(s)]
+    return ", ".join(parts) or "none"
+
+
+def _closing_table(plan: Plan, by_dir: dict[str, dict]) -> Table:
+    table = _table(f"sweep {plan.sweep_dir}", plan)
+    table.add_column("status", no_wrap=True)
+    table.add_column("val loss", justify="right", no_wrap=True)
+    table.add_column("wall s", justify="right", no_wrap=True)
+    for job in plan.jobs:
+        row = by_dir.get(job.run_dir.name, {})
+        status = row.get("status", "pending")
+        loss, wall = row.get("final_val_loss"), row.get("wall_s")
+        cells = [Text(status, STYLES.get(status, "")), "-" if loss is None else f"{loss:.4f}",
+                 "-" if wall is None else f"{wall:.1f}"]
+        table.add_row(str(job.num), *map(Text, plan.values(job)), *cells)
+    return table
+
+
+def _child_command(plan: Plan, retry_failed: bool) -> list[str]:
+    extra = [f"++hydra.job.env_set.{RETRY_ENV}=1"] if retry_failed else []
+    code = "from normbench.sweep import multirun_child; multirun_child()"
+    return [sys.executable, "-c", code, "--multirun", *plan.args, *extra]
+
+
+def _child_env() -> dict:
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    root = Path(__file__).resolve().parent.parent
+    if conf_dir() == root / "conf":  # a source checkout: the child must import this very normbench
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ctrl-C: interrupt the whole job tree (its own process group), then kill what is left."""
+    for sig, wait in ((signal.SIGINT, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+
+
+def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False,
+              console: Console | None = None, poll_s: float = 0.5) -> int:
+    """Plan, then run (or with dry_run only list) the sweep; return the exit code: 1 if any run failed."""
+    console = console or Console()
+    plan = plan_sweep(args)
+    todo = [j for j in plan.jobs if will_run(j, retry_failed)]
+    done = [j.state for j in plan.jobs if not will_run(j, retry_failed)]
+    have = f"{len(done)} {'has' if len(done) == 1 else 'have'} results ({_counts(done)})" if done else "none has results yet"
+    redo = [j.state for j in todo if j.state != "new"]
+    headline = (f"{_runs(len(plan.jobs))} in {plan.sweep_dir}: {have}, {len(todo)} to run"
+                + (f" ({_counts(redo)} among them)" if redo else ""))
+    if dry_run:
+        console.print(_plan_table(plan, retry_failed))
+        console.print(headline, soft_wrap=True)
+        return 0
+
+    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(plan.sweep_dir / PLAN, json.dumps({"args": plan.args, "jobs": [
+        {"job": j.num, "overrides": j.overrides, "run_dir": j.run_dir.name, "config_hash": j.config_hash}
+        for j in plan.jobs]}, indent=1) + "\n")
+    console.print(headline, soft_wrap=True)
+    returncode = 0
+    if todo:  # with nothing to run, Hydra has nothing to do either
+        try:
+            returncode = _launch(plan, retry_failed, console, poll_s)
+        except KeyboardInterrupt:
+            write_index(plan.sweep_dir, final=True)
+            console.print("[yellow]interrupted[/yellow]: run the same command again to resume")
+            return 130
+
+    rows = write_index(plan.sweep_dir, final=True)
+    by_dir = {r["run_dir"]: r for r in rows}
+    console.print(_closing_table(plan, by_dir))
+    for job in plan.jobs:
+        row = by_dir.get(job.run_dir.name, {})
+        if row.get("status") == "failed":
+            what = " ".join(plan.values(job)) or job.run_dir.name
+            console.print(Text.assemble(("failed", "red"), f" {what}: {row.get('error')} ({job.run_dir / ERROR_LOG})"))
+    states = [r["status"] for r in rows]
+    console.print(f"{_runs(len(states))}: {_counts(states)}; index: {plan.sweep_dir / INDEX}; "
+                  f"compare them with: normbench report {plan.sweep_dir}", soft_wrap=True)
+    if returncode != 0:
+        lines = [line for line in (plan.sweep_dir / LOG).read_text(encoding="utf-8", errors="replace").splitlines()
+                 if line.strip()]
+        console.print(Text.assemble(("Hydra's multirun stopped with an error: ", "red"), lines[-1] if lines else "",
+                                    f" (the whole traceback is in {plan.sweep_dir / LOG})"))
+        return 1
+    unfinished = [s for s in states if s not in FINISHED]
+    return 1 if "failed" in states or unfinished else 0
+
+
+def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float) -> int:
+    """Run Hydra's multirun in a child process, its output into sweep.log, and watch it; return its exit code."""
+    console.print(f"[dim]Hydra's output: {plan.sweep_dir / LOG}[/dim]")
+    command = _child_command(plan, retry_failed)
+    with open(plan.sweep_dir / LOG, "a", encoding="utf-8") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[3:])}\n")
+        log.flush()
+        # Its own process group: Ctrl-C or the death of this process stops every job it started.
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
+        try:
+            _watch(plan, proc, console, poll_s)
+        except KeyboardInterrupt:
+            _stop(proc)
+            raise
+    return proc.returncode
+
+
+def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float) -> None:
+    """Draw runs done / running / failed / diverged from the run directories until Hydra's process ends."""
+    # What each run directory held at launch, to tell this sweep's work from earlier results
+    # by a change of file, not by clock (a cluster's file server keeps its own time).
+    at_launch = {job.run_dir: (_mtime(job.run_dir / CONFIG), _mtime(job.run_dir / SUMMARY)) for job in plan.jobs}
+    reported: set[Path] = set()
+    columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[counts]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("sweep", total=len(plan.jobs), counts="")
+        while True:
+            exited = proc.poll() is not None
+            states = []
+            for job in plan.jobs:
+                state = run_status(job.run_dir)
+                config_then, summary_then = at_launch[job.run_dir]
+                if state == "running" and _mtime(job.run_dir / CONFIG) == config_then:
+                    state = "pending"  # left over from a killed sweep, not started again yet
+                if state in FINISHED and job.run_dir not in reported and _mtime(job.run_dir / SUMMARY) != summary_then:
+                    reported.add(job.run_dir)
+                    summary = RunDir(job.run_dir).read_summary() or {}
+                    loss = summary.get("final_val_loss")
+                    detail = f"val {loss:.4f}" if loss is not None else (summary.get("error") or "")
+                    what = " ".join(plan.values(job)) or job.run_dir.name
+                    bar.console.print(Text.assemble((f"{state:>9}", STYLES[state]), f" {what}  {detail}"))
+                states.append(state)
+            counts = (f"{states.count('running')} running · [red]{states.count('failed')} failed[/red] · "
+                      f"[yellow]{states.count('diverged')} diverged[/yellow]")
+            bar.update(task, completed=sum(s in FINISHED for s in states), counts=counts)
+            if exited:
+                return
+            time.sleep(poll_s)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def multirun_child() -> None:
+    """The child process of ``run_sweep``: Hydra's own multirun over normbench.app.hydra_main."""
+    parent = int(os.environ.get(PARENT_ENV) or 0)
+    if parent:
+        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    from normbench.app import hydra_main
+
+    hydra_main()
+
+
+def _exit_with_parent(parent: int) -> None:
+    # kill -9 of the sweep command must not leave jobs training behind it: a re-run would
+    # race them for the same run directories. The child leads its own process group,
+    # which holds the local workers too (joblib).
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -1,0 +1,329 @@
+"""normbench sweep: Hydra's multirun through the basic, joblib and submitit launchers, resume, index, dry-run."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf, open_dict
+from rich.console import Console
+
+from normbench import app as app_module
+from normbench.config import conf_dir, group_options
+from normbench.errors import ConfigError
+from normbench.runs import RunDir, config_hash
+from normbench.sweep import available_cpus, job_threads, plan_sweep, read_index, run_sweep
+
+from conftest import TINY, compose_cfg, run_cli
+
+# Overrides under which train.lr=50 diverges within a few steps and train.lr=3e-3 does not.
+HOT = ["norm=none", "train.warmup_steps=0", "train.grad_clip=0", "train.log_every=1", "train.diverge_threshold=6.0"]
+
+
+def sweep(args, **kwargs) -> tuple[int, str]:
+    out = io.StringIO()
+    code = run_sweep(list(args), console=Console(file=out, width=200), poll_s=0.2, **kwargs)
+    return code, out.getvalue()
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def mtimes(run_dirs) -> dict:
+    return {Path(d).name: (Path(d) / "summary.json").stat().st_mtime_ns for d in run_dirs}
+
+
+def test_grid_failures_index_and_resume(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sw"
+    common = [*TINY, *HOT, f"hydra.sweep.dir={sweep_dir}"]
+    grid = ["model.n_head=2,3", "train.lr=3e-3,50", *common]
+
+    # joblib, two jobs at a time. lr=50 diverges; n_head=3 does not divide d_model, so those two
+    # runs fail. Neither stops the sweep; a failure makes the exit code 1.
+    code, out = sweep([*grid, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
+    assert code == 1, out
+    rows = read_index(sweep_dir)
+    assert [r["job"] for r in rows] == ["0", "1", "2", "3"]
+    assert sorted(r["status"] for r in rows) == ["completed", "diverged", "failed", "failed"]
+    for r in rows:
+        run_dir = sweep_dir / r["run_dir"]
+        assert "model.n_head=" in r["overrides"] and "train.lr=" in r["overrides"]
+        assert summary(run_dir)["config_hash"] == r["config_hash"]
+        assert r["config_hash"].startswith(run_dir.name.rsplit("-", 1)[1])
+        if r["status"] == "failed":
+            assert "n_head" in r["error"] and (run_dir / "error.log").exists()
+        else:
+            assert summary(run_dir)["env"]["threads"] == max(1, available_cpus() // 2)  # the joblib threads rule
+    assert "failed" in out and "diverged" in out and "index.csv" in out  # the closing table
+
+    # Simulate a kill in the middle of the completed run: no summary, a torn metrics line.
+    victim = next(sweep_dir / r["run_dir"] for r in rows if r["status"] == "completed")
+    (victim / "summary.json").unlink()
+    with open(victim / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "tra')
+    kept = [sweep_dir / r["run_dir"] for r in rows if sweep_dir / r["run_dir"] != victim]
+    before = mtimes(kept)
+    _, out = run_sweep_dry(grid)
+    assert "interrupted → run" in out and out.count("→ keep") == 3
+
+    # The same sweep, reordered, through the basic launcher (one thread: the test machine is shared).
+    code, out = sweep(["train.lr=3e-3,50", "model.n_head=2,3", *common, "train.threads=1"])
+    assert code == 1, out  # the kept failures still count
+    assert mtimes(kept) == before  # diverged and failed results are kept, not retried
+    assert summary(victim)["status"] == "completed"
+    records = [json.loads(line) for line in (victim / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 10, 20]  # one clean run, no leftovers
+    assert len([d for d in sweep_dir.iterdir() if d.is_dir() and not d.name.startswith(".")]) == 4
+
+    _, out = run_sweep_dry(grid, retry_failed=True)
+    assert "diverged → run" in out and out.count("→ fail") == 2 and "completed → keep" in out
+    done = mtimes(sweep_dir / r["run_dir"] for r in rows if r["status"] == "completed")
+    retried = mtimes(sweep_dir / r["run_dir"] for r in rows if r["status"] != "completed")
+    code, out = sweep([*grid, "train.threads=1"], retry_failed=True)
+    assert code == 1, out
+    assert mtimes(sweep_dir / name for name in done) == done  # completed runs are never retried
+    after = mtimes(sweep_dir / name for name in retried)
+    assert all(after[name] != retried[name] for name in retried)
+    assert sorted(r["status"] for r in read_index(sweep_dir)) == ["completed", "diverged", "failed", "failed"]
+
+    # Another command whose runs all exist in this sweep directory (found by config, not by
+    # name or job number): nothing to run, and diverging is a result, so the exit code is 0.
+    before = mtimes(sweep_dir / r["run_dir"] for r in rows)
+    code, out = sweep(["train.lr=50,3e-3", *common])
+    assert code == 0, out
+    assert "2 have results (1 completed, 1 diverged), 0 to run" in out
+    assert mtimes(sweep_dir / r["run_dir"] for r in rows) == before
+
+
+def run_sweep_dry(args, **kwargs):
+    return sweep(args, dry_run=True, **kwargs)
+
+
+def _sweep_children(parent: int) -> list[int]:
+    """Processes started under the sweep command (they carry its pid in NORMBENCH_SWEEP_PARENT)."""
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"NORMBENCH_SWEEP_PARENT={parent}".encode() in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
+def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_path):
+    args = ["sweep", "seed=0,1,2", *TINY, "train.steps=30", "train.threads=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "normbench", *args], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:  # until one run has finished and the next one is training
+            dirs = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if d.is_dir()]
+            if any((d / "summary.json").exists() for d in dirs) and any(
+                    (d / "config.yaml").exists() and not (d / "summary.json").exists() for d in dirs):
+                break
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            time.sleep(0.05)
+        else:
+            pytest.fail("the sweep never got going")
+        children = _sweep_children(proc.pid)
+        assert children, "Hydra's multirun runs in a child process"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.time() + 30
+    while any(_alive(pid) for pid in children) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children), "jobs kept running after the sweep command was killed"
+    finished = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if (d / "summary.json").exists()]
+    cut_short = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*")
+                 if (d / "config.yaml").exists() and not (d / "summary.json").exists()]
+    before = mtimes(finished)
+
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dirs = sorted(d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if d.is_dir())
+    assert len(run_dirs) == 3
+    assert all(summary(d)["status"] == "completed" for d in run_dirs)
+    assert mtimes(finished) == before  # what had finished was not trained again
+    if cut_short:
+        assert "1 interrupted among them" in " ".join(result.stdout.split())
+
+
+def test_dry_run_lists_runs_and_their_results(tmp_path, monkeypatch):
+    args = ["norm=ln,rms", "seed=0,1", *TINY]
+    result = run_cli("sweep", "--dry-run", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "4 runs in results/sweeps/grid-" in out and "none has results yet, 4 to run" in out
+    assert not (tmp_path / "results").exists(), "a dry run writes nothing"
+
+    monkeypatch.chdir(tmp_path)
+    jobs = plan_sweep(args).jobs
+    # Results as runs leave them; the job's config composed separately must hash the same.
+    for job, status in zip(jobs, ("completed", "diverged", None)):
+        cfg = compose_cfg(job.overrides)
+        assert config_hash(cfg) == job.config_hash
+        RunDir(job.run_dir).write_config(cfg)
+        if status:
+            RunDir(job.run_dir).write_summary({"status": status})
+    code, out = run_sweep_dry(args)
+    assert code == 0
+    assert "4 runs in results/sweeps/grid-" in out
+    assert "2 have results (1 completed, 1 diverged), 2 to run (1 interrupted among them)" in out
+    assert "completed → keep" in out and "diverged → keep" in out and "interrupted → run" in out
+    assert "new → run" in out
+    _, out = run_sweep_dry(args, retry_failed=True)
+    assert "diverged → run" in out
+
+
+def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = plan_sweep(["norm=ln,rms", "seed=0,1", "train.steps=20"])
+    b = plan_sweep(["train.steps=20", "seed=0,1", "norm=ln,rms", "hydra/launcher=joblib", "train.threads=1"])
+    c = plan_sweep(["norm=ln,rms", "seed=0,1", "train.steps=30"])
+    assert a.sweep_dir == b.sweep_dir != c.sweep_dir
+    assert a.sweep_dir.parent == Path("results/sweeps") and a.sweep_dir.name.startswith("grid-")
+    assert sorted(j.run_dir for j in a.jobs) == sorted(j.run_dir for j in b.jobs)
+    assert a.varying == ["norm", "seed"]
+    # 1e-3 and 0.001 are the same config: the same run directory.
+    assert plan_sweep(["train.lr=1e-3"]).jobs[0].run_dir.name == plan_sweep(["train.lr=0.001"]).jobs[0].run_dir.name
+    custom = plan_sweep(["norm=ln,rms", "hydra.sweep.dir=elsewhere"])
+    assert custom.sweep_dir == Path("elsewhere")
+    # What the jobs get: absolute (launchers may change directory) and resolved once.
+    assert custom.args[-1] == f"hydra.sweep.dir={tmp_path.resolve() / 'elsewhere'}"
+    stamped = plan_sweep(["hydra.sweep.dir=out/${now:%H%M%S%f}"])
+    assert stamped.args[-1] == f"hydra.sweep.dir={tmp_path.resolve() / stamped.sweep_dir}"
+
+
+def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sizes = {"norm_zoo": 42, "warmup": 16, "depth": 12, "precision": 8, "batch_size": 18}  # as the README says
+    assert set(group_options("experiment")) == set(sizes)
+    for name, size in sizes.items():
+        params = OmegaConf.load(conf_dir() / "experiment" / f"{name}.yaml").hydra.sweeper.params
+        n = math.prod(len(group_options(k)) if v == "glob(*)" else len(str(v).split(",")) for k, v in params.items())
+        assert n == size, name
+    # Composing every job is Hydra's slow part: plan one slice of each grid, every axis but one.
+    for args, n in [(["experiment=norm_zoo", "seed=0", "placement=pre"], 7), (["experiment=warmup", "placement=post"], 8),
+                    (["experiment=depth", "placement=deepnorm"], 4), (["experiment=precision", "seed=0"], 4),
+                    (["experiment=batch_size", "seed=0", "norm=bn"], 3)]:
+        plan = plan_sweep(args)
+        assert len(plan.jobs) == n and not any(j.invalid for j in plan.jobs), args
+        assert plan.sweep_dir.name.startswith(args[0].split("=")[1] + "-")
+    zoo = plan_sweep(["experiment=norm_zoo", "seed=0", "placement=pre"])
+    assert {j.overrides[0] for j in zoo.jobs} == {f"norm={n}" for n in group_options("norm")}  # glob(*)
+
+
+def test_user_mistakes_are_short_clear_errors(tmp_path, monkeypatch):
+    result = run_cli("sweep", "experiment=nope", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown experiment 'nope'" in result.stderr and "norm_zoo" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+    monkeypatch.chdir(tmp_path)
+    for args, message in [
+        (["norm=nope"], "Could not find 'norm/nope'"),
+        (["nokey=1"], "Could not override 'nokey'"),
+        (["norm=[ln"], "cannot read the override 'norm=[ln'"),
+        (["experiment=warmup,depth"], "one experiment per sweep"),
+        (["train.lr=-1"], "train.lr must be >= 0"),
+        (["train.lr=1e-3,0.001"], "jobs 0 and 1 are the same config"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            plan_sweep(args)
+        assert message in str(err.value), (args, err.value)
+    assert not (tmp_path / "results").exists()
+
+
+def test_launcher_presets_compose(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    from normbench.sweep import _has_module
+
+    if _has_module("hydra_plugins.hydra_submitit_launcher"):
+        assert len(plan_sweep(["norm=ln,rms", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"]).jobs) == 2
+    if _has_module("hydra_plugins.hydra_ray_launcher"):
+        assert len(plan_sweep(["norm=ln,rms", "hydra/launcher=ray_cluster"]).jobs) == 2
+    else:
+        with pytest.raises(ConfigError, match=r"pip install 'normbench\[ray\]'"):
+            plan_sweep(["norm=ln,rms", "hydra/launcher=ray_cluster"])
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("hydra_plugins.hydra_submitit_launcher"),
+                    reason="hydra-submitit-launcher is not installed (pip install 'normbench[slurm]')")
+def test_submitit_local_launcher(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out = sweep(["norm=ln,rms", *TINY, "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
+                       "hydra.launcher.timeout_min=5"])
+    assert code == 0, out
+    (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
+    rows = read_index(sweep_dir)
+    assert [r["status"] for r in rows] == ["completed", "completed"]
+    assert all(summary(sweep_dir / r["run_dir"])["env"]["threads"] == 1 for r in rows)
+
+
+def test_job_threads_rule(monkeypatch):
+    monkeypatch.setattr("normbench.sweep.available_cpus", lambda: 16)
+    assert job_threads({"n_jobs": 4}) == 4
+    assert job_threads({"n_jobs": 32}) == 1
+    assert job_threads({"n_jobs": -1}) == 1
+    assert job_threads({"n_jobs": -2}) == 1  # 15 jobs on 16 cpus
+    assert job_threads({"cpus_per_task": 8}) == 8  # submitit
+    assert job_threads({"ray": {"remote": {"num_cpus": 4}}}) == 4
+    assert job_threads({}) == 0  # basic launcher: torch's default
+
+
+def test_config_hash_ignores_where_and_how_a_run_goes():
+    base = config_hash(compose_cfg(TINY))
+    assert config_hash(compose_cfg([*TINY, "results_dir=/elsewhere", "train.threads=3", "train.progress=true"])) == base
+    assert config_hash(compose_cfg([*TINY, "seed=1"])) != base
+
+
+def test_a_crash_outside_the_training_loop_fails_the_job_not_the_sweep(tmp_path, monkeypatch):
+    cfg = compose_cfg(TINY)
+    HydraConfig.instance().set_config(compose_hydra_cfg())
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("out of disk")
+
+    monkeypatch.setattr(app_module, "train", boom)
+    assert app_module.run_job(cfg, str(tmp_path), multirun=True) is None
+    s = summary(tmp_path)
+    assert s["status"] == "failed" and s["error"] == "RuntimeError: out of disk"
+    assert s["config_hash"] == config_hash(cfg)
+    assert "Traceback" in (tmp_path / "error.log").read_text()
+    with pytest.raises(RuntimeError):  # a single run still reports the crash as a crash
+        app_module.run_job(cfg, str(tmp_path / "single"), multirun=False)
+
+
+def compose_hydra_cfg():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from normbench.config import conf_dir
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(TINY), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = "unused"
+    return cfg
