@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Set up .venv from a bare python3 and run the main job on the embedded corpus:
-# LayerNorm vs RMSNorm, pre vs post, then a comparison.
+# LayerNorm vs RMSNorm x pre vs post, two seeds each, as a sweep (two jobs at a time), then a report.
+# Extra arguments are passed to the sweep as Hydra overrides (e.g. train.steps=500 model=mini).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh joblib
 py=.venv/bin/python
-out=results/demo
-for norm in ln rms; do
-    for placement in pre post; do
-        "$py" -m normbench train norm=$norm placement=$placement train.steps=${DEMO_STEPS:-200} \
-            hydra.run.dir=$out/$norm-$placement "$@"
-    done
-done
-echo "runs in $out"
+sweep_dir=results/sweeps/demo
+"$py" -m normbench sweep norm=ln,rms placement=pre,post seed=0,1 model=micro train.steps=300 \
+    hydra/launcher=joblib hydra.launcher.n_jobs=2 hydra.sweep.dir=$sweep_dir "$@"
+"$py" -m normbench report $sweep_dir
+echo "open $sweep_dir/report/report.html to see the comparison"
