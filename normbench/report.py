@@ -357,7 +357,15 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Left out of the terminal table when it would not fit; the CSV, Markdown and HTML keep them.
+SECONDARY_COLUMNS = ("best val loss", "step ms (p50)", "peak MB")
+
+
 def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) -> None:
+    quiet = [c for c in ("diverged", "failed", "leaks future") if c in table and set(table[c]) <= {"0", "no"}]
+    table = table.drop(columns=quiet)  # all-zero columns say nothing a person needs to read
+    if console.width < 40 + 14 * len(table.columns):
+        table = table.drop(columns=[c for c in SECONDARY_COLUMNS if c in table])
     rich_table = Table(title=title)
     for i, col in enumerate(table.columns):
         rich_table.add_column(col, justify="left" if i < n_keys else "right")
