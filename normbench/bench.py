@@ -14,9 +14,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
-import os
 import statistics
-import tempfile
 import time
 import timeit
 from pathlib import Path
@@ -30,6 +28,7 @@ from rich.table import Table
 from torch import nn
 
 from normbench.errors import ConfigError
+from normbench.runs import write_atomic
 from normbench.norms import NORMS, build_norm
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -288,14 +287,7 @@ def _run(dev, dtypes, dims, tokens, norms, repeats, compile, console) -> pd.Data
 def write_csv(df: pd.DataFrame, out: Path) -> None:
     """Write atomically: a reader (or a crash) never sees half a file."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            df.to_csv(f, index=False)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(out, df.to_csv(index=False))
 
 
 def goals(df: pd.DataFrame) -> pd.DataFrame:

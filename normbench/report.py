@@ -33,6 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from normbench.errors import ConfigError
+from normbench.runs import write_atomic
 
 # Metrics a report can be sorted by; the first three are losses (lower is better).
 METRICS = ("final_val_loss", "best_val_loss", "floor_gap", "tokens_per_s", "step_ms_p50", "step_ms_p90",
@@ -496,7 +497,7 @@ def chart_final_loss(d: ReportData):
                     label="diverged/failed runs (not averaged)")
             ax.annotate(f"{n_bad}/{n}", (i, 0.91), xycoords=ax.get_xaxis_transform(), ha="center", va="top",
                         color="red", fontsize="small", backgroundcolor="white")
-    ax.set(title="Final validation loss per configuration (mean ± std over completed seeds)",
+    ax.set(title="Final validation loss per configuration\n(mean ± std over completed seeds)",
            ylabel="final val loss (nats/token)")
     ax.grid(axis="y", alpha=0.3)
     _legend(fig, [ax])
@@ -637,13 +638,6 @@ RUN_CHARTS = {name for name, _, _ in CHARTS} - {"bench"}
 
 
 # ----------------------------------------------------------------------------- output
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write to a temp file then rename, so a reader never sees half a report."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
 
 
 def render_html(title: str, inputs: list[Path], warnings: list[str], table: pd.DataFrame | None,

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import settings
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
