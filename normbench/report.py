@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from normbench.errors import ConfigError
-from normbench.runs import write_atomic
+from normbench.runs import read_jsonl, write_atomic
 
 # Metrics a report can be sorted by; the first three are losses (lower is better).
 METRICS = ("final_val_loss", "best_val_loss", "floor_gap", "tokens_per_s", "step_ms_p50", "step_ms_p90",
@@ -97,23 +97,6 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
-def read_metrics(path: Path, warn) -> list[dict]:
-    """Parse metrics.jsonl; a truncated last line (crash mid-write) is dropped, anything worse raises."""
-    lines = [line for line in path.read_bytes().decode("utf-8", errors="replace").splitlines() if line.strip()]
-    records = []
-    for i, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                raise ValueError(f"line {i + 1} of metrics.jsonl is not JSON") from None
-            warn(f"{path}: ignored a truncated last line")
-            break
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def _num(value) -> float:
     try:
         return float(value)
@@ -145,7 +128,7 @@ def load_run(run_dir: Path, warn) -> tuple[dict, dict, list[dict]] | None:
         warn(f"skipped {run_dir}: corrupt summary.json ({e})")
         return None
     try:
-        records = read_metrics(run_dir / "metrics.jsonl", warn)
+        records = read_jsonl(run_dir / "metrics.jsonl", warn)
     except (OSError, ValueError) as e:
         warn(f"skipped {run_dir}: unreadable metrics.jsonl ({e})")
         return None

@@ -83,6 +83,25 @@ if not OmegaConf.has_resolver("config_hash"):
     OmegaConf.register_new_resolver("config_hash", lambda *, _root_: config_hash(_root_)[:8])
 
 
+def read_jsonl(path: Path, on_torn_tail=None) -> list[dict]:
+    """Every record of a JSONL log. A torn last line (a kill mid-write) is dropped, and
+    reported to ``on_torn_tail(message)``; a bad line before the last means a corrupt file (ValueError)."""
+    lines = [line for line in Path(path).read_bytes().decode("utf-8", errors="replace").splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if i < len(lines) - 1:
+                raise ValueError(f"line {i + 1} of {Path(path).name} is not JSON") from None
+            if on_torn_tail:
+                on_torn_tail(f"{path}: ignored a truncated last line")
+            break
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 class RunDir:
     def __init__(self, path: Path | str):
         self.path = Path(path)
@@ -102,18 +121,7 @@ class RunDir:
             return None
 
     def read_metrics(self) -> list[dict]:
-        """Every complete line of metrics.jsonl; a torn last line (a kill mid-write) is dropped."""
-        records = []
-        try:
-            lines = (self.path / METRICS).read_text(encoding="utf-8").splitlines()
-        except OSError:
-            return records
-        for line in lines:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
-        return records
+        return read_jsonl(self.path / METRICS)
 
     def write_error(self, text: str) -> None:
         write_atomic(self.path / ERROR_LOG, text)
