@@ -64,12 +64,15 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
             sys.exit(2)
         return None
     except Exception as err:
+        # A crash outside the training loop (building the data or the model, say) fails this
+        # run only: the traceback goes to error.log, the terminal gets one line.
+        if main:
+            run_dir_.write_error(traceback.format_exc())
+            run_dir_.write_summary({"status": "failed", "error": f"{type(err).__name__}: {err}", "config_hash": cfg_hash})
+        console.print(f"[bold red]run failed:[/bold red] {type(err).__name__}: {err} "
+                      f"(traceback in {run_dir_.path / 'error.log'})", soft_wrap=True, highlight=False)
         if not multirun:
-            raise
-        # A crash outside the training loop (building the data or the model) fails this run only.
-        run_dir_.write_error(traceback.format_exc())
-        run_dir_.write_summary({"status": "failed", "error": f"{type(err).__name__}: {err}", "config_hash": cfg_hash})
-        console.print(f"[bold red]run failed:[/bold red] {type(err).__name__}: {err}", soft_wrap=True)
+            sys.exit(1)
         return None
     if main:
         console.print(summary_table(summary))

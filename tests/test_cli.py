@@ -116,3 +116,18 @@ def test_wheel_ships_the_configs_and_runs_from_elsewhere(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "name: rms" in result.stdout
+
+
+def test_a_crash_while_building_is_one_line_and_an_error_log(tmp_path, monkeypatch):
+    import normbench.train
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated out of memory")
+
+    monkeypatch.setattr(normbench.train, "GPT", broken)
+    result = invoke("train", *tiny(), f"hydra.run.dir={tmp_path}")
+    assert result.exit_code == 1
+    assert "run failed: RuntimeError: simulated out of memory" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert "Traceback" in (tmp_path / "error.log").read_text()
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
