@@ -10,7 +10,10 @@ the median: a statistics step every 50 is an outlier a median would hide.
   no-stats    normbench.train.train() with train.stats_every=0
 
 Prints tokens/s for each and the ratios (normbench / bare: the loop's overhead;
-normbench / no-stats: what the statistics cost). Usage:
+normbench / no-stats: what the statistics cost). The order of the three rotates
+from round to round. A second, finer comparison alternates single steps: blocks
+of 5 steps of normbench's ``Run.train_step`` and of the bare step, taking turns
+in one process, which cancels the drift a shared machine shows over minutes. Usage:
 
     python benchmarks/train_throughput.py [--rounds 3] [--steps 150] [OVERRIDES...]
 """
@@ -32,7 +35,8 @@ from normbench.config import conf_dir, parse_config
 from normbench.data import build_dataset
 from normbench.model import GPT
 from normbench.runs import RunDir
-from normbench.train import build_optimizer, train
+from normbench.stats import LayerStats
+from normbench.train import Run, build_optimizer, train
 
 
 def bare_loop(run, steps: int, warmup: int) -> float:
@@ -53,6 +57,34 @@ def bare_loop(run, steps: int, warmup: int) -> float:
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
     return statistics.fmean(times[warmup:])
+
+
+def interleaved_steps(run, rounds: int = 12, block: int = 5) -> dict[str, float]:
+    """Mean seconds per step of normbench's train_step and of the bare step, in alternating blocks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Run(run, Path(tmp))
+        LayerStats(state.model)  # its forward hooks stay registered in train(), so here too
+        torch.manual_seed(run.seed)
+        model = GPT(run.model, state.data.vocab_size, run.norm, run.placement)
+        optimizer = build_optimizer(model, run.train, torch.device("cpu"))
+        gen = torch.Generator().manual_seed(run.seed)
+
+        def bare_step():
+            x, y = state.data.train_batch(run.train.batch_size, gen)
+            model(x, y)[1].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), run.train.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        steps = {"bare": bare_step, "normbench": lambda: state.train_step(None)}
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        for r in range(rounds):
+            for name in (list(steps) if r % 2 else list(steps)[::-1]):
+                for _ in range(block):
+                    start = time.perf_counter()
+                    steps[name]()
+                    times[name].append(time.perf_counter() - start)
+        return {name: statistics.fmean(t[2 * block:]) for name, t in times.items()}
 
 
 def normbench_loop(run, tmp: Path, warmup: int) -> float:
@@ -80,9 +112,12 @@ def main() -> None:
     seconds: dict[str, list[float]] = {"bare": [], "normbench": [], "no-stats": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            seconds["bare"].append(bare_loop(bare_run, args.steps, warmup))
-            for name, run in runs.items():
-                seconds[name].append(normbench_loop(run, Path(tmp) / f"{name}-{r}", warmup))
+            order = ["bare", *runs]
+            for name in order[r % 3:] + order[: r % 3]:  # rotate, so no variant always runs first
+                if name == "bare":
+                    seconds["bare"].append(bare_loop(bare_run, args.steps, warmup))
+                else:
+                    seconds[name].append(normbench_loop(runs[name], Path(tmp) / f"{name}-{r}", warmup))
     tokens = bare_run.train.batch_size * bare_run.model.block_size
     tps = {name: tokens / statistics.median(s) for name, s in seconds.items()}
     table = Table(title=f"training throughput, {args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads")
@@ -93,6 +128,10 @@ def main() -> None:
     console = Console()
     console.print(table)
     console.print(f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of throughput")
+    step = interleaved_steps(bare_run)
+    console.print(f"alternating blocks of single steps: bare {1000 * step['bare']:.1f} ms, normbench train_step "
+                  f"{1000 * step['normbench']:.1f} ms per step (normbench / bare throughput "
+                  f"{step['bare'] / step['normbench']:.3f})")
 
 
 if __name__ == "__main__":
