@@ -311,8 +311,10 @@ def test_a_crash_outside_the_training_loop_fails_the_job_not_the_sweep(tmp_path,
     assert s["status"] == "failed" and s["error"] == "RuntimeError: out of disk"
     assert s["config_hash"] == config_hash(cfg)
     assert "Traceback" in (tmp_path / "error.log").read_text()
-    with pytest.raises(RuntimeError):  # a single run still reports the crash as a crash
+    with pytest.raises(SystemExit) as exit_:  # a single run ends with exit code 1, the traceback in error.log
         app_module.run_job(cfg, str(tmp_path / "single"), multirun=False)
+    assert exit_.value.code == 1
+    assert "Traceback" in (tmp_path / "single" / "error.log").read_text()
 
 
 def compose_hydra_cfg():
