@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from normbench.model import leaves_no_trace
+
 
 @torch.no_grad()
 def causal_leak(model: nn.Module, tokens: torch.Tensor, vocab_size: int, train_mode: bool) -> float:
@@ -21,16 +23,13 @@ def causal_leak(model: nn.Module, tokens: torch.Tensor, vocab_size: int, train_m
     perturbed = tokens.clone()
     perturbed[:, t + 1 :] = (tokens[:, t + 1 :] + 1 + shift.to(tokens.device)) % vocab_size
     was_training = model.training
-    buffers = {k: v.clone() for k, v in model.state_dict().items() if k in dict(model.named_buffers())}
     model.train(train_mode)
     try:
         outputs = []
-        for batch in (tokens, perturbed):
-            # The same dropout masks for both passes, and the caller's RNG left untouched.
-            with torch.random.fork_rng(devices=[tokens.device] if tokens.device.type == "cuda" else []):
-                torch.manual_seed(0)
+        with leaves_no_trace(model):  # BatchNorm's train-mode running-stat updates are undone
+            for batch in (tokens, perturbed):
+                torch.manual_seed(0)  # the same dropout masks for both passes
                 outputs.append(model(batch)[0][:, : t + 1].float())
         return float((outputs[0] - outputs[1]).abs().max())
     finally:
         model.train(was_training)
-        model.load_state_dict(buffers, strict=False)  # undo BatchNorm's running-stat updates

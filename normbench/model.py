@@ -7,6 +7,7 @@ by name through ``normbench.norms.build_norm`` and the block class through
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -104,3 +105,18 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         return logits, loss
+
+
+@contextlib.contextmanager
+def leaves_no_trace(model: nn.Module):
+    """Run ``model`` for a probe or a trial without lasting effects: BatchNorm's running
+    statistics are restored afterwards and the global RNG (CPU, and the model's GPU) is as before."""
+    buffers = {name: value.clone() for name, value in model.named_buffers()}
+    device = next(model.parameters()).device
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:
+        with torch.no_grad():
+            for name, value in model.named_buffers():
+                value.copy_(buffers[name])

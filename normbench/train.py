@@ -28,7 +28,7 @@ from normbench import distributed
 from normbench.causality import causal_leak
 from normbench.data import build_dataset
 from normbench.errors import ConfigError
-from normbench.model import GPT
+from normbench.model import GPT, leaves_no_trace
 from normbench.runs import RunDir
 from normbench.perf import StepTimer, flops_per_token, peak_flops, peak_memory_mb
 from normbench.sinks import MetricSinks
@@ -124,20 +124,17 @@ def compile_model(step_model: nn.Module, model: nn.Module, x: torch.Tensor, y: t
     The trial pass leaves no trace: gradients are dropped, BatchNorm's running statistics
     restored, and the RNG untouched.
     """
-    buffers = {k: v.clone() for k, v in model.named_buffers()}
     try:
         compiled = torch.compile(step_model)
-        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []), autocast:
-            loss = compiled(x, y)[1]
-        loss.backward()
+        with leaves_no_trace(model):
+            with autocast:
+                loss = compiled(x, y)[1]
+            loss.backward()
         return compiled, None
     except Exception as err:  # no compiler, unsupported platform, an op inductor can't lower
         return step_model, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     finally:
         model.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for name, value in model.named_buffers():
-                value.copy_(buffers[name])
 
 
 def environment(device: torch.device) -> dict:
