@@ -35,7 +35,6 @@ from normbench.config import conf_dir, parse_config
 from normbench.data import build_dataset
 from normbench.model import GPT
 from normbench.runs import RunDir
-from normbench.stats import LayerStats
 from normbench.train import Run, build_optimizer, train
 
 
@@ -63,7 +62,6 @@ def interleaved_steps(run, rounds: int = 12, block: int = 5) -> dict[str, float]
     """Mean seconds per step of normbench's train_step and of the bare step, in alternating blocks."""
     with tempfile.TemporaryDirectory() as tmp:
         state = Run(run, Path(tmp))
-        LayerStats(state.model)  # its forward hooks stay registered in train(), so here too
         torch.manual_seed(run.seed)
         model = GPT(run.model, state.data.vocab_size, run.norm, run.placement)
         optimizer = build_optimizer(model, run.train, torch.device("cpu"))

@@ -55,26 +55,27 @@ class LayerStats:
         self.groups["embedding.pos"] = [model.pos_emb.weight]
         self.groups["final_norm"] = list(model.norm_final.parameters())
         self._resid: list[torch.Tensor | None] = [None] * len(model.blocks)
-        self._active = False
-        for i, block in enumerate(model.blocks):
-            block.register_forward_hook(self._hook(i))
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._values: dict[str, torch.Tensor | None] = {}
         self._before: dict[str, list[torch.Tensor]] = {}
         self._gains: dict[str, torch.Tensor] = {}
 
     def _hook(self, index: int):
         def store(module, inputs, output):
-            if self._active:
-                self._resid[index] = output.detach().float().pow(2).mean().sqrt()
+            self._resid[index] = output.detach().float().pow(2).mean().sqrt()
 
         return store
 
     def begin(self) -> None:
-        self._active = True
+        # Hooked only for this one forward: on the other steps the blocks run hook-free,
+        # so the statistics cost nothing per step however many blocks there are.
+        self._hooks = [block.register_forward_hook(self._hook(i)) for i, block in enumerate(self.model.blocks)]
         self._values = {}
 
     def after_backward(self) -> None:
-        self._active = False
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
         for key, params in self.groups.items():
             self._values[f"grad_norm.{key}"] = _norm_of([p.grad for p in params if p.grad is not None])
             self._values[f"weight_norm.{key}"] = _norm_of(params)

@@ -9,7 +9,7 @@ import torch
 
 from normbench.config import parse_config
 from normbench.perf import StepTimer, flops_per_token
-from normbench.stats import PARTS
+from normbench.stats import PARTS, LayerStats
 from normbench.train import Run
 
 from conftest import compose_cfg, read_metrics, tiny, train_tiny
@@ -74,6 +74,20 @@ def test_per_layer_norms_match_a_direct_computation(tmp_path):
 def test_statistics_off_removes_them(tmp_path):
     train_tiny(tmp_path, "train.stats_every=0")
     assert stats_records(tmp_path) == []
+
+
+def test_statistics_hook_the_blocks_for_their_own_step_only(tmp_path):
+    """Between statistics steps the blocks run hook-free: no per-step cost that grows with depth."""
+    state = Run(parse_config(compose_cfg(tiny("model.n_layer=3"))), tmp_path)
+    stats = LayerStats(state.model)
+    hooked = lambda: sum(len(b._forward_hooks) for b in state.model.blocks)  # noqa: E731
+    assert hooked() == 0
+    state.train_step(stats)
+    assert hooked() == 0
+    recorded = [r.item() for r in stats._resid]
+    state.train_step(None)
+    assert [r.item() for r in stats._resid] == recorded, "a plain step must not touch the statistics"
+    assert stats.record(0, torch.tensor(1.0), 1.0)["layers"][2]["resid_rms"] == pytest.approx(recorded[2])
 
 
 def test_statistics_do_not_change_training(tmp_path):
