@@ -20,6 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from normbench.errors import ConfigError
 
@@ -158,6 +159,39 @@ class GroupNorm(nn.Module):
         return out.reshape(x.shape)
 
 
+class _ScaleNormFunction(torch.autograd.Function):
+    """g * x / max(||x||, eps) per token, with the backward written out.
+
+    Autograd's own backward of the composite runs about ten full-size kernels; this one
+    runs three: the per-token dot product dy.x, one multiply-add and one scale.
+    With n = max(||x||, eps) and s = g / n:
+        dx = s * (dy - x * (dy.x) / n^2)   (a clamped n is a constant: dx = s * dy)
+        dg = sum over tokens of (dy.x) / n
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = _at_least_float32(x)
+        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
+        clamped = norm.clamp_min(eps)
+        # g / n is one value per token: scale by it rather than dividing every element.
+        scale = gain / clamped
+        ctx.save_for_backward(x, norm, clamped, scale)
+        ctx.eps, ctx.gain_dtype = eps, gain.dtype
+        return (xf * scale).to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: torch.Tensor):
+        x, norm, clamped, scale = ctx.saved_tensors
+        xf, dyf = _at_least_float32(x), _at_least_float32(dy)
+        dot = torch.linalg.vecdot(dyf, xf).unsqueeze(-1)
+        # clamp_min passes the gradient where norm >= eps, as torch.clamp_min's own backward does.
+        coef = torch.where(norm < ctx.eps, 0.0, dot / (clamped * clamped))
+        dx = torch.addcmul(dyf, xf, coef, value=-1).mul_(scale)
+        return dx.to(x.dtype), (dot / clamped).sum().to(ctx.gain_dtype), None
+
+
 @register_norm("scale")
 class ScaleNorm(nn.Module):
     """g * x / max(||x||, eps), one learned scalar g initialised to sqrt(dim) (Nguyen & Salazar 2019)."""
@@ -168,10 +202,7 @@ class ScaleNorm(nn.Module):
         self.weight = nn.Parameter(torch.tensor(math.sqrt(dim)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = _at_least_float32(x)
-        # g / max(||x||, eps) is one value per token: scale by it rather than dividing every element.
-        scale = self.weight / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(self.eps)
-        return (xf * scale).to(x.dtype)
+        return _ScaleNormFunction.apply(x, self.weight, self.eps)
 
 
 @register_norm("dyt")
@@ -185,10 +216,14 @@ class DynamicTanh(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        squashed = torch.tanh(self.alpha * x)
+        # In place: the product's only reader is tanh, whose backward needs its output alone.
+        squashed = torch.tanh_(self.alpha * x)
+        # A half input meets its gain and bias in its own dtype, as under a half model: fp32
+        # parameters would promote the output to fp32 and cost a full-size cast back.
+        weight = self.weight.to(x.dtype)
         if self.bias is None:
-            return (squashed * self.weight).to(x.dtype)
-        return torch.addcmul(self.bias, squashed, self.weight).to(x.dtype)  # one fused multiply-add
+            return squashed * weight
+        return torch.addcmul(self.bias.to(x.dtype), squashed, weight)  # one fused multiply-add
 
 
 @register_norm("none")

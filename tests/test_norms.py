@@ -104,6 +104,30 @@ def test_norm_property_random_shapes_and_eps(name, lead, groups_pow, width_mult,
     assert torch.allclose(out.double(), reference(name, norm, x), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("name", sorted(NORMS))
+def test_norm_gradients_match_finite_differences(name):
+    """Gradients for the input and every parameter, against central differences in float64."""
+    torch.manual_seed(2)
+    norm = randomize(build_norm(name, 8).double()).train()
+    names = [n for n, _ in norm.named_parameters()]
+    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))  # noqa: E731
+    x = (torch.randn(2, 3, 8, dtype=torch.float64) * 2 + 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(call, (x, *norm.parameters()))
+
+
+def test_scalenorm_gradient_of_a_clamped_token():
+    """Below eps the norm is the constant eps: the token is scaled, nothing flows through its norm."""
+    gain = torch.tensor(1.7, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(4, 6, dtype=torch.float64)
+    x[1] *= 1e-9  # ||x|| far below eps
+    x.requires_grad_()
+    norm = build_norm("scale", 6, eps=1e-5).double()
+    assert torch.autograd.gradcheck(lambda x, g: torch.func.functional_call(norm, {"weight": g}, (x,)), (x, gain))
+    dy = torch.randn(4, 6, dtype=torch.float64)
+    torch.autograd.backward(norm(x), dy)
+    assert torch.allclose(x.grad[1], norm.weight.detach() / 1e-5 * dy[1])
+
+
 def test_layernorm_worked_example():
     out = build_norm("ln", 4)(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
     assert torch.allclose(out, torch.tensor([[-1.3416, -0.4472, 0.4472, 1.3416]]), atol=1e-4)
