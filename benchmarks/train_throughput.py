@@ -5,15 +5,16 @@ rounds so that machine noise hits all of them alike, each reporting its mean
 per-step time over the steady state (the first 10 steps left out). The mean, not
 the median: a statistics step every 50 is an outlier a median would hide.
 
-  bare        forward, backward, clip, AdamW step, zero_grad: nothing else
+  bare        forward, backward, clip, learning rate, AdamW step, zero_grad: nothing else
   normbench   normbench.train.train() with statistics at the default cadence
   no-stats    normbench.train.train() with train.stats_every=0
 
 Prints tokens/s for each and the ratios (normbench / bare: the loop's overhead;
 normbench / no-stats: what the statistics cost). The order of the three rotates
-from round to round. A second, finer comparison alternates single steps: blocks
-of 5 steps of normbench's ``Run.train_step`` and of the bare step, taking turns
-in one process, which cancels the drift a shared machine shows over minutes. Usage:
+from round to round. A second, finer comparison alternates blocks of 5 steps
+of normbench's ``Run.train_step`` (statistics at the default cadence) and of the
+bare step, taking turns in one process, which cancels the drift a shared machine
+shows over minutes; it prints the ratio and its spread over the rounds. Usage:
 
     python benchmarks/train_throughput.py [--rounds 3] [--steps 150] [OVERRIDES...]
 """
@@ -21,6 +22,9 @@ in one process, which cancels the drift a shared machine shows over minutes. Usa
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import itertools
 import statistics
 import tempfile
 import time
@@ -35,7 +39,15 @@ from normbench.config import conf_dir, parse_config
 from normbench.data import build_dataset
 from normbench.model import GPT
 from normbench.runs import RunDir
-from normbench.train import Run, build_optimizer, train
+from normbench.stats import LayerStats
+from normbench.train import Run, build_optimizer, lr_factor, train
+
+
+def set_lr(optimizer: torch.optim.Optimizer, cfg, step: int) -> None:
+    """The learning-rate schedule set by hand, as nanoGPT does: the same values as normbench's
+    scheduler, so both loops follow the same training trajectory (values, not just shapes)."""
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.lr * lr_factor(step, cfg)
 
 
 def bare_loop(run, steps: int, warmup: int) -> float:
@@ -46,43 +58,73 @@ def bare_loop(run, steps: int, warmup: int) -> float:
     optimizer = build_optimizer(model, run.train, torch.device("cpu"))
     gen = torch.Generator().manual_seed(run.seed)
     times = []
-    for _ in range(steps):
+    for step in range(steps):
         start = time.perf_counter()
         x, y = data.train_batch(run.train.batch_size, gen)
         _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), run.train.grad_clip)
+        set_lr(optimizer, run.train, step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
     return statistics.fmean(times[warmup:])
 
 
-def interleaved_steps(run, rounds: int = 12, block: int = 5) -> dict[str, float]:
-    """Mean seconds per step of normbench's train_step and of the bare step, in alternating blocks."""
+@contextlib.contextmanager
+def paired_steps(run):
+    """normbench's step and the bare step, each on its own model, ready to take turns.
+
+    normbench's side is ``Run.train_step`` with the statistics at the run's cadence
+    (``train.stats_every``), as ``train()`` calls it; ``plain`` is its step without them.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         state = Run(run, Path(tmp))
+        every = run.train.stats_every
+        stats = LayerStats(state.model) if every else None
         torch.manual_seed(run.seed)
         model = GPT(run.model, state.data.vocab_size, run.norm, run.placement)
         optimizer = build_optimizer(model, run.train, torch.device("cpu"))
         gen = torch.Generator().manual_seed(run.seed)
+        taken = {"bare": itertools.count(), "normbench": itertools.count()}
 
         def bare_step():
             x, y = state.data.train_batch(run.train.batch_size, gen)
             model(x, y)[1].backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), run.train.grad_clip)
+            set_lr(optimizer, run.train, next(taken["bare"]))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        steps = {"bare": bare_step, "normbench": lambda: state.train_step(None)}
-        times: dict[str, list[float]] = {name: [] for name in steps}
-        for r in range(rounds):
-            for name in (list(steps) if r % 2 else list(steps)[::-1]):
-                for _ in range(block):
-                    start = time.perf_counter()
-                    steps[name]()
-                    times[name].append(time.perf_counter() - start)
-        return {name: statistics.fmean(t[2 * block:]) for name, t in times.items()}
+        def normbench_step():
+            step = next(taken["normbench"])
+            collect = stats is not None and step % every == 0
+            _, grad_norm = state.train_step(stats if collect else None)
+            if collect:
+                stats.record(step, grad_norm, run.train.grad_clip)
+
+        yield {"bare": bare_step, "normbench": normbench_step, "plain": lambda: state.train_step(None)}
+
+
+def alternate(steps: dict, rounds: int = 30, block: int = 5) -> dict[str, list[float]]:
+    """Mean seconds per step of each fn per round, blocks taking turns; two warm-up rounds left out."""
+    per_round: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(rounds + 2):
+        for name in (list(steps) if r % 2 else list(steps)[::-1]):
+            start = time.perf_counter()
+            for _ in range(block):
+                steps[name]()
+            if r >= 2:
+                per_round[name].append((time.perf_counter() - start) / block)
+    return per_round
+
+
+def aten_ops(step, count: int = 10) -> collections.Counter:
+    """How many times each ATen op runs in ``count`` steps (torch.profiler): a noise-free comparison."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(count):
+            step()
+    return collections.Counter({e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")})
 
 
 def normbench_loop(run, tmp: Path, warmup: int) -> float:
@@ -126,10 +168,20 @@ def main() -> None:
     console = Console()
     console.print(table)
     console.print(f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of throughput")
-    step = interleaved_steps(bare_run)
-    console.print(f"alternating blocks of single steps: bare {1000 * step['bare']:.1f} ms, normbench train_step "
-                  f"{1000 * step['normbench']:.1f} ms per step (normbench / bare throughput "
-                  f"{step['bare'] / step['normbench']:.3f})")
+    with paired_steps(bare_run) as steps:
+        rounds = alternate({name: steps[name] for name in ("bare", "normbench")})
+        ops = {name: aten_ops(steps[name]) for name in ("bare", "plain")}
+    bare, nb = (statistics.fmean(rounds[name]) for name in ("bare", "normbench"))
+    ratios = sorted(b / n for b, n in zip(rounds["bare"], rounds["normbench"]))
+    quartiles = statistics.quantiles(ratios, n=4)
+    console.print(f"alternating blocks of 5 steps, {len(ratios)} rounds: bare {1000 * bare:.1f} ms, normbench "
+                  f"{1000 * nb:.1f} ms per step; normbench / bare throughput {bare / nb:.3f} "
+                  f"(per round: median {statistics.median(ratios):.3f}, quartiles {quartiles[0]:.3f} to {quartiles[2]:.3f})")
+    extra = ops["plain"] - ops["bare"]
+    missing = ops["bare"] - ops["plain"]
+    console.print(f"ATen ops in 10 steps (torch.profiler): bare {sum(ops['bare'].values()):,}, normbench "
+                  f"{sum(ops['plain'].values()):,}; normbench's extra: {dict(extra) or 'none'}; "
+                  f"bare's extra: {dict(missing) or 'none'}")
 
 
 if __name__ == "__main__":
