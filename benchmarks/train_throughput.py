@@ -77,6 +77,7 @@ def paired_steps(run):
 
     normbench's side is ``Run.train_step`` with the statistics at the run's cadence
     (``train.stats_every``), as ``train()`` calls it; ``plain`` is its step without them.
+    Yields (name -> step fn, name -> model).
     """
     with tempfile.TemporaryDirectory() as tmp:
         state = Run(run, Path(tmp))
@@ -103,7 +104,13 @@ def paired_steps(run):
             if collect:
                 stats.record(step, grad_norm, run.train.grad_clip)
 
-        yield {"bare": bare_step, "normbench": normbench_step, "plain": lambda: state.train_step(None)}
+        def statistics_step():  # every step a statistics step, to price one
+            _, grad_norm = state.train_step(stats)
+            stats.record(0, grad_norm, run.train.grad_clip)
+
+        steps = {"bare": bare_step, "normbench": normbench_step, "plain": lambda: state.train_step(None),
+                 **({"statistics": statistics_step} if stats else {})}
+        yield steps, {"bare": model, "normbench": state.model}
 
 
 def alternate(steps: dict, rounds: int = 30, block: int = 5) -> dict[str, list[float]]:
@@ -148,6 +155,11 @@ def main() -> None:
             "no-stats": parse_config(compose("config", [*base, "train.stats_every=0"])),
         }
     bare_run = runs["normbench"]
+    if bare_run.train.device != "cpu":
+        # The bare loop is written for the CPU (no device moves, no synchronised timing).
+        raise SystemExit(f"train_throughput.py: compares the loops on the CPU only, got train.device="
+                         f"{bare_run.train.device}. On a GPU: normbench train train.device=cuda (tokens/s, MFU) "
+                         "and normbench bench --device cuda.")
     warmup = min(10, args.steps // 5)
     seconds: dict[str, list[float]] = {"bare": [], "normbench": [], "no-stats": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,9 +180,10 @@ def main() -> None:
     console = Console()
     console.print(table)
     console.print(f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of throughput")
-    with paired_steps(bare_run) as steps:
+    with paired_steps(bare_run) as (steps, _):
         rounds = alternate({name: steps[name] for name in ("bare", "normbench")})
         ops = {name: aten_ops(steps[name]) for name in ("bare", "plain")}
+        priced = alternate({name: steps[name] for name in ("plain", "statistics")}, rounds=10, block=2) if "statistics" in steps else None
     bare, nb = (statistics.fmean(rounds[name]) for name in ("bare", "normbench"))
     ratios = sorted(b / n for b, n in zip(rounds["bare"], rounds["normbench"]))
     quartiles = statistics.quantiles(ratios, n=4)
@@ -182,6 +195,12 @@ def main() -> None:
     console.print(f"ATen ops in 10 steps (torch.profiler): bare {sum(ops['bare'].values()):,}, normbench "
                   f"{sum(ops['plain'].values()):,}; normbench's extra: {dict(extra) or 'none'}; "
                   f"bare's extra: {dict(missing) or 'none'}")
+    if priced:
+        plain, with_stats = (statistics.fmean(priced[name]) for name in ("plain", "statistics"))
+        every = bare_run.train.stats_every
+        console.print(f"a statistics step takes {1000 * (with_stats - plain):.1f} ms more than a plain one "
+                      f"({1000 * plain:.1f} ms): {100 * (with_stats - plain) / (every * plain):.2f}% of throughput "
+                      f"at train.stats_every={every}")
 
 
 if __name__ == "__main__":

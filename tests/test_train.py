@@ -14,7 +14,7 @@ from normbench.norms import NORMS
 from normbench.placements import PLACEMENTS
 from normbench.train import LEAK_TOLERANCE, TrainConfig, build_optimizer, lr_factor
 
-from conftest import compose_cfg, read_metrics, train_tiny
+from conftest import compose_cfg, read_metrics, tiny, train_tiny
 
 
 def test_every_group_option_composes_and_validates():
@@ -197,3 +197,36 @@ def test_compile_falls_back_to_eager_with_a_message(tmp_path, monkeypatch, capsy
     summary = train_tiny(tmp_path, "train.compile=true")
     assert summary["status"] == "completed" and summary["compiled"] is False
     assert "training eagerly" in capsys.readouterr().err
+
+
+def _throughput_benchmark():
+    """benchmarks/train_throughput.py, which is a script, not part of the package."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "train_throughput.py"
+    spec = importlib.util.spec_from_file_location("train_throughput", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_step_runs_the_ops_of_a_bare_loop_and_its_trajectory():
+    """The throughput benchmark's premise: same work per step, same weights after it.
+
+    normbench's step may add only the detach of the logged loss and gradient norm and the
+    batch's no-op move to its device; an extra op per step (a host sync, a copy) fails here.
+    """
+    bench = _throughput_benchmark()
+    run = parse_config(compose_cfg(tiny("train.stats_every=0")))
+    with bench.paired_steps(run) as (steps, models):
+        for name in ("bare", "normbench"):
+            steps[name]()  # the first step creates AdamW's state
+        ops = {name: bench.aten_ops(steps[name], count=3) for name in ("bare", "normbench")}
+        weights = {name: list(model.parameters()) for name, model in models.items()}
+    assert sum(ops["bare"].values()) > 100
+    assert ops["bare"] - ops["normbench"] == {}, "normbench's step skips work the bare loop does"
+    assert ops["normbench"] - ops["bare"] == {"aten::detach": 6, "aten::to": 6}
+    # Same initial weights, batches, clipping, schedule and optimizer: the same weights after 4 steps.
+    for a, b in zip(*weights.values(), strict=True):
+        assert torch.equal(a, b)
