@@ -160,6 +160,8 @@ def bench(
     tokens: Optional[int] = typer.Option(None, "--tokens", help="Tokens per call (rows of the (tokens, dim) input)."),
     norms: Optional[str] = typer.Option(None, "--norms", help="Comma-separated norms. Default: the whole zoo."),
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Also time torch.compile'd versions."),
+    repeats: int = typer.Option(25, "--repeats", help="Timed blocks per median; more on a noisy machine."),
+    threads: int = typer.Option(1, "--threads", help="CPU threads while timing (1: CPU time of one thread, the default)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results as CSV here."),
 ) -> None:
     """Micro-benchmark every norm (forward, forward+backward) against PyTorch's native op."""
@@ -167,15 +169,16 @@ def bench(
     from normbench.errors import ConfigError
 
     try:
-        kwargs = {"tokens": tokens} if tokens else {}
         run_bench(
             device=device,
             dtypes=[d.strip() for d in dtype.split(",")],
             dims=[int(d) for d in dims.split(",")] if dims else None,
+            tokens=tokens,
             norms=norms.split(",") if norms else None,
+            repeats=repeats,
             compile=compile,
+            threads=threads,
             out=out,
-            **kwargs,
         )
     except ValueError as err:  # ConfigError, or a --dims entry that is not an integer
         _fail(err if isinstance(err, ConfigError) else f"--dims takes integers, e.g. 128,1024 ({err})")

@@ -131,3 +131,14 @@ def test_a_crash_while_building_is_one_line_and_an_error_log(tmp_path, monkeypat
     assert "Traceback" not in result.output
     assert "Traceback" in (tmp_path / "error.log").read_text()
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
+def test_bench_writes_a_csv_and_rejects_bad_numbers(tmp_path):
+    out = tmp_path / "bench.csv"
+    ok = invoke("bench", "--norms", "ln,rms", "--dims", "32", "--tokens", "16", "--repeats", "2", "--no-compile", "--out", str(out))
+    assert ok.exit_code == 0, ok.output
+    assert "ln fp32: worst" in ok.output and len(out.read_text().splitlines()) == 1 + 2 * 2 * 2  # header, norms x impls x passes
+    for flag, value, message in (("--tokens", "0", "tokens must be >= 1"), ("--repeats", "0", "repeats must be >= 1"),
+                                 ("--threads", "0", "threads must be >= 1"), ("--dims", "32,x", "--dims takes integers")):
+        bad = invoke("bench", "--dims", "32", "--no-compile", flag, value)
+        assert bad.exit_code == 2 and message in bad.output and "Traceback" not in bad.output, (flag, bad.output)
