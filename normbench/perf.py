@@ -2,8 +2,9 @@
 
 MFU follows PaLM (Chowdhery et al. 2022, appendix B) as nanoGPT does: model FLOPs per token
 = 6 N + 12 L d T (N parameters without position embeddings; the second term is attention),
-times tokens per second, over a peak. The peak is ``train.peak_flops`` when given, otherwise the best matrix-multiply
-rate measured on the device, kept per device, dtype and thread count.
+times tokens per second, over a peak. The peak is ``train.peak_flops`` when given; else, on a
+GPU in ``DATASHEET_PEAKS``, its datasheet figure (what MFU is conventionally quoted against);
+else the best matrix-multiply rate measured on the device, kept per device, dtype and thread count.
 """
 
 from __future__ import annotations
@@ -47,14 +48,47 @@ def _measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 
     return 2 * size**3 / min(times)
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype, setting: float | None = None) -> float:
-    """FLOP/s that count as 100% MFU: the setting, else the best matmul rate ever measured here.
+# Dense (no sparsity) peaks from NVIDIA's datasheets, FLOP/s, by torch.cuda.get_device_name.
+# "tf32" is the tensor-core rate an fp32 matmul gets when TF32 is allowed, "fp32" the rate without.
+_H100_SXM = {"bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}
+_A100 = {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
+DATASHEET_PEAKS = {
+    "NVIDIA H100 80GB HBM3": _H100_SXM,
+    "NVIDIA H100 PCIe": {"bf16": 756e12, "tf32": 378e12, "fp32": 51.2e12},
+    "NVIDIA H200": _H100_SXM,  # the SXM H200: H100 SXM's compute, more memory
+    "NVIDIA A100-SXM4-80GB": _A100,
+    "NVIDIA A100-SXM4-40GB": _A100,
+    "NVIDIA A100 80GB PCIe": _A100,
+    "NVIDIA A100-PCIE-40GB": _A100,
+}
 
-    A peak is a maximum, and a measurement on a busy machine is only a lower bound, so each
-    run measures again (a fraction of a second) and the cache keeps the highest figure seen.
+
+def datasheet_peak(device: torch.device, dtype: torch.dtype) -> tuple[float, str] | None:
+    """The datasheet peak for this GPU and dtype, with its name; None off a listed GPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if name not in DATASHEET_PEAKS:
+        return None
+    if dtype in (torch.bfloat16, torch.float16):
+        kind = "bf16"
+    else:
+        kind = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    return DATASHEET_PEAKS[name][kind], f"datasheet {kind}: {name}"
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype, setting: float | None = None) -> tuple[float, str]:
+    """FLOP/s that count as 100% MFU, and where the figure comes from.
+
+    The setting, else the datasheet peak of a listed GPU, else the best matmul rate ever
+    measured here: a peak is a maximum, and a measurement on a busy machine is only a lower
+    bound, so each run measures again (a fraction of a second) and the cache keeps the
+    highest figure seen.
     """
     if setting:
-        return float(setting)
+        return float(setting), "train.peak_flops"
+    if (listed := datasheet_peak(device, dtype)) is not None:
+        return listed
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     key = f"{name}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
     path = cache_dir() / "peak_flops.json"
@@ -70,7 +104,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype, setting: float | None =
             write_atomic(path, json.dumps(cache, indent=1))
         except OSError:
             pass  # a read-only home only loses the best figure for next time
-    return cache[key]
+    return cache[key], "measured matmul"
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -53,7 +53,7 @@ class TrainConfig:
     eval_batches: int = 4
     log_every: int = 10
     stats_every: int = 50  # per-layer statistics at step 0 and every N steps; 0 turns them off
-    peak_flops: float | None = None  # FLOP/s for MFU; None measures a matmul peak on the device
+    peak_flops: float | None = None  # FLOP/s per device for MFU; None: a listed GPU's datasheet peak, else a measured matmul peak
     precision: str = "fp32"
     device: str = "auto"
     threads: int = 0  # 0 leaves PyTorch's default
@@ -319,11 +319,11 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
     speed = timer.summary(tokens_per_step)
     dtype = PRECISIONS[tcfg.precision]
     model_flops = flops_per_token(state.model)
-    mfu = None
+    mfu = peak = peak_source = None
     if speed["tokens_per_s"]:
+        peak, peak_source = peak_flops(state.device, dtype, tcfg.peak_flops)
         # tokens_per_s counts the global batch, which every rank's device shares.
-        peak = peak_flops(state.device, dtype, tcfg.peak_flops) * distributed.world_size()
-        mfu = model_flops * speed["tokens_per_s"] / peak
+        mfu = model_flops * speed["tokens_per_s"] / (peak * distributed.world_size())
     summary = {
         "status": status,
         "error": error,
@@ -334,6 +334,8 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "peak_mem_mb": peak_memory_mb(state.device),
         "mfu": mfu,
         "flops_per_token": model_flops,
+        "peak_flops": peak,  # per device
+        "peak_flops_source": peak_source,
         "max_grad_norm": max(finite_norms) if finite_norms else None,
         "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms)) if grad_norms and tcfg.grad_clip > 0 else 0.0,
         "wall_s": time.perf_counter() - started,
@@ -371,7 +373,10 @@ def summary_table(summary: dict) -> Table:
     table.add_row("tokens/s", fmt(summary["tokens_per_s"], ",.0f"))
     table.add_row("step time p50 / p90", f"{fmt(summary['step_ms_p50'], '.1f')} / {fmt(summary['step_ms_p90'], '.1f')} ms")
     if summary["mfu"] is not None:
-        table.add_row("MFU", f"{100 * summary['mfu']:.1f}%")
+        peak = summary.get("peak_flops")
+        unit, scale = ("TFLOP/s", 1e12) if peak and peak >= 1e12 else ("GFLOP/s", 1e9)
+        of = f" of {peak / scale:.3g} {unit}, {summary['peak_flops_source']}" if peak else ""
+        table.add_row("MFU", f"{100 * summary['mfu']:.1f}%{of}")
     table.add_row("peak memory", f"{fmt(summary['peak_mem_mb'], ',.0f')} MB")
     table.add_row("max grad norm / clipped", f"{fmt(summary['max_grad_norm'], '.3g')} / {100 * summary['clip_fraction']:.0f}% of steps")
     table.add_row("wall time", f"{summary['wall_s']:.1f} s")
