@@ -39,7 +39,7 @@ from normbench.config import conf_dir, parse_config
 from normbench.data import build_dataset
 from normbench.model import GPT
 from normbench.runs import RunDir
-from normbench.stats import LayerStats
+from normbench.diagnostics import LayerStats
 from normbench.train import Run, build_optimizer, lr_factor, train
 
 

@@ -39,7 +39,7 @@ def _root() -> None:
 
 def _hydra(args: list[str]) -> None:
     from normbench import distributed
-    from normbench.app import hydra_main  # imported late: Hydra is slow to import and --help needs none of it
+    from normbench.job import hydra_main  # imported late: Hydra is slow to import and --help needs none of it
 
     if distributed.is_main():
         sys.argv = ["normbench", *args]

@@ -4,11 +4,15 @@ Hydra composes ``conf/`` (groups: norm, placement, model, data, train, experimen
 this module finds that tree (inside an installed wheel or a source checkout) and
 turns the composed ``DictConfig`` into ``ModelConfig``, ``DataConfig`` and
 ``TrainConfig`` dataclasses, so a wrong type or an out-of-range value becomes one
-clear ``ConfigError`` before anything trains.
+clear ``ConfigError`` before anything trains. It also owns a config's identity:
+``config_hash``, the fingerprint that names sweep jobs and tells a stored result
+from a different one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,4 +90,31 @@ def parse_config(cfg: DictConfig) -> RunConfig:
     return run
 
 
-__all__ = ["RunConfig", "parse_config", "conf_dir", "group_options", "NORMS", "PLACEMENTS"]
+# Keys that say how or where a run goes, not what it computes: the same run with a progress
+# bar or more threads, or under another results root, is still the same run.
+NOT_HASHED = ("results_dir", "train.progress", "train.threads")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """A stable fingerprint of what a run computes: the resolved config without Hydra's node and NOT_HASHED."""
+    # Drop the hydra node before resolving: it may hold ${config_hash:} itself (the sweep subdir).
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    for dotted in NOT_HASHED:
+        *parents, leaf = dotted.split(".")
+        node = plain
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ${config_hash:} in a Hydra config (conf/config.yaml names sweep jobs' directories with it), so a
+# job's directory follows from its config: the same config lands in the same directory whatever
+# the order or spelling of the overrides. Registered on import, which every Hydra job process
+# does (it unpickles normbench.job.hydra_main, which imports this module).
+if not OmegaConf.has_resolver("config_hash"):
+    OmegaConf.register_new_resolver("config_hash", lambda *, _root_: config_hash(_root_)[:8])
+
+
+__all__ = ["RunConfig", "parse_config", "config_hash", "NOT_HASHED", "conf_dir", "group_options", "NORMS", "PLACEMENTS"]

@@ -10,7 +10,6 @@ A run directory is complete exactly when summary.json exists.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -54,33 +53,6 @@ def _finite_or_none(value):
 
 def to_json(record: dict) -> str:
     return json.dumps(_finite_or_none(record), allow_nan=False)
-
-
-# Keys that say how or where a run goes, not what it computes: the same run with a progress
-# bar or more threads, or under another results root, is still the same run.
-NOT_HASHED = ("results_dir", "train.progress", "train.threads")
-
-
-def config_hash(cfg: DictConfig) -> str:
-    """A stable fingerprint of what a run computes: the resolved config without Hydra's node and NOT_HASHED."""
-    # Drop the hydra node before resolving: it may hold ${config_hash:} itself (the sweep subdir).
-    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-    for dotted in NOT_HASHED:
-        *parents, leaf = dotted.split(".")
-        node = plain
-        for key in parents:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# ${config_hash:} in a Hydra config (conf/config.yaml names sweep jobs' directories with it), so a
-# job's directory follows from its config: the same config lands in the same directory whatever
-# the order or spelling of the overrides. Registered on import, which every Hydra job process
-# does (it unpickles normbench.app.hydra_main).
-if not OmegaConf.has_resolver("config_hash"):
-    OmegaConf.register_new_resolver("config_hash", lambda *, _root_: config_hash(_root_)[:8])
 
 
 def read_jsonl(path: Path, on_torn_tail=None) -> list[dict]:

@@ -1,7 +1,7 @@
 """Sweeps: ``normbench sweep`` is Hydra's multirun, made resumable and watchable.
 
 Hydra sweeps and launches (the basic sweeper's grid syntax; the basic, joblib, submitit
-and ray launchers) and every job runs ``normbench.app.hydra_main`` exactly like a
+and ray launchers) and every job runs ``normbench.job.hydra_main`` exactly like a
 ``train`` run. This module adds what a plain multirun lacks:
 
 - a stable sweep directory (``results/sweeps/NAME-HASH``) and one run directory per
@@ -39,9 +39,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from normbench.config import conf_dir, group_options
+from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
 from normbench.errors import ConfigError
-from normbench.runs import CONFIG, ERROR_LOG, METRICS, NOT_HASHED, SUMMARY, RunDir, config_hash, write_atomic
+from normbench.runs import CONFIG, ERROR_LOG, METRICS, SUMMARY, RunDir, write_atomic
 
 PLAN, INDEX, LOG = "plan.json", "index.csv", "sweep.log"
 RETRY_ENV = "NORMBENCH_RETRY_FAILED"  # set in every job through hydra.job.env_set, so it reaches any launcher
@@ -539,11 +539,11 @@ def _mtime(path: Path) -> float:
 
 
 def multirun_child() -> None:
-    """The child process of ``run_sweep``: Hydra's own multirun over normbench.app.hydra_main."""
+    """The child process of ``run_sweep``: Hydra's own multirun over normbench.job.hydra_main."""
     parent = int(os.environ.get(PARENT_ENV) or 0)
     if parent:
         threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    from normbench.app import hydra_main
+    from normbench.job import hydra_main
 
     hydra_main()
 

@@ -32,7 +32,7 @@ from normbench.model import GPT, leaves_no_trace
 from normbench.runs import RunDir
 from normbench.perf import StepTimer, flops_per_token, peak_flops, peak_memory_mb
 from normbench.sinks import MetricSinks
-from normbench.stats import LayerStats, global_grad_norm
+from normbench.diagnostics import LayerStats, global_grad_norm
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger

@@ -17,10 +17,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 
-from normbench import app as app_module
-from normbench.config import conf_dir, group_options
+from normbench import job as job_module
+from normbench.config import conf_dir, config_hash, group_options
 from normbench.errors import ConfigError
-from normbench.runs import RunDir, config_hash
+from normbench.runs import RunDir
 from normbench.sweep import available_cpus, job_threads, plan_sweep, read_index, run_sweep
 
 from conftest import TINY, compose_cfg, run_cli
@@ -305,14 +305,14 @@ def test_a_crash_outside_the_training_loop_fails_the_job_not_the_sweep(tmp_path,
     def boom(*args, **kwargs):
         raise RuntimeError("out of disk")
 
-    monkeypatch.setattr(app_module, "train", boom)
-    assert app_module.run_job(cfg, str(tmp_path), multirun=True) is None
+    monkeypatch.setattr(job_module, "train", boom)
+    assert job_module.run_job(cfg, str(tmp_path), multirun=True) is None
     s = summary(tmp_path)
     assert s["status"] == "failed" and s["error"] == "RuntimeError: out of disk"
     assert s["config_hash"] == config_hash(cfg)
     assert "Traceback" in (tmp_path / "error.log").read_text()
     with pytest.raises(SystemExit) as exit_:  # a single run ends with exit code 1, the traceback in error.log
-        app_module.run_job(cfg, str(tmp_path / "single"), multirun=False)
+        job_module.run_job(cfg, str(tmp_path / "single"), multirun=False)
     assert exit_.value.code == 1
     assert "Traceback" in (tmp_path / "single" / "error.log").read_text()
 

@@ -9,7 +9,7 @@ import torch
 
 from normbench.config import parse_config
 from normbench.perf import StepTimer, flops_per_token
-from normbench.stats import PARTS, LayerStats
+from normbench.diagnostics import PARTS, LayerStats
 from normbench.train import Run
 
 from conftest import compose_cfg, read_metrics, tiny, train_tiny

@@ -21,9 +21,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from normbench import distributed, sweep
-from normbench.config import conf_dir, parse_config
+from normbench.config import conf_dir, config_hash, parse_config
 from normbench.errors import ConfigError
-from normbench.runs import RunDir, config_hash
+from normbench.runs import RunDir
 from normbench.train import summary_table, train
 
 
