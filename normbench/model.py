@@ -86,8 +86,13 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017), as in GPT-2
 
+        # Each parameter is initialised once: the head's weight *is* the token embedding, so the
+        # head is skipped and the shared matrix gets the embedding's init (a Linear init would
+        # overwrite it with Xavier-uniform, std ~0.1 instead of 0.02).
         init = INITS[cfg.init]
-        self.apply(lambda m: init(m, cfg.n_layer))
+        for module in self.modules():
+            if module is not self.head:
+                init(module, cfg.n_layer)
         for block in self.blocks:
             block.init_weights()
 
