@@ -9,6 +9,7 @@ else the best matrix-multiply rate measured on the device, kept per device, dtyp
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -107,12 +108,63 @@ def peak_flops(device: torch.device, dtype: torch.dtype, setting: float | None =
     return cache[key], "measured matmul"
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak allocated by PyTorch. CPU: the process's peak resident set (all it ever held)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+# /proc/self/clear_refs: writing "5" resets the process's peak resident set (VmHWM in
+# /proc/self/status) to its current size (Linux 4.0+), so a run can measure its own peak even
+# when a launcher runs several runs in one process (the basic launcher; joblib's reused workers).
+_CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
+
+
+def _proc_status_mb(field: str) -> float | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 2**10  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class PeakMemory:
+    """This run's peak memory, measured from the start of the run, whatever ran before it in the process.
+
+    ``kind`` says what the figure is (summary.json's ``peak_mem_kind``):
+    ``cuda_allocated``: the most memory PyTorch's allocator held for tensors on the GPU during the run
+    (peak statistics reset when the run starts);
+    ``cpu_rss``: the process's peak resident set during the run (the high-water mark reset when the run
+    starts: the PyTorch libraries, the data, the model and the activations);
+    ``cpu_rss_process``: where the mark cannot be reset (not Linux), the process's peak since it started,
+    which includes earlier runs in the same process.
+    ``start_mb`` is what was in use when the run started, before its data and model were built (GPU:
+    allocated; CPU: resident set).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        # An earlier run in this process may still hold its model and data in reference cycles
+        # (the LR scheduler's closure): free them before the start is measured.
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.start_mb = torch.cuda.memory_allocated(device) / 2**20
+            self.kind = "cuda_allocated"
+            return
+        self.start_mb = _proc_status_mb("VmRSS")
+        try:
+            _CLEAR_REFS.write_text("5")
+            self.kind = "cpu_rss"
+        except OSError:
+            self.kind = "cpu_rss_process"
+
+    def peak_mb(self) -> float:
+        if self.kind == "cuda_allocated":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        if self.kind == "cpu_rss" and (hwm := _proc_status_mb("VmHWM")) is not None:
+            return hwm
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+
+    def summary(self) -> dict:
+        return {"peak_mem_mb": self.peak_mb(), "peak_mem_kind": self.kind, "peak_mem_start_mb": self.start_mb}
 
 
 class StepTimer:
@@ -144,7 +196,8 @@ class StepTimer:
         steady = self.steady()
         if not steady:
             return {"tokens_per_s": None, "step_ms_p50": None, "step_ms_p90": None}
-        ms = sorted(1000 * t for t in steady)
-        p90 = ms[min(len(ms) - 1, int(0.9 * len(ms)))]
+        ms = [1000 * t for t in steady]
         median = statistics.median(ms)
+        # The 90th percentile, interpolated between order statistics (numpy.percentile's default).
+        p90 = statistics.quantiles(ms, n=10, method="inclusive")[-1] if len(ms) > 1 else ms[0]
         return {"tokens_per_s": tokens_per_step / (median / 1000), "step_ms_p50": median, "step_ms_p90": p90}

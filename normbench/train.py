@@ -30,7 +30,7 @@ from normbench.data import build_dataset
 from normbench.errors import ConfigError
 from normbench.model import GPT, leaves_no_trace
 from normbench.runs import RunDir
-from normbench.perf import StepTimer, flops_per_token, peak_flops, peak_memory_mb
+from normbench.perf import PeakMemory, StepTimer, flops_per_token, peak_flops
 from normbench.sinks import MetricSinks
 from normbench.diagnostics import LayerStats, global_grad_norm
 
@@ -99,10 +99,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to lr over warmup_steps, then cosine decay to min_lr at the last step."""
+    """Linear warm-up to lr over warmup_steps, then cosine decay to min_lr at the last step.
+
+    ``step`` counts the updates made before this one (0 to steps - 1), so the last update,
+    step = steps - 1, is the one made at min_lr.
+    """
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps)
     floor = cfg.min_lr / cfg.lr
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
@@ -169,8 +173,9 @@ class Run:
             raise ConfigError("train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)", allowed=["fp32", "bf16"])
         if self.tcfg.threads:
             torch.set_num_threads(self.tcfg.threads)
-        if self.device.type == "cuda" and self.tcfg.tf32:
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        # Set both ways every run: a launcher may run several runs in one process.
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tcfg.tf32
+        self.memory = PeakMemory(self.device)  # before the data and model exist
         # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every rank).
         torch.manual_seed(run.seed + distributed.rank())
         eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
@@ -331,7 +336,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "best_val_loss": min(finite_vals) if finite_vals else None,
         "floor_loss": state.data.floor_loss,
         **speed,
-        "peak_mem_mb": peak_memory_mb(state.device),
+        **state.memory.summary(),  # peak_mem_mb: this run's peak; peak_mem_kind says what it measures
         "mfu": mfu,
         "flops_per_token": model_flops,
         "peak_flops": peak,  # per device

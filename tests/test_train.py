@@ -76,20 +76,28 @@ def test_divergence_is_a_result_not_a_crash(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 
-def test_lr_schedule_warmup_then_cosine_to_min_lr():
-    cfg = TrainConfig(steps=110, lr=1.0, min_lr=0.1, warmup_steps=10)
-    assert lr_factor(0, cfg) == pytest.approx(0.1)
-    assert lr_factor(9, cfg) == pytest.approx(1.0)
-    assert lr_factor(60, cfg) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
-    assert lr_factor(110, cfg) == pytest.approx(0.1)
+# The learning rate of update u (1-based) for steps=21, warmup_steps=4, lr=0.01, min_lr=0.001, by hand:
+# warm-up lr * u / 4 for u <= 4; then lr at u = 5, and min_lr + (lr - min_lr) (1 + cos(pi p)) / 2 with
+# p = (u - 5) / 16, so that the last update (u = 21) is made at min_lr.
+LR_TABLE = {
+    1: 0.0025,  # the first update
+    4: 0.01,  # the end of warm-up
+    5: 0.01,  # the cosine starts at lr
+    9: 0.001 + 0.009 * (1 + 0.7071067811865476) / 2,  # p = 1/4
+    13: 0.0055,  # p = 1/2: half-way between lr and min_lr
+    21: 0.001,  # the last update
+}
 
 
-def test_logged_lr_follows_the_schedule(tmp_path):
-    train_tiny(tmp_path, "train.lr=0.01", "train.min_lr=0.001", "train.warmup_steps=10", "train.log_every=1")
-    cfg = TrainConfig(steps=20, lr=0.01, min_lr=0.001, warmup_steps=10)
-    for r in read_metrics(tmp_path):
-        if r["kind"] == "train":
-            assert r["lr"] == pytest.approx(0.01 * lr_factor(r["step"] - 1, cfg))
+def test_lr_schedule_at_the_updates_training_makes(tmp_path):
+    train_tiny(tmp_path, "train.steps=21", "train.lr=0.01", "train.min_lr=0.001", "train.warmup_steps=4",
+               "train.log_every=1", "train.eval_every=21")
+    logged = {r["step"]: r["lr"] for r in read_metrics(tmp_path) if r["kind"] == "train"}  # the lr update `step` used
+    assert sorted(logged) == list(range(1, 22))
+    for update, lr in LR_TABLE.items():
+        assert logged[update] == pytest.approx(lr, rel=1e-12), update
+    cfg = TrainConfig(steps=21, lr=0.01, min_lr=0.001, warmup_steps=4)
+    assert all(logged[u] == pytest.approx(0.01 * lr_factor(u - 1, cfg), rel=1e-12) for u in logged)
 
 
 def test_weight_decay_skips_norms_biases_and_embeddings():

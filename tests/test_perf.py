@@ -1,0 +1,64 @@
+"""Step-time percentiles, and process-wide state that must not leak from one run into the next."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from normbench.perf import StepTimer
+
+from conftest import train_tiny
+
+
+@pytest.mark.parametrize("n", [2, 3, 10, 11, 20, 37])
+def test_step_time_percentiles_match_numpy(n):
+    rng = np.random.default_rng(n)
+    timer = StepTimer(warmup_steps=0)
+    timer.times = list(rng.uniform(0.001, 0.05, size=n))
+    speed = timer.summary(tokens_per_step=100)
+    ms = 1000 * np.array(timer.times)
+    assert speed["step_ms_p50"] == pytest.approx(np.percentile(ms, 50), rel=1e-12)
+    assert speed["step_ms_p90"] == pytest.approx(np.percentile(ms, 90), rel=1e-12)
+    assert speed["tokens_per_s"] == pytest.approx(100 / (np.median(ms) / 1000), rel=1e-12)
+
+
+LINUX_RSS = Path("/proc/self/clear_refs").exists()
+
+
+@pytest.mark.skipif(not LINUX_RSS, reason="resetting the peak resident set needs Linux's /proc/self/clear_refs")
+def test_a_small_run_after_a_large_one_reports_its_own_peak(tmp_path):
+    """Two runs in one process (as the basic launcher runs a sweep): the second must not inherit the first's peak."""
+    # The large run's corpus has 4096 tokens: a 128 MB transition matrix (and as much again while it is drawn).
+    large = train_tiny(tmp_path / "large", "data.vocab_size=4096", "train.steps=2", "train.log_every=1",
+                       "train.eval_every=2", "train.stats_every=0")
+    small = train_tiny(tmp_path / "small", "train.steps=2", "train.log_every=1", "train.eval_every=2",
+                       "train.stats_every=0")
+    assert large["peak_mem_kind"] == small["peak_mem_kind"] == "cpu_rss"
+    for run in (large, small):
+        assert run["peak_mem_mb"] >= run["peak_mem_start_mb"] > 0
+    assert large["peak_mem_mb"] - large["peak_mem_start_mb"] > 200, large
+    # Before the fix the small run reported the process's peak, the large run's.
+    assert small["peak_mem_mb"] < large["peak_mem_mb"] - 150, (small, large)
+
+
+def test_tf32_is_set_both_ways_every_run(tmp_path, monkeypatch):
+    seen = []
+    import normbench.train
+
+    real = normbench.train.build_dataset
+
+    def spy(*args, **kwargs):  # called while the run is set up, after the switches are set
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(normbench.train, "build_dataset", spy)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for tf32 in ("true", "false", "true"):
+            train_tiny(tmp_path / f"{len(seen)}", f"train.tf32={tf32}", "train.steps=1", "train.log_every=1", "train.eval_every=1")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert seen == [(True, True), (False, False), (True, True)]
