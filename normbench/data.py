@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from normbench.errors import ConfigError
+from normbench.runs import write_atomic
 
 
 @dataclass
@@ -179,7 +180,11 @@ def char_tokens(text: str) -> tuple[torch.Tensor, list[str]]:
 
 
 def fetch_shakespeare(cfg: DataConfig) -> Path:
-    """Download tiny-shakespeare once into the cache, verify its SHA-256, reuse it after."""
+    """Download tiny-shakespeare once into the cache, verify its SHA-256, reuse it after.
+
+    The file is written atomically (a temporary file of a unique name, then a rename), so the
+    jobs of a sweep fetching it at the same time never write into one another's file.
+    """
     cache = Path(os.path.expanduser(cfg.cache_dir)) / "tinyshakespeare.txt"
     if cache.is_file() and hashlib.sha256(cache.read_bytes()).hexdigest() == cfg.sha256:
         return cache
@@ -195,9 +200,7 @@ def fetch_shakespeare(cfg: DataConfig) -> Path:
     if digest != cfg.sha256:
         raise ConfigError(f"downloaded file from {cfg.url} has SHA-256 {digest}, expected {cfg.sha256}; not using it")
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_bytes(payload)
-    os.replace(tmp, cache)
+    write_atomic(cache, payload)
     return cache
 
 

@@ -122,6 +122,47 @@ def test_shakespeare_downloads_verifies_and_reuses_cache(tmp_path):
     assert data.vocab_size == len(set(cached.read_text()))
 
 
+def test_parallel_first_downloads_do_not_race(tmp_path, monkeypatch):
+    """The jobs of a sweep downloading at once: each writes its own file, every one of them succeeds.
+
+    A barrier in os.replace holds every download until all have written their temporary file,
+    the interleaving under which downloads sharing one temporary name lose it to each other.
+    """
+    import os
+    import threading
+
+    source = tmp_path / "input.txt"
+    source.write_text("Before we proceed any further, hear me speak.\n" * 100)
+    cfg = DataConfig(name="shakespeare", url=source.as_uri(), sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
+                     cache_dir=str(tmp_path / "cache"))
+    jobs = 4
+    barrier = threading.Barrier(jobs, timeout=30)
+    real_replace = os.replace
+
+    def replace_together(src, dst, *args, **kwargs):
+        if str(dst).startswith(cfg.cache_dir):
+            barrier.wait()
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace_together)
+    results, errors = [], []
+
+    def job():
+        try:
+            results.append(fetch_shakespeare(cfg))
+        except Exception as err:  # noqa: BLE001 - the test reports whatever a job met
+            errors.append(err)
+
+    threads = [threading.Thread(target=job) for _ in range(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert len(results) == jobs and all(r.read_bytes() == source.read_bytes() for r in results)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["tinyshakespeare.txt"], "temporary files left behind"
+
+
 def test_shakespeare_checksum_mismatch_is_refused(tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("tampered")
