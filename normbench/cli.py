@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from normbench.config import group_options
+from normbench.configtree import group_options  # not normbench.config, which imports torch
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 

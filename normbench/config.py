@@ -1,8 +1,7 @@
 """From a composed Hydra config to the typed configs each component owns.
 
-Hydra composes ``conf/`` (groups: norm, placement, model, data, train, experiment);
-this module finds that tree (inside an installed wheel or a source checkout) and
-turns the composed ``DictConfig`` into ``ModelConfig``, ``DataConfig`` and
+Hydra composes ``conf/`` (groups: norm, placement, model, data, train, experiment;
+``normbench.configtree`` finds the tree); this module turns the composed ``DictConfig`` into ``ModelConfig``, ``DataConfig`` and
 ``TrainConfig`` dataclasses, so a wrong type or an out-of-range value becomes one
 clear ``ConfigError`` before anything trains. It also owns a config's identity:
 ``config_hash``, the fingerprint that names sweep jobs and tells a stored result
@@ -14,31 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from normbench.configtree import conf_dir, group_options
 from normbench.data import DataConfig
 from normbench.errors import ConfigError
 from normbench.model import ModelConfig
 from normbench.norms import NORMS
 from normbench.placements import PLACEMENTS, placement_class
 from normbench.train import TrainConfig
-
-
-def conf_dir() -> Path:
-    """The config tree: packaged into the wheel as normbench/conf, or conf/ beside the package in a checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return candidate
-    raise RuntimeError(f"normbench's config tree is missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
-
-
-def group_options(group: str) -> list[str]:
-    """The names a config group offers (its YAML files), for help texts and errors."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
 @dataclass

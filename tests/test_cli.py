@@ -46,33 +46,49 @@ def test_train_writes_the_run_directory(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
 
+# (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as the README says).
 BAD_INPUTS = [
-    (["norm=foo"], "Available options in 'norm'"),
-    (["placement=sideways"], "Available options in 'placement'"),
-    (["norm.name=foo"], "unknown norm 'foo'; allowed: bn, dyt, gn, ln, none, rms, scale"),
-    (["model.d_model=30", "model.n_head=4"], "model.d_model=30 is not divisible by model.n_head=4"),
-    (["train.steps=0"], "train.steps must be a positive integer"),
-    (["train.batch_size=-2"], "train.batch_size must be a positive integer"),
-    (["model.block_size=0"], "model.block_size must be a positive integer"),
-    (["train.lr=fast"], "train.lr: Value 'fast' of type 'str' could not be converted to Float"),
-    (["train.precision=fp8"], "unknown train.precision 'fp8'; allowed: fp32, bf16, fp16"),
-    (["train.device=cuda:7"], "train.device=cuda:7 is not available"),
-    (["train.device=tpu"], "train.device"),
-    (["data=text"], "data=text needs a file: data.path="),
-    (["data=text", "data.path=/nonexistent/file.txt"], "no such file"),
-    (["norm=gn", "norm.groups=5"], "norm.groups=5 must divide the model width"),
+    (["norm=foo"], 1, "Could not find 'norm/foo' Available options in 'norm': bn dyt gn ln none rms scale"),
+    (["placement=sideways"], 1, "Could not find 'placement/sideways' Available options in 'placement'"),
+    (["train.nokey=1"], 1, "Could not override 'train.nokey'"),
+    (["norm.name=foo"], 2, "unknown norm 'foo'; allowed: bn, dyt, gn, ln, none, rms, scale"),
+    (["model.d_model=30", "model.n_head=4"], 2, "model.d_model=30 is not divisible by model.n_head=4; allowed: n_head=1, n_head=2"),
+    (["train.steps=0"], 2, "train.steps must be a positive integer, got 0"),
+    (["train.batch_size=-2"], 2, "train.batch_size must be a positive integer, got -2"),
+    (["model.block_size=0"], 2, "model.block_size must be a positive integer, got 0"),
+    (["train.lr=fast"], 2, "train.lr: Value 'fast' of type 'str' could not be converted to Float"),
+    (["train.precision=fp8"], 2, "unknown train.precision 'fp8'; allowed: fp32, bf16, fp16"),
+    (["train.precision=fp16"], 2, "train.precision=fp16 needs a CUDA device (it trains with a gradient scaler); allowed: fp32, bf16"),
+    (["train.device=cuda:7"], 2, "train.device=cuda:7 is not available"),
+    (["train.device=tpu"], 2, "unknown train.device 'tpu'; allowed: auto, cpu, cuda, cuda:N"),
+    (["data=text"], 2, "data=text needs a file: data.path="),
+    (["data=text", "data.path=/nonexistent/file.txt"], 2, "data.path: no such file: /nonexistent/file.txt"),
+    (["norm=gn", "norm.groups=5"], 2, "norm.groups=5 must divide the model width"),
 ]
 
 
-@pytest.mark.parametrize("overrides, message", BAD_INPUTS)
-def test_bad_input_is_a_short_clear_error(tmp_path, overrides, message):
+@pytest.mark.parametrize("overrides, code, message", BAD_INPUTS)
+def test_bad_input_is_a_short_clear_error(tmp_path, overrides, code, message):
     result = invoke("train", *tiny(*overrides), f"hydra.run.dir={tmp_path}")
-    assert result.exit_code != 0
+    assert result.exit_code == code, result.output
     assert message in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output
     summary = tmp_path / "summary.json"
     assert not summary.exists() or json.loads(summary.read_text())["status"] == "failed"
     assert not (tmp_path / "metrics.jsonl").exists(), "nothing trained, so nothing logged"
+
+
+def test_help_imports_no_torch():
+    """normbench --help must stay fast: importing the CLI and printing help loads neither torch nor Hydra's app."""
+    code = ("import sys\n"
+            "from normbench.cli import app\n"
+            "try:\n    app(['train', '--help'])\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "print('heavy:', sorted(m for m in ('torch', 'hydra') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Config groups" in result.stdout
+    assert result.stdout.strip().endswith("heavy: []"), result.stdout[-300:]
 
 
 @pytest.mark.parametrize("content", [b"", b"\xc3\x28 not utf-8"])

@@ -1,0 +1,23 @@
+"""Where the Hydra config tree lives and what its groups offer.
+
+Imports nothing heavy (no torch, no Hydra): ``normbench --help`` lists the groups from here
+and must stay fast. ``normbench.config`` re-exports both functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def conf_dir() -> Path:
+    """The config tree: packaged into the wheel as normbench/conf, or conf/ beside the package in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise RuntimeError(f"normbench's config tree is missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
+
+
+def group_options(group: str) -> list[str]:
+    """The names a config group offers (its YAML files), for help texts and errors."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
