@@ -148,12 +148,12 @@ class PeakMemory:
             self.start_mb = torch.cuda.memory_allocated(device) / 2**20
             self.kind = "cuda_allocated"
             return
-        self.start_mb = _proc_status_mb("VmRSS")
         try:
             _CLEAR_REFS.write_text("5")
             self.kind = "cpu_rss"
         except OSError:
             self.kind = "cpu_rss_process"
+        self.start_mb = _proc_status_mb("VmRSS")  # after the reset, so the peak is never below it
 
     def peak_mb(self) -> float:
         if self.kind == "cuda_allocated":

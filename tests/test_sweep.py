@@ -129,22 +129,30 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _wait_until_training(tmp_path: Path, proc: subprocess.Popen, finished: int) -> None:
+    """Until `finished` runs have their summary and another run is training."""
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        dirs = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if d.is_dir()]
+        if sum((d / "summary.json").exists() for d in dirs) >= finished and any(
+                (d / "metrics.jsonl").exists() and not (d / "summary.json").exists() for d in dirs):
+            return
+        assert proc.poll() is None, "the sweep ended before it could be stopped"
+        time.sleep(0.05)
+    pytest.fail("the sweep never got going")
+
+
+JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+
+
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
-def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_path):
-    args = ["sweep", "seed=0,1,2", *TINY, "train.steps=30", "train.threads=1"]
+@pytest.mark.parametrize("launcher", [[], JOBLIB], ids=["basic", "joblib"])
+def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_path, launcher):
+    args = ["sweep", "seed=0,1,2", *TINY, "train.steps=30", "train.threads=1", *launcher]
     proc = subprocess.Popen([sys.executable, "-m", "normbench", *args], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline:  # until one run has finished and the next one is training
-            dirs = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if d.is_dir()]
-            if any((d / "summary.json").exists() for d in dirs) and any(
-                    (d / "config.yaml").exists() and not (d / "summary.json").exists() for d in dirs):
-                break
-            assert proc.poll() is None, "the sweep ended before it could be killed"
-            time.sleep(0.05)
-        else:
-            pytest.fail("the sweep never got going")
+        _wait_until_training(tmp_path, proc, finished=1)
         children = _sweep_children(proc.pid)
         assert children, "Hydra's multirun runs in a child process"
     finally:
@@ -167,6 +175,41 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
     assert mtimes(finished) == before  # what had finished was not trained again
     if cut_short:
         assert "1 interrupted among them" in " ".join(result.stdout.split())
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
+def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
+    args = ["sweep", "seed=0,1", *TINY, "train.steps=2000", "train.threads=1", *JOBLIB]
+    proc = subprocess.Popen([sys.executable, "-m", "normbench", *args], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_until_training(tmp_path, proc, finished=0)
+        children = _sweep_children(proc.pid)
+        assert children
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "interrupted: run the same command again to resume" in out
+    assert "Traceback" not in out + err
+    assert not any(_alive(pid) for pid in children), "jobs kept running after Ctrl-C"
+    (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
+    assert {r["status"] for r in read_index(sweep_dir)} == {"interrupted"}
+    assert not list(sweep_dir.glob("*/summary.json")), "an interrupted run is not a result"
+
+
+def test_a_range_sweep_runs_one_job_per_value(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out = sweep(["seed=range(3,5)", *TINY, "train.steps=4", "train.log_every=2", "train.eval_every=4",
+                       "train.threads=1"])
+    assert code == 0, out
+    (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
+    rows = read_index(sweep_dir)
+    assert [r["overrides"].split()[0] for r in rows] == ["seed=3", "seed=4"]
+    assert [r["status"] for r in rows] == ["completed", "completed"]
+    assert [OmegaConf.load(sweep_dir / r["run_dir"] / "config.yaml").seed for r in rows] == [3, 4]
 
 
 def test_dry_run_lists_runs_and_their_results(tmp_path, monkeypatch):
