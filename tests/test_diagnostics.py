@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from normbench.config import parse_config
-from normbench.perf import StepTimer, flops_per_token
+from normbench.perf import StepTimer
 from normbench.diagnostics import PARTS, LayerStats
 from normbench.train import Run
 
@@ -145,20 +145,13 @@ def test_measured_peak_keeps_the_highest_figure(monkeypatch, tmp_path):
     assert (tmp_path / "peak_flops.json").exists()
 
 
-def test_flops_per_token_formula(tmp_path):
-    state = Run(parse_config(compose_cfg(tiny("model.n_layer=3", "model.d_model=32", "model.block_size=16"))), tmp_path)
-    model = state.model
-    n = sum(p.numel() for p in model.parameters()) - 16 * 32
-    assert flops_per_token(model) == 6 * n + 12 * 3 * 32 * 16
-
-
 def test_step_timer_excludes_warmup():
     timer = StepTimer(warmup_steps=2)
     timer.times = [1.0, 1.0, 0.01, 0.02, 0.03]
     out = timer.summary(tokens_per_step=100)
     assert out["step_ms_p50"] == pytest.approx(20.0)
     assert out["tokens_per_s"] == pytest.approx(100 / 0.02)
-    assert out["step_ms_p90"] == pytest.approx(30.0)
+    assert out["step_ms_p90"] == pytest.approx(28.0)  # 0.9 of the way from 10 to 30: 20 + 0.8 x 10
 
 
 def test_xavier_init_option(tmp_path):
