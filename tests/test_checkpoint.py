@@ -10,14 +10,20 @@ import sys
 import time
 from pathlib import Path
 
+import io
+import threading
+
 import pytest
 import torch
+from rich.console import Console
 
 from normbench import checkpoint
 from normbench.config import parse_config
 from normbench.errors import ConfigError
 from normbench.model import GPT
+from normbench.runs import read_index
 from normbench.sinks import MetricSinks
+from normbench.sweep import run_sweep
 from normbench.train import train
 
 from conftest import compose_cfg, read_metrics, run_cli, tiny, train_tiny
@@ -231,8 +237,8 @@ def _last_step(run_dir: Path) -> int:
 
 def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp_path):
     ref = tmp_path / "ref"
+    train_tiny(ref, *CLI_RUN, "train.checkpoint_every=0")  # in this process: the same computation
     args = ["train", *CLI_RUN]
-    assert run_cli(*args, "train.checkpoint_every=0", f"hydra.run.dir={ref}").returncode == 0
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "normbench", *args, f"hydra.run.dir={run_dir}"]
     rng = __import__("random").Random(0)
@@ -263,3 +269,40 @@ def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp
     resumed_at = summary(run_dir)["resumed_at"]
     assert len(resumed_at) == 3 and resumed_at[-1] == stopped
     assert_same_run(run_dir, ref)
+
+
+def test_a_sweep_stopped_by_sigterm_lists_the_run_as_interrupted_and_resumes_it(tmp_path, monkeypatch):
+    """SIGTERM to the sweep command (SLURM preempting the job that runs it, say) goes on to the job,
+    which checkpoints; the index says where it will resume, and the same command resumes it there."""
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sw"
+    common = [*tiny("train.threads=1", "train.steps=30"), f"hydra.sweep.dir={sweep_dir}"]
+    grid = ["seed=0,1", *common]
+
+    def stop_when_checkpointed():
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(sweep_dir.glob("*/checkpoint.pt")):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # this process runs the sweep command
+
+    threading.Thread(target=stop_when_checkpointed, daemon=True).start()
+    out = io.StringIO()
+    code = run_sweep(grid, console=Console(file=out, width=200), poll_s=0.1)
+    assert code == 128 + signal.SIGTERM, out.getvalue()
+    assert "interrupted" in out.getvalue() and "run the same command again" in out.getvalue()
+    rows = {r["status"]: r for r in read_index(sweep_dir)}
+    interrupted = rows["interrupted"]
+    step = int(interrupted["resume_step"])
+    assert step >= 10 and "pending" in rows  # the basic launcher started no other job after it
+
+    out = io.StringIO()
+    run_sweep(grid, console=Console(file=out, width=200), dry_run=True)
+    assert f"interrupted → resume at step {step}" in out.getvalue()
+    code = run_sweep(grid, console=Console(file=io.StringIO(), width=200), poll_s=0.1)
+    assert code == 0
+    assert [r["status"] for r in read_index(sweep_dir)] == ["completed", "completed"]
+    run_dir = sweep_dir / interrupted["run_dir"]
+    assert summary(run_dir)["resumed_at"] == [step]
+    seed = interrupted["overrides"].split("seed=")[1].split()[0]
+    train_tiny(tmp_path / "ref", "train.threads=1", "train.steps=30", f"seed={seed}")
+    assert_same_run(run_dir, tmp_path / "ref")
