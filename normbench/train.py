@@ -420,7 +420,10 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
     finally:
         sinks.close()
     if status == "interrupted":
-        stop.pass_on()  # under submitit: its checkpoint-and-requeue (which exits)
+        try:
+            stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
+        except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
+            console.print(f"[yellow]not requeued[/yellow]: {err}", highlight=False)
         return {"status": "interrupted", "steps": step, "signal": stop.received,
                 "checkpoint": str(state.dir.path / checkpoint.CHECKPOINT)}
 

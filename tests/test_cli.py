@@ -61,6 +61,8 @@ BAD_INPUTS = [
     (["data=text"], "data=text needs a file: data.path="),
     (["data=text", "data.path=/nonexistent/file.txt"], "no such file"),
     (["norm=gn", "norm.groups=5"], "norm.groups=5 must divide the model width"),
+    (["train.checkpoint_every=-5"], "train.checkpoint_every must be >= 0 (0 turns checkpoints off), got -5"),
+    (["train.resume=maybe"], "unknown train.resume 'maybe'; allowed: auto, never"),
 ]
 
 
