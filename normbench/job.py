@@ -45,6 +45,14 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
         if result is not None:
             console.print(f"already {result.get('status')} with this config: {run_dir_.path} (skipped)")
             return result
+    if main and cfg.train.get("resume") != "never" and run_dir_.holds_checkpoint_of_another(cfg_hash):
+        # Refused before anything is written: the other config's run stays resumable as it was.
+        console.print(f"[bold red]error:[/bold red] {run_dir_.path} holds a checkpoint of another config: give this "
+                      "run its own directory (hydra.run.dir=...) or start it over there with train.resume=never",
+                      soft_wrap=True, highlight=False)
+        if not multirun:
+            sys.exit(2)
+        return None
     if main:
         run_dir_.write_config(cfg)
     try:

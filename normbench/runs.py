@@ -125,6 +125,11 @@ class RunDir:
                 continue
         return None
 
+    def holds_checkpoint_of_another(self, cfg_hash: str) -> bool:
+        """A checkpoint here, of a config (its config.yaml) other than ``cfg_hash``'s."""
+        has = (self.path / CHECKPOINT).exists() or (self.path / PREVIOUS).exists()
+        return has and self.config_hash() not in (None, cfg_hash)
+
     def config_hash(self) -> str | None:
         """The hash of the config.yaml stored here; None when missing or unreadable (edited by hand)."""
         from normbench.config import config_hash  # config imports train, which imports this module

@@ -306,3 +306,20 @@ def test_a_sweep_stopped_by_sigterm_lists_the_run_as_interrupted_and_resumes_it(
     seed = interrupted["overrides"].split("seed=")[1].split()[0]
     train_tiny(tmp_path / "ref", "train.threads=1", "train.steps=30", f"seed={seed}")
     assert_same_run(run_dir, tmp_path / "ref")
+
+
+def test_the_cli_refuses_another_configs_checkpoint_before_writing_anything(tmp_path, monkeypatch):
+    with monkeypatch.context() as m:
+        signal_at(m, 5)
+        from normbench.job import run_job
+
+        cfg = compose_cfg(tiny(*RUN))
+        with pytest.raises(SystemExit) as exit_:
+            run_job(cfg, str(tmp_path), multirun=False)
+    assert exit_.value.code == 128 + signal.SIGTERM
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    result = run_cli("train", *tiny(*RUN, "train.lr=1e-4"), f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2 and "holds a checkpoint of another config" in result.stderr
+    assert "Traceback" not in result.stderr
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != "normbench.log"}
+    assert after == {k: v for k, v in before.items() if k != "normbench.log"}  # nothing written, nothing lost
