@@ -35,6 +35,7 @@ class RunConfig:
     data: DataConfig
     train: TrainConfig
     logger: str = "jsonl"
+    config_hash: str | None = None  # the run's identity (see config_hash): a checkpoint must match it
 
 
 def _typed(schema, node, group: str):
@@ -69,6 +70,7 @@ def parse_config(cfg: DictConfig) -> RunConfig:
         data=_typed(DataConfig, cfg.data, "data"),
         train=_typed(TrainConfig, cfg.train, "train"),
         logger=cfg.logger.name,
+        config_hash=config_hash(cfg),
     )
     run.model.validate()
     run.train.validate()
@@ -77,7 +79,8 @@ def parse_config(cfg: DictConfig) -> RunConfig:
 
 # Keys that say how or where a run goes, not what it computes: the same run with a progress
 # bar or more threads, or under another results root, is still the same run.
-NOT_HASHED = ("results_dir", "train.progress", "train.threads")
+# Checkpoint cadence, resuming and keeping the weights don't change what a run computes either.
+NOT_HASHED = ("results_dir", "train.progress", "train.threads", "train.checkpoint_every", "train.resume", "train.save_model")
 
 
 def config_hash(cfg: DictConfig) -> str:

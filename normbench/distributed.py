@@ -120,6 +120,33 @@ def all_mean(values: torch.Tensor) -> torch.Tensor:
     return values / world_size()
 
 
+def all_max(values: torch.Tensor) -> torch.Tensor:
+    """The element-wise maximum of ``values`` over the ranks."""
+    if world_size() == 1:
+        return values
+    values = values.clone()
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values
+
+
+def gather(obj) -> list:
+    """Every rank's ``obj`` (small picklable values), in rank order, on every rank."""
+    if world_size() == 1:
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast(obj):
+    """Rank 0's ``obj`` on every rank (the rank that read a file shares it)."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 class _AllReduceSum(torch.autograd.Function):
     """Sum over the ranks, differentiable: every rank's loss depends on every rank's input, so the
     gradient arriving at the sum is itself summed over the ranks."""

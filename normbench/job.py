@@ -10,6 +10,7 @@ Under torchrun every process runs this function; rank 0 alone writes and reports
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -20,10 +21,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
-from normbench import distributed, sweep
+from normbench import distributed
 from normbench.config import conf_dir, config_hash, parse_config
 from normbench.errors import ConfigError
-from normbench.runs import RunDir
+from normbench.preemption import exit_code
+from normbench.runs import RunDir, prepare_job, write_index
 from normbench.train import summary_table, train
 
 
@@ -31,7 +33,7 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
     """Validate, train and report one configuration into ``run_dir``.
 
     In a sweep (``multirun``) a job reuses the result its directory already holds for the
-    same config (see normbench.sweep.prepare_job), and a failure of any kind is recorded
+    same config (see normbench.runs.prepare_job), and a failure of any kind is recorded
     in the run directory and returned, never raised: one bad run must not stop the others.
     """
     console = Console(stderr=True)
@@ -39,10 +41,18 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
     run_dir_ = RunDir(run_dir)
     cfg_hash = config_hash(cfg)
     if multirun:
-        result = sweep.prepare_job(run_dir_.path, cfg)
+        result = prepare_job(run_dir_.path, cfg_hash)
         if result is not None:
             console.print(f"already {result.get('status')} with this config: {run_dir_.path} (skipped)")
             return result
+    if main and cfg.train.get("resume") != "never" and run_dir_.holds_checkpoint_of_another(cfg_hash):
+        # Refused before anything is written: the other config's run stays resumable as it was.
+        console.print(f"[bold red]error:[/bold red] {run_dir_.path} holds a checkpoint of another config: give this "
+                      "run its own directory (hydra.run.dir=...) or start it over there with train.resume=never",
+                      soft_wrap=True, highlight=False)
+        if not multirun:
+            sys.exit(2)
+        return None
     if main:
         run_dir_.write_config(cfg)
     try:
@@ -50,7 +60,7 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
         if multirun:
             # The sweep command draws its own progress; parallel jobs share the cores.
             run.train.progress = False
-            run.train.threads = run.train.threads or sweep.job_threads(HydraConfig.get().launcher)
+            run.train.threads = run.train.threads or job_threads(HydraConfig.get().launcher)
         summary = train(run, run_dir_.path, console=console, config_hash=cfg_hash)
     except ConfigError as err:
         # Recorded as failed (never completed) so a sweep's index and a report show it.
@@ -74,6 +84,13 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
         if not multirun:
             sys.exit(1)
         return None
+    if summary["status"] == "interrupted":
+        # Stopped by a signal (SLURM's preemption notice, say) after saving a checkpoint: the same
+        # command resumes it. Exiting, in a sweep too, keeps the launcher from starting another job.
+        if main:
+            console.print(f"[yellow]interrupted[/yellow] at step {summary['steps']} by signal {summary['signal']}: "
+                          f"checkpoint in {summary['checkpoint']}; the same command resumes it", soft_wrap=True, highlight=False)
+        sys.exit(exit_code(summary["signal"]))
     if main:
         console.print(summary_table(summary))
     if summary["status"] == "failed":
@@ -82,6 +99,33 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
         if not multirun:
             sys.exit(1)
     return summary
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may use (cgroups, taskset, SLURM)
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def job_threads(launcher: DictConfig | dict | None) -> int:
+    """Torch threads for one job, so parallel jobs don't oversubscribe the cores; 0 = torch's default.
+
+    joblib runs n_jobs jobs at once on this machine: each gets cpus // n_jobs threads
+    (n_jobs=-1 means one job per cpu, -2 all but one, as in joblib). submitit jobs get
+    their cpus_per_task, Ray tasks their ray.remote.num_cpus. The basic launcher runs one
+    job at a time: torch's default. An explicit train.threads always wins (the caller
+    checks that).
+    """
+    launcher = launcher or {}
+    cpus = available_cpus()
+    n_jobs = launcher.get("n_jobs")
+    if isinstance(n_jobs, int) and n_jobs != 0:
+        parallel = n_jobs if n_jobs > 0 else max(1, cpus + 1 + n_jobs)
+        return max(1, cpus // parallel)
+    ray_cpus = ((launcher.get("ray") or {}).get("remote") or {}).get("num_cpus")
+    per_task = launcher.get("cpus_per_task") or ray_cpus
+    return int(per_task) if per_task else 0
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
@@ -100,4 +144,4 @@ def hydra_main(cfg: DictConfig) -> None:
     finally:
         distributed.teardown()
         if multirun:
-            sweep.write_index(Path(hc.sweep.dir))
+            write_index(Path(hc.sweep.dir))

@@ -7,10 +7,12 @@ and ray launchers) and every job runs ``normbench.job.hydra_main`` exactly like 
 - a stable sweep directory (``results/sweeps/NAME-HASH``) and one run directory per
   distinct config (``conf/config.yaml`` names it after the config hash), so running the
   same command again resumes it;
-- the job-side rules (``prepare_job``, ``job_threads``): reuse a result made by the same
-  config, re-run an interrupted run, share the cores between parallel jobs;
-- the plan (the jobs the sweeper will make, which ``--dry-run`` lists), the index file
-  (``index.csv``, rebuilt after each job), the live progress and the closing table.
+- the plan (the jobs the sweeper will make, which ``--dry-run`` lists), the live progress
+  and the closing table.
+
+What a job does with its run directory (reuse a result, resume an interrupted run) is
+``normbench.runs.prepare_job``, and the index it rebuilds is ``normbench.runs.write_index``:
+the jobs never import this module.
 
 ``run_sweep`` runs Hydra's multirun in a child process (its output goes to
 ``sweep.log``) and watches the run directories, so the display is the same whatever
@@ -19,9 +21,7 @@ launcher runs the jobs and wherever they run, as long as they write to this file
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
 import re
@@ -41,10 +41,11 @@ from rich.text import Text
 
 from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
 from normbench.errors import ConfigError
-from normbench.runs import CONFIG, ERROR_LOG, METRICS, SUMMARY, RunDir, write_atomic
+from normbench.preemption import SIGNALS, exit_code
+from normbench.runs import (CONFIG, ERROR_LOG, INDEX, PLAN, RETRY_ENV, SUMMARY, RunDir, read_index,  # noqa: F401
+                           run_status, stored_result, write_atomic, write_index)
 
-PLAN, INDEX, LOG = "plan.json", "index.csv", "sweep.log"
-RETRY_ENV = "NORMBENCH_RETRY_FAILED"  # set in every job through hydra.job.env_set, so it reaches any launcher
+LOG = "sweep.log"
 PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
 FINISHED = ("completed", "diverged", "failed")
 # Launcher choices that need a plugin, and the extra that installs it.
@@ -61,67 +62,6 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 STYLES = {"completed": "green", "diverged": "yellow", "failed": "red", "interrupted": "magenta", "pending": "dim"}
 
 
-# ----------------------------------------------------------------------------- one job (runs in the job process)
-
-
-def stored_result(run_dir: Path, cfg_hash: str) -> dict | None:
-    """The summary in ``run_dir`` if it is a result of this very config (same hash), else None."""
-    run = RunDir(run_dir)
-    summary = run.read_summary()
-    if summary is None:
-        return None
-    try:
-        # config.yaml is rewritten before a run starts and summary.json only after it ends,
-        # so the two always belong to the same attempt.
-        stored = config_hash(OmegaConf.load(run.path / CONFIG))
-    except Exception:  # missing or unreadable (edited by hand): nothing to reuse
-        return None
-    return summary if stored == cfg_hash else None
-
-
-def prepare_job(run_dir: Path, cfg: DictConfig) -> dict | None:
-    """Return the result to reuse (the job is skipped), or clear the directory for a fresh run and return None.
-
-    Completed results are always reused; diverged and failed ones too, unless the sweep
-    runs with --retry-failed. Anything else (a run killed half-way, a result of another
-    config) is run again from scratch.
-    """
-    result = stored_result(Path(run_dir), config_hash(cfg))
-    retry = os.environ.get(RETRY_ENV) == "1"
-    if result is not None and (result.get("status") == "completed" or not retry):
-        return result
-    for name in (SUMMARY, METRICS, ERROR_LOG):  # summary first: a kill now leaves an interrupted run, not a stale result
-        (Path(run_dir) / name).unlink(missing_ok=True)
-    return None
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # what this process may use (cgroups, taskset, SLURM)
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def job_threads(launcher: DictConfig | dict | None) -> int:
-    """Torch threads for one job, so parallel jobs don't oversubscribe the cores; 0 = torch's default.
-
-    joblib runs n_jobs jobs at once on this machine: each gets cpus // n_jobs threads
-    (n_jobs=-1 means one job per cpu, -2 all but one, as in joblib). submitit jobs get
-    their cpus_per_task, Ray tasks their ray.remote.num_cpus. The basic launcher runs one
-    job at a time: torch's default. An explicit train.threads always wins (the caller
-    checks that).
-    """
-    launcher = launcher or {}
-    cpus = available_cpus()
-    n_jobs = launcher.get("n_jobs")
-    if isinstance(n_jobs, int) and n_jobs != 0:
-        parallel = n_jobs if n_jobs > 0 else max(1, cpus + 1 + n_jobs)
-        return max(1, cpus // parallel)
-    ray_cpus = ((launcher.get("ray") or {}).get("remote") or {}).get("num_cpus")
-    per_task = launcher.get("cpus_per_task") or ray_cpus
-    return int(per_task) if per_task else 0
-
-
 # ----------------------------------------------------------------------------- the plan (runs in the sweep command)
 
 
@@ -133,6 +73,7 @@ class Job:
     config_hash: str
     state: str = "new"  # before launch: new, interrupted, completed, diverged, failed
     invalid: str | None = None  # the ConfigError the job will fail with
+    resume_step: int | None = None  # an interrupted run's checkpoint: where it resumes
 
 
 @dataclass
@@ -274,6 +215,8 @@ def plan_sweep(args: list[str]) -> Plan:
                               f"({' '.join(other.overrides)} / {' '.join(job.overrides)}): drop one of the values")
     for job in jobs:
         job.state = _state_before(job)
+        if job.state == "interrupted":
+            job.resume_step = RunDir(job.run_dir).checkpoint_step()
     keys = [o.split("=", 1)[0] for o in jobs[0].overrides] if jobs else []
     varying = [k for k in keys if len({dict(o.split("=", 1) for o in j.overrides).get(k) for j in jobs}) > 1]
     return Plan(sweep_dir, jobs, args, varying)
@@ -288,70 +231,6 @@ def _state_before(job: Job) -> str:
 
 def will_run(job: Job, retry_failed: bool) -> bool:
     return job.state in ("new", "interrupted") or (retry_failed and job.state in ("diverged", "failed"))
-
-
-# ----------------------------------------------------------------------------- the index
-
-
-def run_status(run_dir: Path) -> str:
-    """What a run directory says now: completed/diverged/failed, running (started, no result yet) or pending."""
-    summary = RunDir(run_dir).read_summary()
-    if summary is not None:
-        return summary.get("status") or "failed"
-    return "running" if (Path(run_dir) / CONFIG).exists() else "pending"
-
-
-def _indexed_jobs(sweep_dir: Path) -> list[dict]:
-    """The sweep's jobs: from plan.json when normbench sweep launched it, else every job directory found."""
-    try:
-        return json.loads((sweep_dir / PLAN).read_text(encoding="utf-8"))["jobs"]
-    except (OSError, ValueError, KeyError):
-        pass
-    jobs = []
-    for overrides_file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
-        run_dir = overrides_file.parent.parent
-        jobs.append({"job": None, "overrides": list(OmegaConf.load(overrides_file)), "run_dir": run_dir.name})
-    return jobs
-
-
-def write_index(sweep_dir: Path, final: bool = False) -> list[dict]:
-    """Rebuild index.csv from the run directories (atomic, so parallel jobs may all do it).
-
-    One row per job: its overrides, status, run directory (relative to the sweep), config
-    hash, final loss, wall time and error. ``final`` (the sweep has ended) reports a run
-    that started and never finished as interrupted rather than running.
-    """
-    sweep_dir = Path(sweep_dir)
-    rows = []
-    for job in _indexed_jobs(sweep_dir):
-        run_dir = sweep_dir / job["run_dir"]
-        summary = RunDir(run_dir).read_summary() or {}
-        status = run_status(run_dir)
-        if final and status == "running":
-            status = "interrupted"
-        rows.append({
-            "job": job.get("job"),
-            "status": status,
-            "overrides": " ".join(job["overrides"]),
-            "run_dir": job["run_dir"],
-            "config_hash": summary.get("config_hash") or job.get("config_hash"),
-            "final_val_loss": summary.get("final_val_loss"),
-            "wall_s": summary.get("wall_s"),
-            "error": summary.get("error"),
-        })
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=["job", "status", "overrides", "run_dir", "config_hash",
-                                              "final_val_loss", "wall_s", "error"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    if sweep_dir.is_dir():
-        write_atomic(sweep_dir / INDEX, text.getvalue())
-    return rows
-
-
-def read_index(sweep_dir: Path) -> list[dict]:
-    with open(Path(sweep_dir) / INDEX, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 # ----------------------------------------------------------------------------- the sweep command
@@ -373,6 +252,8 @@ def _plan_table(plan: Plan, retry_failed: bool) -> Table:
     table.add_column("state")
     for job in plan.jobs:
         action = ("fail" if job.invalid else "run") if will_run(job, retry_failed) else "keep"
+        if job.resume_step is not None:
+            action = f"resume at step {job.resume_step}"
         state = Text.assemble((job.state, STYLES.get(job.state, "")), f" → {action}")
         if job.invalid:
             state.append(f" (invalid: {job.invalid})", style="red")
@@ -398,7 +279,8 @@ def _closing_table(plan: Plan, by_dir: dict[str, dict]) -> Table:
         row = by_dir.get(job.run_dir.name, {})
         status = row.get("status", "pending")
         loss, wall = row.get("final_val_loss"), row.get("wall_s")
-        cells = [Text(status, STYLES.get(status, "")), "-" if loss is None else f"{loss:.4f}",
+        at = f" at step {row['resume_step']}" if row.get("resume_step") is not None else ""
+        cells = [Text(status + at, STYLES.get(status, "")), "-" if loss is None else f"{loss:.4f}",
                  "-" if wall is None else f"{wall:.1f}"]
         table.add_row(str(job.num), *map(Text, plan.values(job)), *cells)
     return table
@@ -470,6 +352,10 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
     states = [r["status"] for r in rows]
     console.print(f"{_runs(len(states))}: {_counts(states)}; index: {plan.sweep_dir / INDEX}; "
                   f"compare them with: normbench report {plan.sweep_dir}", soft_wrap=True)
+    if returncode in {exit_code(sig) for sig in SIGNALS}:
+        console.print(f"[yellow]interrupted[/yellow] by signal {returncode - 128}: run the same command again to "
+                      "resume (runs cut short continue from their checkpoints)", soft_wrap=True)
+        return returncode
     if returncode != 0:
         lines = [line for line in (plan.sweep_dir / LOG).read_text(encoding="utf-8", errors="replace").splitlines()
                  if line.strip()]
@@ -489,12 +375,31 @@ def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float) -> 
         log.flush()
         # Its own process group: Ctrl-C or the death of this process stops every job it started.
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
+        previous = _forward_stop_signals(proc)
         try:
             _watch(plan, proc, console, poll_s)
         except KeyboardInterrupt:
             _stop(proc)
             raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return proc.returncode
+
+
+def _forward_stop_signals(proc: subprocess.Popen) -> dict:
+    """SIGTERM/SIGUSR1 to the sweep command (a preempted SLURM job, say) go on to every job, which
+    checkpoints and exits; the watch goes on until they have. Returns the handlers to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def forward(signum, frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    return {sig: signal.signal(sig, forward) for sig in SIGNALS}
 
 
 def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float) -> None:

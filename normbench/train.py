@@ -24,17 +24,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from normbench import distributed
+from normbench import checkpoint, distributed
 from normbench.causality import causal_leak
 from normbench.data import build_dataset
 from normbench.errors import ConfigError
 from normbench.model import GPT, leaves_no_trace
-from normbench.runs import RunDir
+from normbench.runs import METRICS, RunDir
+from normbench.preemption import StopSignals
 from normbench.perf import PeakMemory, StepTimer, flops_per_token, peak_flops
 from normbench.sinks import MetricSinks
 from normbench.diagnostics import LayerStats, global_grad_norm
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+RESUME = ("auto", "never")
 LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
 
 
@@ -61,6 +63,9 @@ class TrainConfig:
     progress: bool = True
     compile: bool = False  # torch.compile the model for training; falls back to eager with a message
     tf32: bool = True  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
+    checkpoint_every: int | None = None  # steps between checkpoints; None: every eval_every; 0 turns them off
+    resume: str = "auto"  # auto: continue from the run directory's checkpoint of this config; never: start fresh
+    save_model: bool = False  # keep the final weights as model.pt
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
@@ -76,6 +81,10 @@ class TrainConfig:
         for key in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"train.{key} must be in [0, 1), got {getattr(self, key)}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise ConfigError(f"train.checkpoint_every must be >= 0 (0 turns checkpoints off), got {self.checkpoint_every}")
+        if self.resume not in RESUME:
+            raise ConfigError(f"unknown train.resume '{self.resume}'", allowed=RESUME)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown train.precision '{self.precision}'", allowed=list(PRECISIONS))
 
@@ -236,6 +245,66 @@ class Run:
         tokens = self.val[0][0][:4]
         return {mode: causal_leak(self.model, tokens, self.data.vocab_size, mode == "train") for mode in ("train", "eval")}
 
+    def checkpoint_state(self) -> dict:
+        """Model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG streams, for a checkpoint.
+        A collective under torchrun: every rank's dropout RNG is gathered."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "batch_gen": self.batch_gen.get_state(),
+            "rng": distributed.gather(checkpoint.rng_state(self.device)),
+        }
+
+    def restore(self, saved: dict, console: Console) -> None:
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.scaler.load_state_dict(saved["scaler"])
+        self.batch_gen.set_state(saved["batch_gen"])
+        rngs, rank = saved["rng"], distributed.rank()
+        if len(rngs) != distributed.world_size() and distributed.is_main():
+            console.print(f"[yellow]resuming with {distributed.world_size()} processes a checkpoint of {len(rngs)}: "
+                          "dropout draws differ from an uninterrupted run[/yellow]")
+        if rank < len(rngs):
+            checkpoint.set_rng_state(rngs[rank], self.device)
+        else:
+            torch.manual_seed(self.cfg.seed + rank + 7919 * saved["step"])
+
+
+def resume_point(state: Run, config_hash: str | None, console: Console) -> dict | None:
+    """The checkpoint this run continues from (train.resume=auto), or None: a fresh start.
+
+    Rank 0 reads the run directory and hands what it found to the other ranks. A damaged
+    checkpoint, or a metrics.jsonl shorter than the checkpoint says, means a fresh start
+    with a warning; a checkpoint of another config is an error (never mixed into this run).
+    """
+    saved = None
+    if distributed.is_main():
+        warn = lambda message: console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True, highlight=False)  # noqa: E731
+        if state.tcfg.resume == "auto":
+            saved = checkpoint.load(state.dir.path, warn)
+        metrics = state.dir.path / METRICS
+        if saved is not None and saved["config_hash"] == config_hash:
+            have = metrics.stat().st_size if metrics.exists() else 0
+            if have < saved["metrics_bytes"]:
+                warn(f"{metrics} is shorter ({have} bytes) than at the checkpoint of step {saved['step']} "
+                     f"({saved['metrics_bytes']} bytes); starting afresh")
+                saved = None
+        if saved is None:
+            state.dir.remove_checkpoints()
+    saved = distributed.broadcast(saved)
+    if saved is not None and saved["config_hash"] != config_hash:
+        raise ConfigError(
+            f"{state.dir.path} holds a checkpoint (step {saved['step']}) of another config (hash {saved['config_hash']}, "
+            f"this run's is {config_hash}): give this run its own directory (hydra.run.dir=...) or start it over "
+            "there with train.resume=never"
+        )
+    if saved is not None:
+        state.restore(saved, console)
+    return saved
+
 
 def _progress(console: Console, enabled: bool) -> Progress:
     return Progress(
@@ -260,22 +329,60 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
     tcfg = state.tcfg
     if state.compile_error:
         console.print(f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]", soft_wrap=True)
+    config_hash = config_hash or getattr(run, "config_hash", None)
+    resumed = resume_point(state, config_hash, console)
     stats = LayerStats(state.model) if tcfg.stats_every else None
-    sinks = MetricSinks(state.dir.path, run.logger, enabled=distributed.is_main())
+    sinks = MetricSinks(state.dir.path, run.logger, enabled=distributed.is_main(),
+                        resume_at=(resumed["metrics_bytes"], resumed["step"]) if resumed else None)
     tokens_per_step = tcfg.batch_size * run.model.block_size
     timer = StepTimer(warmup_steps=min(tcfg.log_every, tcfg.steps // 5))
     status, error = "completed", None
     val_losses: list[float] = []
     grad_norms: list[float] = []
-    step = 0
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+    step = start = 0
+    every = tcfg.eval_every if tcfg.checkpoint_every is None else tcfg.checkpoint_every
+    earlier_s, resumed_at = 0.0, []  # wall time and resume steps of the processes before this one
+    if resumed:
+        loop = resumed["loop"]
+        step = start = resumed["step"]
+        val_losses, grad_norms, timer.times = loop["val_losses"], loop["grad_norms"], loop["step_times"]
+        pending = [tuple(row.to(state.device)) for row in loop["pending"]]
+        earlier_s, resumed_at = loop["wall_s"], [*loop["resumed_at"], start]
+        if distributed.is_main():
+            console.print(f"resuming at step {start} from the checkpoint in {state.dir.path}", highlight=False)
+
+    def save_checkpoint(done: int) -> None:
+        loop = {
+            "val_losses": val_losses, "grad_norms": grad_norms, "step_times": timer.times,
+            "pending": torch.stack([torch.stack(p) for p in pending]) if pending else torch.empty(0, 2),
+            "wall_s": earlier_s + time.perf_counter() - started, "resumed_at": resumed_at,
+        }
+        saved = {**state.checkpoint_state(), "step": done, "config_hash": config_hash,
+                 "metrics_bytes": sinks.position(), "loop": loop}
+        if distributed.is_main():
+            try:
+                checkpoint.save(state.dir.path, saved)
+            except OSError as err:  # a full disk costs the checkpoint, not the run
+                console.print(f"[yellow]warning:[/yellow] checkpoint at step {done} not written: {err}", highlight=False)
+
     try:
-        val_losses.append(state.evaluate())
-        sinks.log({"kind": "eval", "step": 0, "val_loss": val_losses[-1]})
-        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if resumed is None:
+            val_losses.append(state.evaluate())
+            sinks.log({"kind": "eval", "step": 0, "val_loss": val_losses[-1]})
         timer.resume()
-        with _progress(console, tcfg.progress and distributed.is_main()) as bar:
-            task = bar.add_task("train", total=tcfg.steps, loss="-", tps="-", gnorm="-")
-            for step in range(1, tcfg.steps + 1):
+        with _progress(console, tcfg.progress and distributed.is_main()) as bar, StopSignals() as stop:
+            task = bar.add_task("train", total=tcfg.steps, completed=start, loss="-", tps="-", gnorm="-")
+            for step in range(start + 1, tcfg.steps + 1):
+                # The end of step - 1: checkpoint when due, or when a stop signal came (SLURM preemption).
+                done = step - 1
+                stopping = stop.requested(done, tcfg.log_every, state.device)
+                if stopping or (every and done > start and done % every == 0):
+                    save_checkpoint(done)
+                    if stopping:
+                        status, step = "interrupted", done
+                        break
+                    timer.resume()
                 lr = state.scheduler.get_last_lr()[0]
                 # The gradients of update `step` are taken after step - 1 updates: that is their label.
                 collect = stats is not None and (step - 1) % tcfg.stats_every == 0
@@ -317,6 +424,13 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
             console.print(traceback.format_exc(), markup=False, highlight=False)
     finally:
         sinks.close()
+    if status == "interrupted":
+        try:
+            stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
+        except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
+            console.print(f"[yellow]not requeued[/yellow]: {err}", highlight=False)
+        return {"status": "interrupted", "steps": step, "signal": stop.received,
+                "checkpoint": str(state.dir.path / checkpoint.CHECKPOINT)}
 
     leak = state.probe() if status != "failed" else {"train": None, "eval": None}
     finite_vals = [v for v in val_losses if math.isfinite(v)]
@@ -343,7 +457,8 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "peak_flops_source": peak_source,
         "max_grad_norm": max(finite_norms) if finite_norms else None,
         "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms)) if grad_norms and tcfg.grad_clip > 0 else 0.0,
-        "wall_s": time.perf_counter() - started,
+        "wall_s": earlier_s + time.perf_counter() - started,
+        "resumed_at": resumed_at,
         "steps": step,
         "params": state.model.num_params(),
         "vocab_size": state.data.vocab_size,
@@ -356,7 +471,10 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "env": environment(state.device),
     }
     if distributed.is_main():
+        if tcfg.save_model and status != "failed":
+            checkpoint.save_weights(state.dir.path, state.model)
         state.dir.write_summary(summary)
+        state.dir.remove_checkpoints()  # the summary is the result now
     return summary
 
 

@@ -64,6 +64,8 @@ BAD_INPUTS = [
     (["data=text"], 2, "data=text needs a file: data.path="),
     (["data=text", "data.path=/nonexistent/file.txt"], 2, "data.path: no such file: /nonexistent/file.txt"),
     (["norm=gn", "norm.groups=5"], 2, "norm.groups=5 must divide the model width"),
+    (["train.checkpoint_every=-5"], 2, "train.checkpoint_every must be >= 0 (0 turns checkpoints off), got -5"),
+    (["train.resume=maybe"], 2, "unknown train.resume 'maybe'; allowed: auto, never"),
 ]
 
 

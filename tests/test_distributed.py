@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,38 @@ def test_sync_is_a_batchnorm_option_only():
     with pytest.raises(ConfigError, match="norm 'ln' has no option sync"):
         build_norm("ln", 4, sync=True)
     assert compose_cfg(["norm=bn"]).norm.sync is True
+
+
+def test_two_ranks_stopped_by_sigterm_resume_exactly(tmp_path):
+    """torchrun passes SIGTERM to both ranks; they agree on a step, checkpoint (every rank's dropout RNG)
+    and exit; the same command resumes both ranks from rank 0's file and ends as an uninterrupted run."""
+    run = ["model.dropout=0.1", "train.steps=30", "train.eval_every=10", "train.log_every=2"]
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "resume").mkdir()
+    torchrun(tmp_path / "ref", *run, "train.checkpoint_every=0", f"hydra.run.dir={tmp_path / 'ref' / 'run'}")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "normbench",
+           "train", *TINY, *CORPUS, "train.threads=1", *run, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + TIMEOUT_S
+        while not (run_dir / "checkpoint.pt").exists():
+            assert proc.poll() is None and time.time() < deadline, "no checkpoint came"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            for pid in [*_descendants(proc.pid), proc.pid]:
+                os.kill(pid, signal.SIGKILL)
+            proc.wait()
+    assert not (run_dir / "summary.json").exists(), out
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert len(saved["rng"]) == 2 and saved["step"] >= 10
+    torchrun(tmp_path / "resume", *run, f"hydra.run.dir={run_dir}")
+    timing = ("tokens_per_s", "step_ms")
+    strip = lambda d: [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(d)]  # noqa: E731
+    assert strip(run_dir) == strip(tmp_path / "ref" / "run")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_at"] and summary["world_size"] == 2

@@ -21,7 +21,8 @@ from normbench import job as job_module
 from normbench.config import conf_dir, config_hash, group_options
 from normbench.errors import ConfigError
 from normbench.runs import RunDir
-from normbench.sweep import available_cpus, job_threads, plan_sweep, read_index, run_sweep
+from normbench.job import available_cpus, job_threads
+from normbench.sweep import plan_sweep, read_index, run_sweep
 
 from conftest import TINY, compose_cfg, run_cli
 
@@ -325,7 +326,7 @@ def test_submitit_local_launcher(tmp_path, monkeypatch):
 
 
 def test_job_threads_rule(monkeypatch):
-    monkeypatch.setattr("normbench.sweep.available_cpus", lambda: 16)
+    monkeypatch.setattr("normbench.job.available_cpus", lambda: 16)
     assert job_threads({"n_jobs": 4}) == 4
     assert job_threads({"n_jobs": 32}) == 1
     assert job_threads({"n_jobs": -1}) == 1

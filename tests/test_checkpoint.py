@@ -1,0 +1,325 @@
+"""Checkpoints and exact resume: a run stopped anywhere and resumed ends as if never stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import io
+import threading
+
+import pytest
+import torch
+from rich.console import Console
+
+from normbench import checkpoint
+from normbench.config import parse_config
+from normbench.errors import ConfigError
+from normbench.model import GPT
+from normbench.runs import read_index
+from normbench.sinks import MetricSinks
+from normbench.sweep import run_sweep
+from normbench.train import train
+
+from conftest import compose_cfg, read_metrics, run_cli, tiny, train_tiny
+
+TIMING = ("tokens_per_s", "step_ms")  # wall-clock figures: the only fields two identical runs may differ in
+LOSSES = ("status", "final_val_loss", "best_val_loss", "max_grad_norm", "clip_fraction", "steps", "params")
+# Checkpoints every 10 steps (every eval), statistics every 4, train records every 5: the cadences cross.
+# One thread: the test machine is shared, and more threads than free cores is slower, not faster.
+RUN = ("train.stats_every=4", "train.threads=1")
+VARIANTS = {"ln-dropout": ("model.dropout=0.1",), "bn-dropout": ("norm=bn", "model.dropout=0.1")}
+# A record logged during each step the tests stop at (train records every 5 steps, statistics
+# at steps 1, 5, 9, 13, ... labelled with the step before).
+RECORD_IN_STEP = {5: ("train", 5), 10: ("train", 10), 13: ("stats", 12), 15: ("train", 15)}
+
+
+def curve(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir)]
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    """Bit for bit the reference's losses, every record once, and no checkpoint left behind."""
+    got, want = curve(run_dir), curve(reference)
+    assert got == want
+    keys = [(r["kind"], r["step"]) for r in got]
+    assert len(keys) == len(set(keys)), "a record appears twice"
+    assert {k: summary(run_dir)[k] for k in LOSSES} == {k: summary(reference)[k] for k in LOSSES}
+    assert not (run_dir / "checkpoint.pt").exists() and not (run_dir / "checkpoint.prev.pt").exists()
+
+
+def signal_at(monkeypatch, step: int, sig=signal.SIGTERM) -> None:
+    """Send ``sig`` to this very process during step ``step``: a real signal at a known step (the
+    loop notes it and stops at the end of that step)."""
+    log, when = MetricSinks.log, RECORD_IN_STEP[step]
+
+    def log_and_signal(self, record):
+        log(self, record)
+        if (record.get("kind"), record.get("step")) == when:
+            os.kill(os.getpid(), sig)
+
+    monkeypatch.setattr(MetricSinks, "log", log_and_signal)
+
+
+def crash_at(monkeypatch, step: int) -> None:
+    """Stop the process dead in step ``step`` (KeyboardInterrupt passes through train untouched): what
+    is on disk afterwards is what a kill -9 there leaves, the torn line apart."""
+    log = MetricSinks.log
+
+    def log_and_die(self, record):
+        log(self, record)
+        if record.get("kind") == "train" and record.get("step") == step:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(MetricSinks, "log", log_and_die)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """An uninterrupted run without checkpoints per variant, made when first asked for."""
+    made = {}
+
+    def get(variant: str) -> tuple[tuple, Path]:
+        if variant not in made:
+            overrides = (*RUN, *VARIANTS[variant])
+            run_dir = tmp_path_factory.mktemp(variant)
+            train_tiny(run_dir, *overrides, "train.checkpoint_every=0")
+            made[variant] = overrides, run_dir
+        return made[variant]
+
+    return get
+
+
+def test_checkpoints_do_not_change_the_run(references, tmp_path):
+    overrides, ref = references("ln-dropout")
+    train_tiny(tmp_path, *overrides)  # checkpoints every 10 steps, removed at the end
+    assert_same_run(tmp_path, ref)
+
+
+# Right at a checkpoint, and between two (BatchNorm's running statistics and dropout's RNG restored).
+@pytest.mark.parametrize("variant, stop_at", [("ln-dropout", 10), ("bn-dropout", 13)])
+def test_sigterm_checkpoints_at_the_end_of_the_step_and_resume_is_exact(references, tmp_path, monkeypatch, variant, stop_at):
+    overrides, ref = references(variant)
+    with monkeypatch.context() as m:
+        signal_at(m, stop_at)
+        out = train_tiny(tmp_path, *overrides)
+    assert out["status"] == "interrupted" and out["steps"] == stop_at and out["signal"] == signal.SIGTERM
+    assert not (tmp_path / "summary.json").exists()  # not a result: the sweep sees an interrupted run
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # plain tensors, numbers, strings
+    assert saved["step"] == stop_at
+    assert stop_at - 1 <= max(r["step"] for r in read_metrics(tmp_path)) <= stop_at  # nothing logged after it
+    if "norm=bn" in overrides:
+        assert any(k.endswith("running_var") for k in saved["model"])
+    out = train_tiny(tmp_path, *overrides)
+    assert out["resumed_at"] == [stop_at]
+    assert_same_run(tmp_path, ref)
+
+
+def test_a_kill_resumes_from_the_last_checkpoint_and_cuts_the_log_back(references, tmp_path, monkeypatch):
+    overrides, ref = references("bn-dropout")
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        crash_at(m, 15)  # checkpointed at 10; the records of steps 11-15 are on disk
+        train_tiny(tmp_path, *overrides)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "tra')  # and the kill tore a line
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 10
+    out = train_tiny(tmp_path, *overrides)
+    assert out["resumed_at"] == [10]
+    assert_same_run(tmp_path, ref)
+
+
+def test_damaged_checkpoints_fall_back_to_the_previous_one_then_to_a_fresh_start(references, tmp_path, monkeypatch, capsys):
+    overrides, ref = references("ln-dropout")
+    with monkeypatch.context() as m:
+        signal_at(m, 13)
+        train_tiny(tmp_path, *overrides)
+    newest, previous = tmp_path / "checkpoint.pt", tmp_path / "checkpoint.prev.pt"
+    assert torch.load(previous, weights_only=True)["step"] == 10
+
+    # Truncated: unreadable. The previous checkpoint (step 10) is used, with a warning.
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    assert checkpoint.load(tmp_path, warn=print)["step"] == 10
+    assert "unreadable" in capsys.readouterr().out
+
+    # One flipped byte inside a tensor's data still loads; the checksum catches it.
+    data = bytearray(previous.read_bytes())
+    weights = torch.load(previous, weights_only=True)["model"]["tok_emb.weight"]
+    at = bytes(data).find(weights.numpy().tobytes()[:64])
+    assert at > 0
+    data[at + 3] ^= 0x10
+    previous.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(previous, weights_only=True)["model"]["tok_emb.weight"], weights)
+    warnings = []
+    assert checkpoint.load(tmp_path, warn=warnings.append) is None
+    assert "checksum" in warnings[-1]
+
+    # Both damaged: the run starts afresh, says so, and still ends exactly as the reference.
+    out = train_tiny(tmp_path, *overrides)
+    assert out["resumed_at"] == []
+    assert "not resuming from it" in capsys.readouterr().err
+    assert_same_run(tmp_path, ref)
+
+
+def test_a_checkpoint_of_another_config_is_refused_and_resume_never_starts_afresh(tmp_path, monkeypatch):
+    with monkeypatch.context() as m:
+        signal_at(m, 5)
+        train_tiny(tmp_path, *RUN, "train.lr=1e-3")
+    with pytest.raises(ConfigError, match="another config.*train.resume=never"):
+        train_tiny(tmp_path, *RUN, "train.lr=2e-3")
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 5  # left as it was
+    out = train_tiny(tmp_path, *RUN, "train.lr=2e-3", "train.resume=never")
+    assert out["status"] == "completed" and out["resumed_at"] == []
+    steps = [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
+    assert steps == [0, 10, 20]
+
+
+def test_save_model_keeps_the_final_weights(tmp_path):
+    train_tiny(tmp_path, *RUN, "train.save_model=true")
+    run = parse_config(compose_cfg(tiny()))
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    model = GPT(run.model, 64, run.norm, run.placement)
+    model.load_state_dict(state)  # every weight and buffer, nothing else
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_submitit_requeue_hook_runs_after_the_checkpoint(tmp_path, monkeypatch):
+    """The handler that was there before ours (submitit's checkpoint-and-requeue on SIGUSR2) is called
+    once the checkpoint is on disk, and what it does (requeue, exit) is left to it."""
+    calls = []
+
+    def submitit_handler(signum, frame):
+        calls.append((signum, torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"]))
+        raise SystemExit(144)  # submitit's local requeue exit code
+
+    previous = signal.signal(signal.SIGUSR2, submitit_handler)
+    try:
+        with monkeypatch.context() as m, pytest.raises(SystemExit):
+            signal_at(m, 5, sig=signal.SIGUSR2)
+            train_tiny(tmp_path, *RUN)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert calls == [(signal.SIGUSR2, 5)]
+    assert signal.getsignal(signal.SIGUSR2) is previous
+
+
+# ----------------------------------------------------------------------------- real processes, real signals
+
+CLI_RUN = tiny("model=micro", "train.steps=40", "train.log_every=1", "train.eval_every=10", "train.threads=1",
+               "train.stats_every=0", "model.dropout=0.1")
+
+
+def _wait_for(predicate, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        time.sleep(0.01)
+    pytest.fail("timed out")
+
+
+def _last_step(run_dir: Path) -> int:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return max((json.loads(line)["step"] for line in lines if line.endswith("}")), default=-1)
+    except (OSError, ValueError):
+        return -1
+
+
+def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp_path):
+    ref = tmp_path / "ref"
+    train_tiny(ref, *CLI_RUN, "train.checkpoint_every=0")  # in this process: the same computation
+    args = ["train", *CLI_RUN]
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "normbench", *args, f"hydra.run.dir={run_dir}"]
+    rng = __import__("random").Random(0)
+
+    # kill -9 right after the first checkpoint, then mid-way between two, at a random step each time.
+    stops = [lambda: (run_dir / "checkpoint.pt").exists(),
+             lambda: _last_step(run_dir) >= 20 + rng.randrange(1, 9)]
+    for ready in stops:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for(ready, proc)
+        proc.kill()
+        proc.wait()
+    assert not (run_dir / "summary.json").exists()
+
+    # SIGTERM: a checkpoint at the end of the step, exit code 128 + 15, the log ends at that step.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: _last_step(run_dir) >= 31 + rng.randrange(0, 5), proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "interrupted" in out and "Traceback" not in out
+    stopped = torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"]
+    assert _last_step(run_dir) == stopped
+
+    result = run_cli(*args, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    assert f"resuming at step {stopped}" in result.stderr
+    resumed_at = summary(run_dir)["resumed_at"]
+    assert len(resumed_at) == 3 and resumed_at[-1] == stopped
+    assert_same_run(run_dir, ref)
+
+
+def test_a_sweep_stopped_by_sigterm_lists_the_run_as_interrupted_and_resumes_it(tmp_path, monkeypatch):
+    """SIGTERM to the sweep command (SLURM preempting the job that runs it, say) goes on to the job,
+    which checkpoints; the index says where it will resume, and the same command resumes it there."""
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sw"
+    common = [*tiny("train.threads=1", "train.steps=30"), f"hydra.sweep.dir={sweep_dir}"]
+    grid = ["seed=0,1", *common]
+
+    def stop_when_checkpointed():
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(sweep_dir.glob("*/checkpoint.pt")):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # this process runs the sweep command
+
+    threading.Thread(target=stop_when_checkpointed, daemon=True).start()
+    out = io.StringIO()
+    code = run_sweep(grid, console=Console(file=out, width=200), poll_s=0.1)
+    assert code == 128 + signal.SIGTERM, out.getvalue()
+    assert "interrupted" in out.getvalue() and "run the same command again" in out.getvalue()
+    rows = {r["status"]: r for r in read_index(sweep_dir)}
+    interrupted = rows["interrupted"]
+    step = int(interrupted["resume_step"])
+    assert step >= 10 and "pending" in rows  # the basic launcher started no other job after it
+
+    out = io.StringIO()
+    run_sweep(grid, console=Console(file=out, width=200), dry_run=True)
+    assert f"interrupted → resume at step {step}" in out.getvalue()
+    code = run_sweep(grid, console=Console(file=io.StringIO(), width=200), poll_s=0.1)
+    assert code == 0
+    assert [r["status"] for r in read_index(sweep_dir)] == ["completed", "completed"]
+    run_dir = sweep_dir / interrupted["run_dir"]
+    assert summary(run_dir)["resumed_at"] == [step]
+    seed = interrupted["overrides"].split("seed=")[1].split()[0]
+    train_tiny(tmp_path / "ref", "train.threads=1", "train.steps=30", f"seed={seed}")
+    assert_same_run(run_dir, tmp_path / "ref")
+
+
+def test_the_cli_refuses_another_configs_checkpoint_before_writing_anything(tmp_path, monkeypatch):
+    with monkeypatch.context() as m:
+        signal_at(m, 5)
+        from normbench.job import run_job
+
+        cfg = compose_cfg(tiny(*RUN))
+        with pytest.raises(SystemExit) as exit_:
+            run_job(cfg, str(tmp_path), multirun=False)
+    assert exit_.value.code == 128 + signal.SIGTERM
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    result = run_cli("train", *tiny(*RUN, "train.lr=1e-4"), f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2 and "holds a checkpoint of another config" in result.stderr
+    assert "Traceback" not in result.stderr
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != "normbench.log"}
+    assert after == {k: v for k, v in before.items() if k != "normbench.log"}  # nothing written, nothing lost
