@@ -28,11 +28,11 @@ from normbench import distributed
 from normbench.causality import causal_leak
 from normbench.data import build_dataset
 from normbench.errors import ConfigError
-from normbench.model import GPT, leaves_no_trace
+from normbench.model import GPT, leaves_no_trace, z_loss
 from normbench.runs import RunDir
 from normbench.perf import StepTimer, flops_per_token, peak_flops, peak_memory_mb
 from normbench.sinks import MetricSinks
-from normbench.diagnostics import LayerStats, global_grad_norm
+from normbench.diagnostics import PEAKS, LayerStats, global_grad_norm
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
@@ -61,12 +61,13 @@ class TrainConfig:
     progress: bool = True
     compile: bool = False  # torch.compile the model for training; falls back to eager with a message
     tf32: bool = True  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
+    z_loss: float = 0.0  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}")
-        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup_steps", "threads", "stats_every"):
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup_steps", "threads", "stats_every", "z_loss"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
         if self.lr == 0:
@@ -187,6 +188,7 @@ class Run:
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.tcfg.eval_batches, self.tcfg.batch_size)]
         self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
         self.compile_error = None
+        self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
         if self.tcfg.compile:
             self.step_model, self.compile_error = compile_model(self.step_model, self.model, *self.val[0], self.autocast)
 
@@ -198,8 +200,11 @@ class Run:
         if stats:
             stats.begin()
         with self.autocast:
-            _, loss = self.step_model(x, y)
-        self.scaler.scale(loss).backward()
+            logits, loss = self.step_model(x, y)
+        # train_loss stays the cross-entropy; the z term is kept apart for its own log entry.
+        z_term = self.tcfg.z_loss * z_loss(logits) if self.tcfg.z_loss else None
+        self.scaler.scale(loss if z_term is None else loss + z_term).backward()
+        self.z_term = None if z_term is None else z_term.detach()
         self.scaler.unscale_(self.optimizer)  # true gradients for clipping and statistics
         if stats:
             stats.after_backward()
@@ -277,13 +282,13 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
                 loss, grad_norm = state.train_step(stats if collect else None)
                 if collect:
                     sinks.log(stats.record(step - 1, grad_norm, tcfg.grad_clip))
-                pending.append((loss, grad_norm))
+                pending.append((loss, grad_norm) if state.z_term is None else (loss, grad_norm, state.z_term))
                 timer.tick()
                 if step % tcfg.log_every and step != tcfg.steps:
                     continue
                 # The one host sync of the window (and the one all-reduce: every rank sees the same losses).
                 window = distributed.all_mean(torch.stack([torch.stack(p) for p in pending]).float())
-                losses, norms = window.T.tolist()
+                losses, norms, *z_terms = window.T.tolist()
                 grad_norms += norms
                 window_s = sum(timer.times[-len(pending):])
                 train_loss = sum(losses) / len(losses)
@@ -291,6 +296,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
                 sinks.log({
                     "kind": "train", "step": step, "train_loss": train_loss, "lr": lr, "grad_norm": norms[-1],
                     "tokens_per_s": tps, "step_ms": 1000 * window_s / len(pending), "tokens": step * tokens_per_step,
+                    **({"z_loss": sum(z_terms[0]) / len(z_terms[0])} if z_terms else {}),
                 })
                 bar.update(task, completed=step, loss=f"{train_loss:.3f}", tps=f"{tps:,.0f}", gnorm=f"{norms[-1]:.2f}")
                 pending = []
@@ -337,6 +343,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "peak_flops": peak,  # per device
         "peak_flops_source": peak_source,
         "max_grad_norm": max(finite_norms) if finite_norms else None,
+        **(stats.peaks if stats else dict.fromkeys(PEAKS)),  # max_attn_logit, max_log_z over the statistics steps
         "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms)) if grad_norms and tcfg.grad_clip > 0 else 0.0,
         "wall_s": time.perf_counter() - started,
         "steps": step,
