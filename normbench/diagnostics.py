@@ -194,7 +194,8 @@ class LayerStats:
         total = flat["grad_norm"]
         attn_max = [layer["max_attn_logit"] for layer in layers if layer["max_attn_logit"] is not None]
         logits = {
-            "max_attn_logit": max(attn_max) if attn_max else None,
+            # A NaN in any layer is the answer (a diverging run), whatever its order among the layers.
+            "max_attn_logit": (math.nan if any(map(math.isnan, attn_max)) else max(attn_max)) if attn_max else None,
             **{key: flat.get(key) for key in ("mean_log_z", "max_log_z", "max_output_logit")},
         }
         for key in PEAKS:
