@@ -16,7 +16,10 @@ of normbench's ``Run.train_step`` (statistics at the default cadence) and of the
 bare step, taking turns in one process, which cancels the drift a shared machine
 shows over minutes; it prints the ratio and its spread over the rounds. Usage:
 
-    python benchmarks/train_throughput.py [--rounds 3] [--steps 150] [OVERRIDES...]
+    python benchmarks/train_throughput.py [--rounds 3] [--steps 150] [--statistics-only] [OVERRIDES...]
+
+``--statistics-only`` prints the price of one statistics step and nothing else (a minute
+where the whole comparison takes several).
 """
 
 from __future__ import annotations
@@ -146,6 +149,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--statistics-only", action="store_true", help="only price a statistics step")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the model/data/train config")
     args = parser.parse_args()
     base = [f"train.steps={args.steps}", "train.progress=false", "train.device=cpu", "train.eval_every=100000", *args.overrides]
@@ -160,6 +164,11 @@ def main() -> None:
         raise SystemExit(f"train_throughput.py: compares the loops on the CPU only, got train.device="
                          f"{bare_run.train.device}. On a GPU: normbench train train.device=cuda (tokens/s, MFU) "
                          "and normbench bench --device cuda.")
+    console = Console()
+    if args.statistics_only:
+        with paired_steps(bare_run) as (steps, _):
+            price_statistics(console, steps, bare_run.train.stats_every)
+        return
     warmup = min(10, args.steps // 5)
     seconds: dict[str, list[float]] = {"bare": [], "normbench": [], "no-stats": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,13 +186,12 @@ def main() -> None:
         table.add_column(col, justify="right")
     for name, value in tps.items():
         table.add_row(name, f"{value:,.0f}", f"{value / tps['bare']:.3f}")
-    console = Console()
     console.print(table)
     console.print(f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of throughput")
     with paired_steps(bare_run) as (steps, _):
         rounds = alternate({name: steps[name] for name in ("bare", "normbench")})
         ops = {name: aten_ops(steps[name]) for name in ("bare", "plain")}
-        priced = alternate({name: steps[name] for name in ("plain", "statistics")}, rounds=10, block=2) if "statistics" in steps else None
+        price_statistics(console, steps, bare_run.train.stats_every)
     bare, nb = (statistics.fmean(rounds[name]) for name in ("bare", "normbench"))
     ratios = sorted(b / n for b, n in zip(rounds["bare"], rounds["normbench"]))
     quartiles = statistics.quantiles(ratios, n=4)
@@ -195,12 +203,18 @@ def main() -> None:
     console.print(f"ATen ops in 10 steps (torch.profiler): bare {sum(ops['bare'].values()):,}, normbench "
                   f"{sum(ops['plain'].values()):,}; normbench's extra: {dict(extra) or 'none'}; "
                   f"bare's extra: {dict(missing) or 'none'}")
-    if priced:
-        plain, with_stats = (statistics.fmean(priced[name]) for name in ("plain", "statistics"))
-        every = bare_run.train.stats_every
-        console.print(f"a statistics step takes {1000 * (with_stats - plain):.1f} ms more than a plain one "
-                      f"({1000 * plain:.1f} ms): {100 * (with_stats - plain) / (every * plain):.2f}% of throughput "
-                      f"at train.stats_every={every}")
+
+
+def price_statistics(console: Console, steps: dict, every: int) -> None:
+    """Statistics steps and plain steps taking turns: what one statistics step costs, and its share at the cadence."""
+    if "statistics" not in steps:
+        return
+    priced = alternate({name: steps[name] for name in ("plain", "statistics")}, rounds=10, block=2)
+    plain, with_stats = (statistics.fmean(priced[name]) for name in ("plain", "statistics"))
+    extra = sorted(s - p for s, p in zip(priced["statistics"], priced["plain"]))
+    console.print(f"a statistics step takes {1000 * (with_stats - plain):.1f} ms more than a plain one "
+                  f"({1000 * plain:.1f} ms; per round: median {1000 * statistics.median(extra):.1f} ms): "
+                  f"{100 * (with_stats - plain) / (every * plain):.2f}% of throughput at train.stats_every={every}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from normbench.data import DataConfig
 from normbench.errors import ConfigError
 from normbench.model import ModelConfig
 from normbench.norms import NORMS
-from normbench.placements import PLACEMENTS, placement_class
+from normbench.placements import PLACEMENTS, placement_options
 from normbench.train import TrainConfig
 
 
@@ -54,10 +54,7 @@ def parse_config(cfg: DictConfig) -> RunConfig:
     placement = OmegaConf.to_container(cfg.placement, resolve=True)
     if norm.get("name") not in NORMS:
         raise ConfigError(f"unknown norm '{norm.get('name')}'", allowed=sorted(NORMS))
-    placement_class(placement.get("name"))
-    unknown = sorted(set(placement) - {"name", "final_norm"})
-    if unknown:
-        raise ConfigError(f"placement has no option {', '.join(unknown)}", allowed=["placement.final_norm"])
+    placement_options(placement)  # an unknown placement, option or option value fails here
     try:
         seed = int(cfg.seed)
     except (TypeError, ValueError):

@@ -1,4 +1,5 @@
-"""Training diagnostics: per-layer gradient, weight and update norms, residual RMS, norm gains.
+"""Training diagnostics: per-layer gradient, weight and update norms, residual RMS, norm gains,
+attention logits and entropy, and the output logits' log-partition.
 
 On a statistics step (step 0, then every ``train.stats_every`` steps) the training
 loop calls ``begin()`` before the forward pass, ``after_backward()`` once the
@@ -8,9 +9,17 @@ Nothing here changes the training: it reads parameters, gradients and activation
 
 Step labels follow Xiong et al. 2020: the record for step s holds the gradients at
 the parameters after s updates, so step 0 is the first batch at initialization.
+
+The logits are the two instabilities of Wortsman et al. 2023: attention logits that
+grow until attention is one-hot (``max_attn_logit``, fixed by QK-norm) and output
+logits that drift (``max_log_z``, fixed by z-loss). SDPA never materializes the
+attention logits, so a statistics step computes them once more from the layer's own
+q and k (``CausalSelfAttention.heads``): one extra q·kᵀ per layer, on that step only.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -32,8 +41,37 @@ def global_grad_norm(params) -> torch.Tensor:
 
 
 def _norm_modules(module: nn.Module) -> dict[str, nn.Module]:
-    """A block's norms: its direct children named norm_* (the placements' convention)."""
-    return {name: child for name, child in module.named_children() if name.startswith("norm")}
+    """A block's norms: its direct children named norm_* (the placements' convention) and QK-norm's."""
+    norms = {name: child for name, child in module.named_children() if name.startswith("norm")}
+    attn = getattr(module, "attn", None)
+    if getattr(attn, "qk_norm", False):
+        norms.update(q_norm=attn.q_norm, k_norm=attn.k_norm)
+    return norms
+
+
+def attention_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The logits SDPA would softmax, q·kᵀ / sqrt(head_dim) in float32, the future at -inf."""
+    T = q.shape[-2]
+    logits = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    return logits.masked_fill(future, float("-inf"))
+
+
+def attention_stats(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(largest attention logit, mean entropy in nats of each query's attention distribution)."""
+    logits = attention_logits(q, k)
+    entropy = torch.special.entr(logits.softmax(-1)).sum(-1).mean()
+    return logits.amax(), entropy
+
+
+def output_logit_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """log Z = logsumexp of each token's output logits (mean and max), and the largest logit."""
+    log_z = logits.detach().float().logsumexp(-1)
+    return {"mean_log_z": log_z.mean(), "max_log_z": log_z.max(), "max_output_logit": logits.detach().amax().float()}
+
+
+# The run-level peaks summary.json carries: the largest value any statistics step saw.
+PEAKS = ("max_attn_logit", "max_log_z")
 
 
 def _gain(norm: nn.Module) -> torch.Tensor | None:
@@ -55,6 +93,9 @@ class LayerStats:
         self.groups["embedding.pos"] = [model.pos_emb.weight]
         self.groups["final_norm"] = list(model.norm_final.parameters())
         self._resid: list[torch.Tensor | None] = [None] * len(model.blocks)
+        self._attn: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(model.blocks)
+        self._head: dict[str, torch.Tensor] = {}
+        self.peaks: dict[str, float | None] = dict.fromkeys(PEAKS)
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._values: dict[str, torch.Tensor | None] = {}
         self._before: dict[str, list[torch.Tensor]] = {}
@@ -66,10 +107,23 @@ class LayerStats:
 
         return store
 
+    def _attn_hook(self, index: int):
+        @torch.no_grad()
+        def store(module, inputs, output):
+            q, k, _ = module.heads(inputs[0])
+            self._attn[index] = attention_stats(q, k)
+
+        return store
+
+    def _head_hook(self, module, inputs, output):
+        self._head = output_logit_stats(output)
+
     def begin(self) -> None:
         # Hooked only for this one forward: on the other steps the blocks run hook-free,
         # so the statistics cost nothing per step however many blocks there are.
         self._hooks = [block.register_forward_hook(self._hook(i)) for i, block in enumerate(self.model.blocks)]
+        self._hooks += [block.attn.register_forward_hook(self._attn_hook(i)) for i, block in enumerate(self.model.blocks)]
+        self._hooks.append(self.model.head.register_forward_hook(self._head_hook))
         self._values = {}
 
     def after_backward(self) -> None:
@@ -100,7 +154,10 @@ class LayerStats:
     def record(self, step: int, grad_norm: torch.Tensor, grad_clip: float) -> dict:
         """The JSON record for this step; the one host sync of the statistics."""
         names, tensors = [], []
-        for name, value in [*self._values.items(), *((f"resid.{i}", r) for i, r in enumerate(self._resid)), ("grad_norm", grad_norm)]:
+        attn = [(f"{kind}.{i}", value) for i, pair in enumerate(self._attn) if pair
+                for kind, value in zip(("attn_max", "attn_entropy"), pair)]
+        for name, value in [*self._values.items(), *((f"resid.{i}", r) for i, r in enumerate(self._resid)), *attn,
+                            *self._head.items(), ("grad_norm", grad_norm)]:
             if value is not None:
                 names.append(name)
                 tensors.append(value.reshape(()))
@@ -120,6 +177,8 @@ class LayerStats:
                 "weight_norm": part("weight_norm", f"{i}.", keys),
                 "update_ratio": part("update_ratio", f"{i}.", keys),
                 "resid_rms": flat.get(f"resid.{i}"),
+                "max_attn_logit": flat.get(f"attn_max.{i}"),
+                "attn_entropy": flat.get(f"attn_entropy.{i}"),
                 "gain": {
                     name: {s: flat[f"gain.{i}.{name}.{s}"] for s in ("mean", "min", "max")}
                     for name in _norm_modules(block) if f"gain.{i}.{name}.mean" in flat
@@ -133,11 +192,21 @@ class LayerStats:
         if "gain.final_norm.mean" in flat:
             extra["final_norm"]["gain"] = {s: flat[f"gain.final_norm.{s}"] for s in ("mean", "min", "max")}
         total = flat["grad_norm"]
+        attn_max = [layer["max_attn_logit"] for layer in layers if layer["max_attn_logit"] is not None]
+        logits = {
+            # A NaN in any layer is the answer (a diverging run), whatever its order among the layers.
+            "max_attn_logit": (math.nan if any(map(math.isnan, attn_max)) else max(attn_max)) if attn_max else None,
+            **{key: flat.get(key) for key in ("mean_log_z", "max_log_z", "max_output_logit")},
+        }
+        for key in PEAKS:
+            if logits[key] is not None and math.isfinite(logits[key]):
+                self.peaks[key] = logits[key] if self.peaks[key] is None else max(self.peaks[key], logits[key])
         return {
             "kind": "stats",
             "step": step,
             "grad_norm": total,
             "clipped": bool(grad_clip > 0 and total > grad_clip),
+            **logits,
             "layers": layers,
             **extra,
         }

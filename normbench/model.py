@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from normbench.errors import ConfigError
-from normbench.norms import build_norm
-from normbench.placements import placement_class
+from normbench.norms import NORMS, build_norm, norm_options
+from normbench.placements import BlockSpec, placement_class, placement_options
 
 
 @dataclass
@@ -30,6 +30,7 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True
     init: str = "gpt2"  # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); xavier: Xavier-uniform, no scaling
+    qk_norm: str = "none"  # a norm on q and k per head over head_dim (QK-norm), or none
 
     def validate(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "block_size"):
@@ -45,6 +46,32 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.init not in INITS:
             raise ConfigError(f"unknown model.init '{self.init}'", allowed=sorted(INITS))
+        self.qk_norm_factory()  # a refused or unbuildable QK-norm fails here, in the config's words
+
+    def qk_norm_factory(self):
+        """A zero-argument builder of one QK-norm (over head_dim, no bias), or None for none."""
+        allowed = ["none", *qk_norms()]
+        if self.qk_norm == "none":
+            return None
+        if self.qk_norm not in NORMS:
+            raise ConfigError(f"unknown model.qk_norm '{self.qk_norm}'", allowed=allowed)
+        if self.qk_norm not in allowed:
+            kind = "batch statistics, which mix tokens" if NORMS[self.qk_norm].statistics == "batch" else "no statistics, so it fixes no scale"
+            raise ConfigError(f"model.qk_norm={self.qk_norm} cannot normalize queries and keys ({kind})", allowed=allowed)
+        head_dim = self.d_model // self.n_head
+        # No bias, as in ViT-22B and Wortsman et al.: q and k are scaled, not shifted.
+        options = {"bias": False} if "bias" in norm_options(self.qk_norm) else {}
+        make = functools.partial(build_norm, self.qk_norm, head_dim, **options)
+        try:
+            make()
+        except ConfigError as err:
+            raise ConfigError(f"model.qk_norm={self.qk_norm} over head_dim={head_dim}: {err}") from None
+        return make
+
+
+def qk_norms() -> list[str]:
+    """The norms QK-norm accepts: those normalizing each vector by its own statistics."""
+    return sorted(name for name, cls in NORMS.items() if cls.statistics == "token")
 
 
 def _init_gpt2(module: nn.Module, n_layer: int) -> None:
@@ -76,11 +103,14 @@ class GPT(nn.Module):
         make_norm = functools.partial(build_norm, norm.pop("name"), cfg.d_model, **norm)
         make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
         block_cls = placement_class(placement["name"])
+        options = placement_options(placement)
+        make_qk_norm = cfg.qk_norm_factory()
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
-            block_cls(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, make_norm, cfg.n_layer) for _ in range(cfg.n_layer)
+            block_cls(BlockSpec(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.n_layer, layer, make_qk_norm), make_norm, **options)
+            for layer in range(1, cfg.n_layer + 1)
         )
         self.norm_final = make_norm() if placement.get("final_norm", True) else nn.Identity()
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
@@ -110,6 +140,15 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         return logits, loss
+
+
+def z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """mean over tokens of log(Z)^2, Z = sum_j exp(logits_j) the softmax normaliser, in float32.
+
+    PaLM's auxiliary loss (Chowdhery et al. 2022), Wortsman et al. 2023's fix for output-logit
+    divergence: it keeps log Z near 0 so the logits cannot drift together.
+    """
+    return logits.float().logsumexp(-1).pow(2).mean()
 
 
 @contextlib.contextmanager

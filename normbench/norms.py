@@ -2,7 +2,9 @@
 
 Each norm is an ``nn.Module`` built as ``cls(dim, **options)`` that normalizes the
 last dimension of any ``(..., dim)`` tensor, token by token (BatchNorm excepted,
-which is the point of including it). Adding a norm is one class decorated with
+which is the point of including it). Its ``statistics`` attribute says what it
+normalizes by: ``"token"`` (each vector's own), ``"batch"`` or ``None`` (no statistics);
+QK-norm accepts the ``"token"`` ones only. Adding a norm is one class decorated with
 ``@register_norm("name")`` plus one YAML file in ``conf/norm/``.
 
 Precision contract: under bf16/fp16 the statistics are computed in float32 and the
@@ -75,6 +77,8 @@ def _check_eps(eps: float) -> float:
 class LayerNorm(nn.Module):
     """(x - mean) / sqrt(var + eps) * weight + bias over the channels (Ba et al. 2016)."""
 
+    statistics = "token"
+
     def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True):
         super().__init__()
         self.eps = _check_eps(eps)
@@ -88,6 +92,8 @@ class LayerNorm(nn.Module):
 @register_norm("rms")
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight: no centring, no bias (Zhang & Sennrich 2019)."""
+
+    statistics = "token"
 
     def __init__(self, dim: int, *, eps: float = 1e-6):
         super().__init__()
@@ -116,6 +122,8 @@ class BatchNorm(nn.Module):
     rank's share. One process has nothing to synchronize and ignores it.
     """
 
+    statistics = "batch"
+
     def __init__(self, dim: int, *, eps: float = 1e-5, momentum: float = 0.1, sync: bool = True):
         super().__init__()
         if not 0.0 <= momentum <= 1.0:
@@ -143,6 +151,8 @@ class GroupNorm(nn.Module):
     would mix time steps and leak the future; flattening to (B*T, C) keeps it per token.
     groups=1 is LayerNorm; groups=dim leaves one element per group (output = bias).
     """
+
+    statistics = "token"
 
     def __init__(self, dim: int, *, eps: float = 1e-5, groups: int = 4):
         super().__init__()
@@ -199,6 +209,8 @@ class _ScaleNormFunction(torch.autograd.Function):
 class ScaleNorm(nn.Module):
     """g * x / max(||x||, eps), one learned scalar g initialised to sqrt(dim) (Nguyen & Salazar 2019)."""
 
+    statistics = "token"
+
     def __init__(self, dim: int, *, eps: float = 1e-5):
         super().__init__()
         self.eps = _check_eps(eps)
@@ -211,6 +223,8 @@ class ScaleNorm(nn.Module):
 @register_norm("dyt")
 class DynamicTanh(nn.Module):
     """weight * tanh(alpha * x) + bias with one learned scalar alpha (Zhu et al. 2025): no statistics."""
+
+    statistics = None
 
     def __init__(self, dim: int, *, alpha_init: float = 0.5, bias: bool = True):
         super().__init__()
@@ -232,6 +246,8 @@ class DynamicTanh(nn.Module):
 @register_norm("none")
 class NoNorm(nn.Identity):
     """The identity: what training looks like with no normalization at all."""
+
+    statistics = None
 
     def __init__(self, dim: int):
         super().__init__()

@@ -1,13 +1,19 @@
-"""Where the norm sits in a block: pre, post, peri (sandwich) and DeepNorm, behind one registry.
+"""Where the norm sits in a block: pre, post, peri (sandwich), DeepNorm, and the placements of
+recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm), behind one registry.
 
 A placement is a ``Block`` subclass registered with ``@register_placement("name")``
-plus one YAML file in ``conf/placement/``. Every block gets the same two sub-layers
-and a zero-argument ``make_norm`` factory, so any norm works in any placement and
-no block ever looks at which norm it was given.
+plus one YAML file in ``conf/placement/``. Every block gets the same two sub-layers,
+a ``BlockSpec`` (sizes, depth, its own 1-based layer index) and a zero-argument
+``make_norm`` factory, so any norm works in any placement and no block ever looks at
+which norm it was given. A placement's own options (``placement.post_fraction``) are
+the keyword-only arguments of its constructor, checked by ``check_options``.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -34,13 +40,44 @@ def placement_class(name: str) -> type["Block"]:
     return PLACEMENTS[name]
 
 
+def placement_options(placement: dict) -> dict:
+    """The placement config's block options (all but name and final_norm), checked against its class."""
+    cls = placement_class(placement.get("name"))
+    params = inspect.signature(cls.__init__).parameters
+    allowed = [p.name for p in params.values() if p.kind is p.KEYWORD_ONLY]
+    options = {k: v for k, v in placement.items() if k not in ("name", "final_norm")}
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(f"placement '{cls.placement_name}' has no option {', '.join(unknown)}",
+                          allowed=[f"placement.{k}" for k in ("final_norm", *allowed)])
+    cls.check_options(**options)
+    return options
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """What a block is built from besides its norm: sizes, depth and where it sits."""
+
+    d_model: int
+    n_head: int
+    dropout: float
+    bias: bool
+    n_layer: int  # L, the model's depth
+    layer: int  # l, this block's 1-based index
+    make_qk_norm: Callable[[], nn.Module] | None = None  # QK-norm, or None
+
+
 class Block(nn.Module):
     """Attention and MLP sub-layers; subclasses add the norms and the residual wiring."""
 
-    def __init__(self, d_model: int, n_head: int, dropout: float, bias: bool, make_norm: Callable[[], nn.Module], n_layer: int):
+    def __init__(self, spec: BlockSpec, make_norm: Callable[[], nn.Module]):
         super().__init__()
-        self.attn = CausalSelfAttention(d_model, n_head, dropout, bias)
-        self.mlp = MLP(d_model, dropout, bias)
+        self.attn = CausalSelfAttention(spec.d_model, spec.n_head, spec.dropout, spec.bias, spec.make_qk_norm)
+        self.mlp = MLP(spec.d_model, spec.dropout, spec.bias)
+
+    @classmethod
+    def check_options(cls, **options) -> None:
+        """Raise ConfigError for a bad value of the placement's own options (none by default)."""
 
     def init_weights(self) -> None:
         """Placement-specific initialisation, applied after the model-wide init."""
@@ -50,8 +87,8 @@ class Block(nn.Module):
 class PreNormBlock(Block):
     """x + f(N(x)): the residual stream is never normalized (GPT-2, LLaMA)."""
 
-    def __init__(self, d_model, n_head, dropout, bias, make_norm, n_layer):
-        super().__init__(d_model, n_head, dropout, bias, make_norm, n_layer)
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
         self.norm_attn, self.norm_mlp = make_norm(), make_norm()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,8 +100,8 @@ class PreNormBlock(Block):
 class PostNormBlock(Block):
     """N(x + f(x)): the original Transformer and BERT; needs warm-up (Xiong et al. 2020)."""
 
-    def __init__(self, d_model, n_head, dropout, bias, make_norm, n_layer):
-        super().__init__(d_model, n_head, dropout, bias, make_norm, n_layer)
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
         self.norm_attn, self.norm_mlp = make_norm(), make_norm()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,8 +113,8 @@ class PostNormBlock(Block):
 class PeriNormBlock(Block):
     """x + N_out(f(N_in(x))): the sandwich of Gemma 2 and Peri-LN."""
 
-    def __init__(self, d_model, n_head, dropout, bias, make_norm, n_layer):
-        super().__init__(d_model, n_head, dropout, bias, make_norm, n_layer)
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
         self.norm_attn, self.norm_attn_out = make_norm(), make_norm()
         self.norm_mlp, self.norm_mlp_out = make_norm(), make_norm()
 
@@ -93,11 +130,11 @@ class DeepNormBlock(Block):
     The decoder-only form of DeepNet (Wang et al. 2022), N = number of layers.
     """
 
-    def __init__(self, d_model, n_head, dropout, bias, make_norm, n_layer):
-        super().__init__(d_model, n_head, dropout, bias, make_norm, n_layer)
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
         self.norm_attn, self.norm_mlp = make_norm(), make_norm()
-        self.alpha = (2 * n_layer) ** 0.25
-        self.beta = (8 * n_layer) ** -0.25
+        self.alpha = (2 * spec.n_layer) ** 0.25
+        self.beta = (8 * spec.n_layer) ** -0.25
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm_attn(self.alpha * x + self.attn(x))
@@ -112,3 +149,64 @@ class DeepNormBlock(Block):
         for weight, gain in ((q, 1.0), (k, 1.0), (v, self.beta), (self.attn.proj.weight, self.beta),
                              (self.mlp.fc.weight, self.beta), (self.mlp.proj.weight, self.beta)):
             nn.init.xavier_normal_(weight, gain=gain)
+
+
+@register_placement("lns")
+class LayerNormScalingBlock(PreNormBlock):
+    """x + f(N(x) / sqrt(l)) in layer l (1-based): Pre-LN with each norm's output scaled down with depth.
+
+    LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large Language Models"): it keeps
+    the deep layers' output variance from growing, so they keep contributing. No new parameters;
+    the final norm is not scaled.
+    """
+
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
+        self.scale = spec.layer ** -0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm_attn(x) * self.scale)
+        return x + self.mlp(self.norm_mlp(x) * self.scale)
+
+
+@register_placement("mixln")
+class MixLNBlock(Block):
+    """Post-LN, N(x + f(x)), in the first floor(alpha L) layers; Pre-LN, x + f(N(x)), in the rest.
+
+    Mix-LN (Li et al. 2024): Post-LN's larger gradients in the early layers, Pre-LN's in the deep
+    ones. alpha = ``placement.post_fraction`` (0.25, their best for LLaMA models).
+    """
+
+    def __init__(self, spec, make_norm, *, post_fraction: float = 0.25):
+        super().__init__(spec, make_norm)
+        self.check_options(post_fraction=post_fraction)
+        self.norm_attn, self.norm_mlp = make_norm(), make_norm()
+        # The small epsilon keeps 0.29 * 100 = 28.999... from flooring to 28.
+        self.post = spec.layer <= math.floor(post_fraction * spec.n_layer + 1e-9)
+
+    @classmethod
+    def check_options(cls, *, post_fraction: float = 0.25) -> None:
+        if isinstance(post_fraction, bool) or not isinstance(post_fraction, (int, float)) or not 0.0 <= post_fraction <= 1.0:
+            raise ConfigError(f"placement.post_fraction must be a number in [0, 1], got {post_fraction!r}",
+                              allowed=["0.0 (all Pre-LN) to 1.0 (all Post-LN)"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The two wirings are exactly those of the post and pre blocks, which own the same four modules.
+        return PostNormBlock.forward(self, x) if self.post else PreNormBlock.forward(self, x)
+
+
+@register_placement("reordered")
+class ReorderedNormBlock(Block):
+    """x + N(f(x)): the norm on each sub-layer's output only, none on its input (OLMo 2).
+
+    The residual stream is never normalized and neither is the sub-layer's input, so OLMo 2
+    pairs it with QK-norm (``model.qk_norm=rms``) to keep the attention logits in check.
+    """
+
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
+        self.norm_attn_out, self.norm_mlp_out = make_norm(), make_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.norm_attn_out(self.attn(x))
+        return x + self.norm_mlp_out(self.mlp(x))

@@ -28,12 +28,12 @@ from normbench import checkpoint, distributed
 from normbench.causality import causal_leak
 from normbench.data import build_dataset
 from normbench.errors import ConfigError
-from normbench.model import GPT, leaves_no_trace
+from normbench.model import GPT, leaves_no_trace, z_loss
 from normbench.runs import METRICS, RunDir
 from normbench.preemption import StopSignals
 from normbench.perf import PeakMemory, StepTimer, flops_per_token, peak_flops
 from normbench.sinks import MetricSinks
-from normbench.diagnostics import LayerStats, global_grad_norm
+from normbench.diagnostics import PEAKS, LayerStats, global_grad_norm
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESUME = ("auto", "never")
@@ -66,12 +66,13 @@ class TrainConfig:
     checkpoint_every: int | None = None  # steps between checkpoints; None: every eval_every; 0 turns them off
     resume: str = "auto"  # auto: continue from the run directory's checkpoint of this config; never: start fresh
     save_model: bool = False  # keep the final weights as model.pt
+    z_loss: float = 0.0  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}")
-        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup_steps", "threads", "stats_every"):
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup_steps", "threads", "stats_every", "z_loss"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
         if self.lr == 0:
@@ -201,6 +202,7 @@ class Run:
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.tcfg.eval_batches, self.tcfg.batch_size)]
         self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
         self.compile_error = None
+        self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
         if self.tcfg.compile:
             self.step_model, self.compile_error = compile_model(self.step_model, self.model, *self.val[0], self.autocast)
 
@@ -212,8 +214,11 @@ class Run:
         if stats:
             stats.begin()
         with self.autocast:
-            _, loss = self.step_model(x, y)
-        self.scaler.scale(loss).backward()
+            logits, loss = self.step_model(x, y)
+        # train_loss stays the cross-entropy; the z term is kept apart for its own log entry.
+        z_term = self.tcfg.z_loss * z_loss(logits) if self.tcfg.z_loss else None
+        self.scaler.scale(loss if z_term is None else loss + z_term).backward()
+        self.z_term = None if z_term is None else z_term.detach()
         self.scaler.unscale_(self.optimizer)  # true gradients for clipping and statistics
         if stats:
             stats.after_backward()
@@ -348,6 +353,8 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         step = start = resumed["step"]
         val_losses, grad_norms, timer.times = loop["val_losses"], loop["grad_norms"], loop["step_times"]
         pending = [tuple(row.to(state.device)) for row in loop["pending"]]
+        if stats is not None:  # the logit peaks seen before the interruption still count
+            stats.peaks.update({k: v for k, v in loop.get("peaks", {}).items() if k in stats.peaks})
         earlier_s, resumed_at = loop["wall_s"], [*loop["resumed_at"], start]
         if distributed.is_main():
             console.print(f"resuming at step {start} from the checkpoint in {state.dir.path}", highlight=False)
@@ -357,6 +364,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
             "val_losses": val_losses, "grad_norms": grad_norms, "step_times": timer.times,
             "pending": torch.stack([torch.stack(p) for p in pending]) if pending else torch.empty(0, 2),
             "wall_s": earlier_s + time.perf_counter() - started, "resumed_at": resumed_at,
+            "peaks": dict(stats.peaks) if stats is not None else {},
         }
         saved = {**state.checkpoint_state(), "step": done, "config_hash": config_hash,
                  "metrics_bytes": sinks.position(), "loop": loop}
@@ -389,13 +397,13 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
                 loss, grad_norm = state.train_step(stats if collect else None)
                 if collect:
                     sinks.log(stats.record(step - 1, grad_norm, tcfg.grad_clip))
-                pending.append((loss, grad_norm))
+                pending.append((loss, grad_norm) if state.z_term is None else (loss, grad_norm, state.z_term))
                 timer.tick()
                 if step % tcfg.log_every and step != tcfg.steps:
                     continue
                 # The one host sync of the window (and the one all-reduce: every rank sees the same losses).
                 window = distributed.all_mean(torch.stack([torch.stack(p) for p in pending]).float())
-                losses, norms = window.T.tolist()
+                losses, norms, *z_terms = window.T.tolist()
                 grad_norms += norms
                 window_s = sum(timer.times[-len(pending):])
                 train_loss = sum(losses) / len(losses)
@@ -403,6 +411,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
                 sinks.log({
                     "kind": "train", "step": step, "train_loss": train_loss, "lr": lr, "grad_norm": norms[-1],
                     "tokens_per_s": tps, "step_ms": 1000 * window_s / len(pending), "tokens": step * tokens_per_step,
+                    **({"z_loss": sum(z_terms[0]) / len(z_terms[0])} if z_terms else {}),
                 })
                 bar.update(task, completed=step, loss=f"{train_loss:.3f}", tps=f"{tps:,.0f}", gnorm=f"{norms[-1]:.2f}")
                 pending = []
@@ -456,6 +465,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "peak_flops": peak,  # per device
         "peak_flops_source": peak_source,
         "max_grad_norm": max(finite_norms) if finite_norms else None,
+        **(stats.peaks if stats else dict.fromkeys(PEAKS)),  # max_attn_logit, max_log_z over the statistics steps
         "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms)) if grad_norms and tcfg.grad_clip > 0 else 0.0,
         "wall_s": earlier_s + time.perf_counter() - started,
         "resumed_at": resumed_at,

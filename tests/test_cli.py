@@ -28,7 +28,7 @@ def test_help_lists_commands_groups_and_examples():
     assert top.exit_code == 0 and "train" in top.output
     train = invoke("train", "--help")
     assert train.exit_code == 0
-    for text in ("norm", "bn, dyt, gn, ln, none, rms, scale", "deepnorm, peri, post, pre", "normbench train norm=rms placement=pre"):
+    for text in ("norm", "bn, dyt, gn, ln, none, rms, scale", "deepnorm, lns, mixln, peri, post, pre, reordered", "normbench train norm=rms placement=pre"):
         assert text in train.output
 
 
