@@ -13,11 +13,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from normbench import report as report_module
+from normbench.report import charts as charts_module
 from normbench.errors import ConfigError
 from normbench.report import CHARTS, default_group_keys, load_runs, run_report
 
-RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability"]
+RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability", "tuning"]
 
 
 def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_layer=2, status="completed",
@@ -58,7 +58,7 @@ def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_laye
 
 def only_charts(monkeypatch, *names):
     """Drawing is most of a report's time; tests about tables draw only the charts they check."""
-    monkeypatch.setattr(report_module, "CHARTS", tuple(c for c in CHARTS if c[0] in names))
+    monkeypatch.setattr(charts_module, "CHARTS", tuple(c for c in CHARTS if c[0] in names))
 
 
 def quiet():
@@ -122,7 +122,7 @@ def test_summary_csv_md_and_terminal_table(sweep):
 
 def test_every_chart_drawn_when_data_present(sweep):
     _, out, _ = sweep
-    for name in RUN_CHARTS[:-1] + ["bench"]:  # lr does not vary in this sweep
+    for name in RUN_CHARTS[:-2] + ["bench"]:  # lr does not vary in this sweep
         assert (out / f"{name}.png").stat().st_size > 1000, name
         assert not (out / f"{name}.svg").exists(), name  # only when asked for
     assert not (out / "stability.png").exists()
