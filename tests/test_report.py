@@ -22,7 +22,7 @@ RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throug
 
 def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_layer=2, status="completed",
              final=2.0, best=None, floor=1.5, tokens_per_s=1000.0, stats=True, leaks=None, summary=True,
-             eps=1e-5, steps=(10, 20, 30)):
+             eps=1e-5, steps=(10, 20, 30), init=4.0, threads=0):
     """Write config.yaml, metrics.jsonl and summary.json the way a training run leaves them."""
     run = root / name
     run.mkdir(parents=True)
@@ -32,10 +32,11 @@ def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_laye
         "placement": {"name": placement, "final_norm": True},
         "model": {"n_layer": n_layer, "n_head": 2, "d_model": 64, "block_size": 64, "dropout": 0.0},
         "data": {"name": "synthetic", "vocab_size": 64},
-        "train": {"steps": steps[-1], "batch_size": 32, "lr": lr, "warmup_steps": 3, "betas": [0.9, 0.95]},
+        "train": {"steps": steps[-1], "batch_size": 32, "lr": lr, "warmup_steps": 3, "betas": [0.9, 0.95],
+                  "threads": threads, "progress": threads == 0},
     }
     (run / "config.yaml").write_text(yaml.safe_dump(config))
-    lines = []
+    lines = [] if init is None else [{"kind": "eval", "step": 0, "val_loss": init}]  # None: an older run
     for i, step in enumerate(steps):
         if stats:
             layers = [{"grad_norm": {"attn_in": 1.0, "attn_out": 1.0, "mlp_in": 1.0, "mlp_out": (layer + 1) * (i + 1.0),
