@@ -294,3 +294,36 @@ def test_200_runs(tmp_path):
     assert len(agg) == 20 and agg["runs"].sum() == 200 and agg["diverged"].sum() == 20
     assert all((out / f"{name}.png").exists() for name in RUN_CHARTS)
     assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | {"bench"}
+
+
+def test_report_of_a_sweep_with_an_invalid_job_counts_it_as_the_index_does(tmp_path, monkeypatch):
+    """A job whose config does not validate fails before training (no metrics.jsonl): still counted."""
+    from normbench.sweep import read_index, run_sweep
+
+    from conftest import TINY
+
+    only_charts(monkeypatch, "final_loss")
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sw"
+    code = run_sweep(["model.n_head=2,3", *TINY, "data.train_sequences=64", "data.val_sequences=16",
+                      f"hydra.sweep.dir={sweep_dir}"], console=quiet(), poll_s=0.2)
+    assert code == 1  # n_head=3 does not divide d_model=32
+    failed = [r for r in read_index(sweep_dir) if r["status"] == "failed"]
+    index_failed = len(failed)
+    assert index_failed == 1
+    assert not (sweep_dir / failed[0]["run_dir"] / "metrics.jsonl").exists()  # failed before training
+    out, text = report([sweep_dir])
+    agg = pd.read_csv(out / "aggregate.csv")
+    assert agg["failed"].sum() == index_failed and agg["runs"].sum() == 2
+    assert "skipped" not in text
+
+
+def test_pdf_and_svg_charts(tmp_path, monkeypatch):
+    only_charts(monkeypatch, "final_loss", "tuning")
+    for lr in (1e-3, 1e-2):
+        make_run(tmp_path, f"r{lr:g}", lr=lr)
+    out, _ = report([tmp_path], formats=("pdf", "svg"))
+    for name in ("final_loss", "tuning"):
+        assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+        assert b"<svg" in (out / f"{name}.svg").read_bytes()[:500]
+        assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")  # always: the page embeds it
