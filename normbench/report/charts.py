@@ -224,7 +224,7 @@ def chart_tuning(d: ReportData):
     values = runs["_value"].dropna()
     if len(values) and (values > 0).all() and values.max() / values.min() >= 10:
         ax.set_xscale("log")
-    ax.set(title=f"Final validation loss against {key}: mean over completed seeds, band = 95% CI",
+    ax.set(title=f"Final validation loss against {key}\n(mean over completed seeds, band = 95% CI; × = diverged)",
            xlabel=key, ylabel="final val loss (nats/token)")
     ax.grid(alpha=0.3, which="both")
     _legend(fig, [ax])

@@ -85,7 +85,8 @@ def print_verdict(console: Console, verdict: list[str]) -> None:
 
 
 # Left out of the terminal table when it would not fit; the CSV, Markdown and HTML keep them.
-SECONDARY_COLUMNS = ("best val loss", "gap to floor", "step ms (p50)", "peak MB", "95% CI")
+SECONDARY_COLUMNS = ("best val loss", "gap to floor", "step ms (p50)", "peak MB", "95% CI", "p",
+                     "values ok/diverged/failed")
 
 
 def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) -> None:

@@ -163,8 +163,8 @@ def tuned_table(tuned: pd.DataFrame) -> pd.DataFrame:
         "95% CI": [fmt_ci(r) for _, r in tuned.iterrows()],
         "vs best": [fmt_vs_best(r) for _, r in tuned.iterrows()],
         "p": tuned["p_value"].map(lambda v: "–" if pd.isna(v) else ("<0.001" if v < 1e-3 else f"{v:.3f}")),
-        "LR sensitivity": tuned["lr_sensitivity"].map(lambda v: num(v, ".3f")),
-        "values ok / diverged / failed": [f"{c} / {dv} / {f} of {n}" for c, dv, f, n in zip(
+        "sensitivity": tuned["lr_sensitivity"].map(lambda v: num(v, ".3f")),
+        "values ok/diverged/failed": [f"{c}/{dv}/{f} of {n}" for c, dv, f, n in zip(
             tuned["values_completed"], tuned["values_diverged"], tuned["values_failed"], tuned["values"])],
         "diverged at": tuned["diverged_at"].replace("", "–"),
     })

@@ -159,7 +159,7 @@ def _throughput(d: ReportData) -> list[str]:
             call = "no difference shown: the CI includes 0"
         else:
             call = "faster" if c.ci.low > 0 else "slower"
-        parts.append(f"{norm} {ratio:.2f}x ({call})")
+        parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
     return [f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference; "
             f"timings from one machine, noisy if shared): {_list(parts)}."]
 
