@@ -189,7 +189,7 @@ def test_bad_tune_keys_are_one_line_errors(tmp_path):
                          ("norm", "not numeric")]:
         with pytest.raises(ConfigError, match=message) as e:
             run_report([tmp_path], tune_key=key, console=quiet())
-        assert e.value.allowed == ["norm", "train.lr"]
+        assert e.value.allowed == ["train.lr", "none"]  # the numeric keys that vary
     assert not (tmp_path / "report").exists()  # nothing written
     out, _ = report([tmp_path], tune_key="none")
     assert not (out / "tuned.csv").exists() and "Best: " in (out / "summary.md").read_text()
@@ -216,3 +216,28 @@ def test_failed_before_training_is_counted(tmp_path, monkeypatch):
     assert (agg["runs"].item(), agg["completed"].item(), agg["failed"].item()) == (3, 2, 1)
     assert "no metrics.jsonl" not in text
     assert "Failed (see the error column of summary.csv): ln/pre (1/3 runs)" in (out / "summary.md").read_text()
+
+
+def test_cli_bad_tune_exits_2_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from normbench.cli import app
+
+    for lr in (1e-3, 1e-2):
+        make_run(tmp_path, f"r{lr:g}", lr=lr)
+    result = CliRunner().invoke(app, ["report", str(tmp_path), "--tune", "model.n_layer"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == ["error: --tune model.n_layer: does not vary among these runs; allowed: train.lr, none"]
+
+
+def test_every_run_failed_is_still_a_report(tmp_path, monkeypatch):
+    only_charts(monkeypatch, "final_loss")
+    for seed in (0, 1):
+        run = make_run(tmp_path, f"f{seed}", seed=seed)
+        (run / "metrics.jsonl").unlink()
+        (run / "summary.json").write_text('{"status": "failed", "error": "boom"}')
+    out, _ = report([tmp_path])
+    assert pd.read_csv(out / "aggregate.csv")["failed"].item() == 2
+    md = (out / "summary.md").read_text()
+    assert "No configuration completed a run: nothing to compare." in md and "Failed" in md

@@ -130,11 +130,11 @@ def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] |
     write_atomic(out / "report.html", render_html("normbench report", paths, sentences, warnings, table,
                                                   tuned_display, d.tune, charts, None if d.agg is None else d.runs))
     if table is not None:
+        print_verdict(console, sentences)
         order = "descending" if metric in HIGHER_IS_BETTER else "ascending"
         print_table(console, table, f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order})", len(d.keys))
         if tuned_display is not None:
             print_table(console, tuned_display, f"each configuration at its best {d.tune}", 1)
-        print_verdict(console, sentences)
     console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")
     return out
 

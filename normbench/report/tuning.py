@@ -27,7 +27,7 @@ import pandas as pd
 from normbench.errors import ConfigError
 from normbench.report.load import ReportData
 from normbench.report.stats import NEEDS_SEEDS, compare, mean_ci
-from normbench.report.tables import config_label, varying_keys
+from normbench.report.tables import config_label, default_group_keys, varying_keys
 
 METRIC = "final_val_loss"  # the statistics, the tuning and the sensitivity are all about it
 STAT_COLUMNS = ("ci_low", "ci_high", "ci_method", "diff_vs_best", "diff_ci_low", "diff_ci_high", "p_value",
@@ -42,7 +42,9 @@ def resolve_tune_key(tune: str | None, d: ReportData) -> str | None:
     if tune.strip().lower() == "none":
         return None
     key = tune.strip()
-    allowed = varying or ["(no config key varies among these runs)"]
+    numeric = [k for k in default_group_keys(d.runs, d.config_keys)
+               if k in varying and pd.to_numeric(d.runs[k], errors="coerce").notna().all()]
+    allowed = [*numeric, "none"] if numeric else ["none (no numeric config key varies among these runs)"]
     if key not in d.runs:
         raise ConfigError(f"--tune {key}: not a config key of these runs", allowed=allowed)
     if key not in varying:
