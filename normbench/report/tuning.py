@@ -118,7 +118,9 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
         means = group[done].groupby("_value")[METRIC].mean().reindex(grid)
         best = means.idxmin() if means.notna().any() else math.nan
         loss_init = group["init_val_loss"].mean()  # independent of the value: the same init for every η
-        if math.isfinite(loss_init):
+        if len(grid) < 2:
+            sensitivity = math.nan  # 0 by definition over one value, which says nothing
+        elif math.isfinite(loss_init):
             # per seed: min(loss, loss_init), a diverged or failed seed counting as loss_init
             capped = group[METRIC].where(done, loss_init).clip(upper=loss_init)
             per_value = capped.groupby(group["_value"]).mean().reindex(grid)

@@ -115,8 +115,10 @@ def _sensitivity(d: ReportData) -> list[str]:
     if not d.tune:
         return []
     t = d.tuned.dropna(subset=["lr_sensitivity"]).sort_values("lr_sensitivity", kind="stable")
+    one_value = list(d.tuned.loc[d.tuned["values"] < 2, "config"])
+    out = [f"{d.tune} sensitivity not computed for {_list(one_value)}: one value swept."] if one_value else []
     if t.empty:
-        return [f"{d.tune} sensitivity not computed: the runs have no step-0 evaluation (older runs)."]
+        return out or [f"{d.tune} sensitivity not computed: the runs have no step-0 evaluation (older runs)."]
     grids = t["grid"].unique()
     values = _list([f"{r.config} {r.lr_sensitivity:.3f}" for r in t.itertuples(index=False)])
     text = (f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each configuration's "
@@ -127,7 +129,7 @@ def _sensitivity(d: ReportData) -> list[str]:
     else:
         text += (" The configurations were swept over different grids (" + _list(list(grids))
                  + "): sensitivities on different grids are not comparable.")
-    return [text]
+    return [text, *out]
 
 
 def _leaks(d: ReportData) -> list[str]:
