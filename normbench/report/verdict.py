@@ -160,10 +160,11 @@ def _throughput(d: ReportData) -> list[str]:
         elif c.tied:
             call = "no difference shown: the CI includes 0"
         else:
-            call = "faster" if c.ci.low > 0 else "slower"
+            call = "faster in these runs" if c.ci.low > 0 else "slower in these runs"
         parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
-    return [f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference; "
-            f"timings from one machine, noisy if shared): {_list(parts)}."]
+    return [f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference): "
+            f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
+            f"well; normbench bench compares the norms' speed under control."]
 
 
 def verdict(d: ReportData) -> list[str]:
