@@ -65,6 +65,9 @@ def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
         if edge:
             out.append(f"Best {d.tune} at the edge of the grid, so the true best may lie outside it (extend the "
                        f"grid): {_list(edge)}.")
+        single = list(d.tuned.loc[d.tuned["values"] < 2, "config"])
+        if single:
+            out.append(f"Only one {d.tune} swept, so compared there and not at a tuned best: {_list(single)}.")
     return out
 
 
