@@ -134,9 +134,10 @@ def report(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. Default: a report/ folder beside the runs."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="Comma-separated config keys to group by. Default: the keys that vary."),
     metric: str = typer.Option("final_val_loss", "--metric", help="The summary field to rank configurations by."),
-    formats: str = typer.Option("png", "--format", help="Chart formats, comma-separated: png, svg."),
+    formats: str = typer.Option("png", "--format", help="Chart formats, comma-separated: png, svg, pdf."),
+    tune: Optional[str] = typer.Option(None, "--tune", help="Compare each configuration at its best value of this key, with its sensitivity to it. Default: train.lr when it varies; 'none' turns it off."),
 ) -> None:
-    """Tables (CSV, Markdown, terminal) and charts (PNG/SVG, one HTML page) comparing runs."""
+    """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
     from normbench.errors import ConfigError
     from normbench.report import run_report
 
@@ -147,6 +148,7 @@ def report(
             group_by=group_by.split(",") if group_by else None,
             metric=metric,
             formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
+            tune_key=tune,
         )
     except ConfigError as err:
         _fail(err)

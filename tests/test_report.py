@@ -13,16 +13,16 @@ import pytest
 import yaml
 from rich.console import Console
 
-from normbench import report as report_module
+from normbench.report import charts as charts_module
 from normbench.errors import ConfigError
 from normbench.report import CHARTS, default_group_keys, load_runs, run_report
 
-RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability"]
+RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability", "tuning"]
 
 
 def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_layer=2, status="completed",
              final=2.0, best=None, floor=1.5, tokens_per_s=1000.0, stats=True, leaks=None, summary=True,
-             eps=1e-5, steps=(10, 20, 30)):
+             eps=1e-5, steps=(10, 20, 30), init=4.0, threads=0):
     """Write config.yaml, metrics.jsonl and summary.json the way a training run leaves them."""
     run = root / name
     run.mkdir(parents=True)
@@ -32,10 +32,11 @@ def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_laye
         "placement": {"name": placement, "final_norm": True},
         "model": {"n_layer": n_layer, "n_head": 2, "d_model": 64, "block_size": 64, "dropout": 0.0},
         "data": {"name": "synthetic", "vocab_size": 64},
-        "train": {"steps": steps[-1], "batch_size": 32, "lr": lr, "warmup_steps": 3, "betas": [0.9, 0.95]},
+        "train": {"steps": steps[-1], "batch_size": 32, "lr": lr, "warmup_steps": 3, "betas": [0.9, 0.95],
+                  "threads": threads, "progress": threads == 0},
     }
     (run / "config.yaml").write_text(yaml.safe_dump(config))
-    lines = []
+    lines = [] if init is None else [{"kind": "eval", "step": 0, "val_loss": init}]  # None: an older run
     for i, step in enumerate(steps):
         if stats:
             layers = [{"grad_norm": {"attn_in": 1.0, "attn_out": 1.0, "mlp_in": 1.0, "mlp_out": (layer + 1) * (i + 1.0),
@@ -58,7 +59,7 @@ def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_laye
 
 def only_charts(monkeypatch, *names):
     """Drawing is most of a report's time; tests about tables draw only the charts they check."""
-    monkeypatch.setattr(report_module, "CHARTS", tuple(c for c in CHARTS if c[0] in names))
+    monkeypatch.setattr(charts_module, "CHARTS", tuple(c for c in CHARTS if c[0] in names))
 
 
 def quiet():
@@ -122,7 +123,7 @@ def test_summary_csv_md_and_terminal_table(sweep):
 
 def test_every_chart_drawn_when_data_present(sweep):
     _, out, _ = sweep
-    for name in RUN_CHARTS[:-1] + ["bench"]:  # lr does not vary in this sweep
+    for name in RUN_CHARTS[:-2] + ["bench"]:  # lr does not vary in this sweep
         assert (out / f"{name}.png").stat().st_size > 1000, name
         assert not (out / f"{name}.svg").exists(), name  # only when asked for
     assert not (out / "stability.png").exists()
@@ -293,3 +294,36 @@ def test_200_runs(tmp_path):
     assert len(agg) == 20 and agg["runs"].sum() == 200 and agg["diverged"].sum() == 20
     assert all((out / f"{name}.png").exists() for name in RUN_CHARTS)
     assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | {"bench"}
+
+
+def test_report_of_a_sweep_with_an_invalid_job_counts_it_as_the_index_does(tmp_path, monkeypatch):
+    """A job whose config does not validate fails before training (no metrics.jsonl): still counted."""
+    from normbench.sweep import read_index, run_sweep
+
+    from conftest import TINY
+
+    only_charts(monkeypatch, "final_loss")
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sw"
+    code = run_sweep(["model.n_head=2,3", *TINY, "data.train_sequences=64", "data.val_sequences=16",
+                      f"hydra.sweep.dir={sweep_dir}"], console=quiet(), poll_s=0.2)
+    assert code == 1  # n_head=3 does not divide d_model=32
+    failed = [r for r in read_index(sweep_dir) if r["status"] == "failed"]
+    index_failed = len(failed)
+    assert index_failed == 1
+    assert not (sweep_dir / failed[0]["run_dir"] / "metrics.jsonl").exists()  # failed before training
+    out, text = report([sweep_dir])
+    agg = pd.read_csv(out / "aggregate.csv")
+    assert agg["failed"].sum() == index_failed and agg["runs"].sum() == 2
+    assert "skipped" not in text
+
+
+def test_pdf_and_svg_charts(tmp_path, monkeypatch):
+    only_charts(monkeypatch, "final_loss", "tuning")
+    for lr in (1e-3, 1e-2):
+        make_run(tmp_path, f"r{lr:g}", lr=lr)
+    out, _ = report([tmp_path], formats=("pdf", "svg"))
+    for name in ("final_loss", "tuning"):
+        assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+        assert b"<svg" in (out / f"{name}.svg").read_bytes()[:500]
+        assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")  # always: the page embeds it

@@ -261,20 +261,23 @@ def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path
 
 def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    sizes = {"norm_zoo": 42, "warmup": 16, "depth": 12, "precision": 8, "batch_size": 18}  # as the README says
+    sizes = {"norm_zoo": 168, "warmup": 60, "depth": 81, "precision": 8, "batch_size": 18,
+             "lr_sensitivity": 90}  # as the README says
     assert set(group_options("experiment")) == set(sizes)
     for name, size in sizes.items():
         params = OmegaConf.load(conf_dir() / "experiment" / f"{name}.yaml").hydra.sweeper.params
         n = math.prod(len(group_options(k)) if v == "glob(*)" else len(str(v).split(",")) for k, v in params.items())
         assert n == size, name
     # Composing every job is Hydra's slow part: plan one slice of each grid, every axis but one.
-    for args, n in [(["experiment=norm_zoo", "seed=0", "placement=pre"], 7), (["experiment=warmup", "placement=post"], 8),
-                    (["experiment=depth", "placement=deepnorm"], 4), (["experiment=precision", "seed=0"], 4),
-                    (["experiment=batch_size", "seed=0", "norm=bn"], 3)]:
+    for args, n in [(["experiment=norm_zoo", "seed=0", "placement=pre", "train.lr=1e-2"], 7),
+                    (["experiment=warmup", "placement=post", "seed=0", "train.lr=1e-2"], 2),
+                    (["experiment=depth", "placement=deepnorm", "seed=0", "train.lr=1e-2"], 3),
+                    (["experiment=lr_sensitivity", "placement=pre", "seed=0", "train.lr=1e-2"], 3),
+                    (["experiment=precision", "seed=0"], 4), (["experiment=batch_size", "seed=0", "norm=bn"], 3)]:
         plan = plan_sweep(args)
         assert len(plan.jobs) == n and not any(j.invalid for j in plan.jobs), args
         assert plan.sweep_dir.name.startswith(args[0].split("=")[1] + "-")
-    zoo = plan_sweep(["experiment=norm_zoo", "seed=0", "placement=pre"])
+    zoo = plan_sweep(["experiment=norm_zoo", "seed=0", "placement=pre", "train.lr=1e-2"])
     assert {j.overrides[0] for j in zoo.jobs} == {f"norm={n}" for n in group_options("norm")}  # glob(*)
 
 

@@ -1,0 +1,18 @@
+"""Reports: turn run directories (and bench CSVs) into verdicts, tables, charts and one HTML page.
+
+The package behind ``normbench report``, one module per stage (see normbench.report.build):
+load (reading runs), tables (grouping, the aggregate), stats (seed statistics with scipy),
+tuning (best value per configuration, LR sensitivity, comparison with the best), verdict
+(the generated sentences), charts (one registered function per chart) and render (HTML,
+Markdown, terminal).
+
+One rule runs through it: loss statistics use *completed* runs only. Diverged and failed
+runs are counted in their own columns and marked on the charts, never averaged in.
+"""
+
+from normbench.report.build import run_report
+from normbench.report.charts import CHARTS
+from normbench.report.load import load_runs
+from normbench.report.tables import default_group_keys
+
+__all__ = ["run_report", "CHARTS", "load_runs", "default_group_keys"]

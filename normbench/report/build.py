@@ -1,0 +1,140 @@
+"""``run_report``: the report from start to end, one stage per module.
+
+    load     read the runs (and bench CSVs) below the inputs        -> ReportData
+    tables   group keys, the aggregate per configuration
+    tuning   the tuning axis: best value, LR sensitivity, seed statistics vs the best (stats)
+    verdict  the generated sentences
+    charts   the registered charts
+    render   report.html, summary.md, the terminal
+
+and the files: summary.csv, aggregate.csv, tuned.csv, summary.md, report.html, the charts.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from normbench.errors import ConfigError
+from normbench.report import charts as charts_module
+from normbench.report.load import HIGHER_IS_BETTER, METRICS, find_inputs, load_runs, read_bench
+from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
+from normbench.report.tables import aggregate, config_label, display_table, resolve_group_keys, tuned_table
+from normbench.report.tuning import aggregate_statistics, resolve_tune_key, tune
+from normbench.report.verdict import verdict
+from normbench.runs import write_atomic
+
+FORMATS = ("png", "svg", "pdf")
+DPI = 100
+
+
+def _check_options(paths, metric, formats) -> None:
+    if not paths:
+        raise ConfigError("no input paths given", allowed=["a run or sweep directory", "a bench .csv file"])
+    if metric not in METRICS:
+        raise ConfigError(f"unknown metric {metric!r}", allowed=METRICS)
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise ConfigError(f"unknown chart format {fmt!r}", allowed=FORMATS)
+
+
+def _draw_charts(d, out: Path, formats, warn, console) -> list:
+    """Draw every registered chart; a chart left out this time is deleted from ``out``."""
+    drawn, written = [], set()
+    for name, title, draw in charts_module.CHARTS:
+        try:
+            no_runs = name in charts_module.RUN_CHARTS and d.agg is None
+            result = "no run directories among the inputs" if no_runs else draw(d)
+        except Exception as err:  # odd data in one chart must not cost the tables and the other charts
+            warn(f"chart {name} failed: {err!r}")
+            result = f"failed: {err!r}"
+        if isinstance(result, str):
+            console.print(f"[dim]note: chart {name} not drawn: {escape(result)}[/dim]")
+            drawn.append((title, None, result))
+            continue
+        for fmt in ["png", *sorted(set(formats) - {"png"})]:  # PNG always: the page embeds it
+            buffer = io.BytesIO()
+            result.savefig(buffer, format=fmt, dpi=DPI)
+            write_atomic(out / f"{name}.{fmt}", buffer.getvalue())
+            written.add(f"{name}.{fmt}")
+            if fmt == "png":
+                drawn.append((title, buffer.getvalue(), None))
+    # A chart left out this time must not survive from an earlier report in the same folder.
+    for name, _, _ in charts_module.CHARTS:
+        for fmt in FORMATS:
+            if f"{name}.{fmt}" not in written:
+                (out / f"{name}.{fmt}").unlink(missing_ok=True)
+    return drawn
+
+
+def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] | None = None,
+               metric: str = "final_val_loss", formats: tuple[str, ...] = ("png",), tune_key: str | None = None,
+               console: Console | None = None) -> Path:
+    """Read every run below ``paths`` (plus any bench CSV among them), write the report, return its folder.
+
+    ``tune_key``: the key each configuration is tuned over (None: train.lr when it varies; "none": off).
+    """
+    start = time.perf_counter()
+    console = console or Console()
+    paths = [Path(p) for p in paths]
+    formats = formats.split(",") if isinstance(formats, str) else formats
+    _check_options(paths, metric, formats)
+
+    run_dirs, bench_csvs = find_inputs(paths)
+    where = ", ".join(map(str, paths))
+    if not run_dirs and not bench_csvs:
+        raise ConfigError(f"no run directories found under {where} (a run directory holds a config.yaml)")
+    warnings = []
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        console.print(f"[yellow]warning:[/yellow] {escape(message)}")
+
+    d = load_runs(run_dirs, warn)
+    d.bench = read_bench(bench_csvs)
+    if run_dirs and d.runs.empty:
+        raise ConfigError(f"found {len(run_dirs)} run directories under {where} but none could be read "
+                          "(see the warnings)")
+    if len(d.runs):  # every input check before the first file is written
+        d.tune = resolve_tune_key(tune_key, d)
+        d.keys = resolve_group_keys(group_by, d)
+    out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+
+    table = tuned_display = None
+    sentences = []
+    if len(d.runs):
+        if d.tune and d.tune not in d.keys:
+            d.keys.append(d.tune)  # the aggregate keeps one row per value of the tuned key
+        d.runs.insert(1, "config", [config_label(d.keys, v) for v in d.runs[d.keys].itertuples(index=False)])
+        d.agg = aggregate(d.runs, d.keys, metric)
+        d.tuned = tune(d, d.tune, warn) if d.tune else None
+        d.agg = d.agg.join(aggregate_statistics(d))
+        d.styles = charts_module.make_styles(d.runs, d.agg)
+        table = display_table(d.agg, d.keys, metric)
+        sentences = verdict(d)
+        write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
+        write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
+        if d.tuned is not None:
+            tuned_display = tuned_table(d.tuned)
+            write_atomic(out / "tuned.csv", d.tuned.to_csv(index=False))
+        else:
+            (out / "tuned.csv").unlink(missing_ok=True)  # from an earlier, tuned report in the same folder
+        write_atomic(out / "summary.md", summary_markdown(metric, sentences, table, tuned_display, d.tune))
+
+    charts = _draw_charts(d, out, formats, warn, console)
+    write_atomic(out / "report.html", render_html("normbench report", paths, sentences, warnings, table,
+                                                  tuned_display, d.tune, charts, None if d.agg is None else d.runs))
+    if table is not None:
+        print_verdict(console, sentences)
+        order = "descending" if metric in HIGHER_IS_BETTER else "ascending"
+        print_table(console, table, f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order})", len(d.keys))
+        if tuned_display is not None:
+            print_table(console, tuned_display, f"each configuration at its best {d.tune}", 1)
+    console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")
+    return out
+

@@ -1,0 +1,359 @@
+"""Charts: one function per chart, registered with ``@chart(name, title)`` in display order.
+
+A chart function takes the ``ReportData`` and returns a matplotlib ``Figure``, or a string
+saying why it was not drawn (its data is missing); ``run_report`` saves each as ``NAME.png``
+(plus the other formats asked for) and embeds it in report.html. Adding a chart is one
+decorated function here. Every chart uses one visual mapping: colour = norm, line style /
+bar hatch = placement, and a marker to tell apart configurations that share both.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from normbench.report.load import ReportData
+from normbench.report.tables import _fmt_value, config_label
+
+# The one visual mapping every chart uses: colour = norm, line style / hatch = placement.
+# Fixed colours for the registered norms so a norm looks the same in every report.
+NORM_COLORS = {"ln": "C0", "rms": "C1", "bn": "C2", "gn": "C3", "scale": "C4", "dyt": "C5", "none": "C7"}
+EXTRA_COLORS = ("C6", "C8", "C9", "#17becf", "#393b79", "#8c6d31")
+PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\")}
+IMPL_LINESTYLES = {"normbench": "-", "native": "--", "compiled": ":"}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DPI = 100
+
+
+def norm_color(norm) -> str:
+    # crc32, not hash(): unknown norms must get the same colour in every process.
+    return NORM_COLORS.get(str(norm), EXTRA_COLORS[zlib.crc32(str(norm).encode()) % len(EXTRA_COLORS)])
+
+
+
+# (name, title, draw) in display order; RUN_CHARTS need run directories, the others do not.
+CHARTS: list[tuple[str, str, object]] = []
+RUN_CHARTS: set[str] = set()
+
+
+def chart(name: str, title: str, needs_runs: bool = True):
+    """Register a chart: ``draw(d: ReportData) -> Figure | str`` (the string: why not drawn)."""
+    def register(draw):
+        CHARTS.append((name, title, draw))
+        if needs_runs:
+            RUN_CHARTS.add(name)
+        return draw
+    return register
+
+
+def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
+    """Colour by norm, line style by placement; a marker tells apart configs sharing both."""
+    # norm/placement need not be group keys: a config mixing several gets the "mixed" style.
+    names = runs.groupby("config", sort=False)[["norm", "placement"]].agg(
+        lambda s: s.iloc[0] if s.nunique(dropna=False) == 1 else "mixed").reindex(agg["config"])
+    styles, seen = {}, {}
+    shared = names.groupby(["norm", "placement"], dropna=False)["norm"].transform("size")
+    for label, norm, placement, n in zip(agg["config"], names["norm"], names["placement"], shared):
+        i = seen[(norm, placement)] = seen.get((norm, placement), -1) + 1
+        linestyle, hatch = PLACEMENT_STYLES.get(str(placement), ((0, (3, 1, 1, 1)), "oo"))
+        styles[label] = dict(color=norm_color(norm), linestyle=linestyle, hatch=hatch,
+                             marker=MARKERS[i % len(MARKERS)] if n > 1 else None)
+    return styles
+
+
+def _figure(n: int, width: float = 5.0, height: float = 3.8, ncols: int = 3):
+    ncols = min(n, ncols)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(width * ncols + 1.5, height * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def _legend(fig, axes) -> None:
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:  # as many columns as it takes for the legend to fit the figure's height
+        ncols = math.ceil(len(handles) / max(4, int(fig.get_figheight() * 72 / 15)))
+        fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize="small", ncols=ncols)
+
+
+def _plain(text) -> str:
+    """A config value as literal chart text: two '$' in a label would otherwise start TeX math."""
+    return str(text).replace("$", r"\$")
+
+
+def _bands(ax, d: ReportData, frame: pd.DataFrame, x: str, y: str) -> None:
+    """Per configuration, best first: the mean over seeds as a line, min–max over seeds as a band."""
+    frame = frame.dropna(subset=[x, y])
+    frame = frame.assign(config=frame["run"].map(d.runs["config"]))
+    stats = frame.groupby(["config", x])[y].agg(["mean", "min", "max"])  # one groupby for all configs
+    seeds = frame.groupby("config")["run"].nunique()
+    for label in d.agg["config"]:
+        if label not in seeds.index:
+            continue
+        s, style = stats.loc[label], d.styles[label]
+        ax.plot(s.index, s["mean"], label=_plain(label), color=style["color"], linestyle=style["linestyle"],
+                marker=style["marker"], markevery=max(1, len(s) // 8), markersize=4)
+        if seeds[label] > 1:
+            ax.fill_between(s.index, s["min"], s["max"], color=style["color"], alpha=0.15, linewidth=0)
+
+
+def _floor(ax, runs: pd.DataFrame) -> None:
+    for i, floor in enumerate(sorted(pd.to_numeric(runs["floor_loss"], errors="coerce").dropna().unique())):
+        ax.axhline(floor, color="black", linestyle=(0, (5, 3)), linewidth=1,
+                   label="synthetic floor (Bayes-optimal loss)" if i == 0 else None)
+
+
+def _bars(ax, d: ReportData, values: pd.Series, errs: list | None = None) -> None:
+    """One bar per configuration in best-first order; ``errs`` holds one matplotlib yerr per bar."""
+    for i, (label, value) in enumerate(zip(d.agg["config"], values)):
+        if pd.notna(value):
+            style = d.styles[label]
+            ax.bar(i, value, yerr=None if errs is None else errs[i], capsize=3, color=style["color"],
+                   hatch=style["hatch"], edgecolor="black", linewidth=0.5)
+    ax.set_xticks(range(len(d.agg)), d.agg["config"].map(_plain), rotation=35, ha="right", fontsize="small")
+
+
+def _completed(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["run"].isin(d.runs.index[d.runs["status"].eq("completed")])]
+
+
+@chart("loss_curves", "Loss curves")
+def chart_loss_curves(d: ReportData):
+    train, evals = _completed(d, d.train), _completed(d, d.evals)
+    panels = [(train, "step", "train_loss", "Train loss vs step", "step"),
+              (evals, "step", "val_loss", "Validation loss vs step", "step"),
+              (train, "tokens", "train_loss", "Train loss vs tokens", "tokens seen")]
+    panels = [p for p in panels if p[0][[p[1], p[2]]].notna().all(axis=1).any()]
+    if not panels:
+        return "no completed run logged train or eval losses in metrics.jsonl"
+    fig, axes = _figure(len(panels))
+    for ax, (frame, x, y, title, xlabel) in zip(axes, panels):
+        _bands(ax, d, frame, x, y)
+        _floor(ax, d.runs[d.runs["status"].eq("completed")])
+        ax.set(title=title, xlabel=xlabel, ylabel="loss (nats/token)")
+        ax.grid(alpha=0.3)
+    fig.suptitle("Loss curves: mean over seeds, band = min–max (completed runs only)")
+    _legend(fig, axes)
+    return fig
+
+
+@chart("final_loss", "Final validation loss per configuration")
+def chart_final_loss(d: ReportData):
+    agg = d.agg
+    mean, bad = agg["final_val_loss_mean"], agg["diverged"] + agg["failed"]
+    if mean.isna().all() and bad.sum() == 0:
+        return "no run reported final_val_loss"
+    # The error bar is the mean's 95% interval (none with a single seed).
+    low, high = agg["ci_low"].fillna(mean), agg["ci_high"].fillna(mean)
+    fig, (ax,) = _figure(1, width=max(5.0, 0.45 * len(agg) + 2), height=5.0)
+    _bars(ax, d, mean, [[[max(0.0, m - lo)], [max(0.0, hi - m)]] for m, lo, hi in zip(mean, low, high)])
+    _floor(ax, d.runs)
+    # Losses differ in the second decimal: a zero baseline would flatten every bar to the same height.
+    lows = pd.concat([low, pd.to_numeric(d.runs["floor_loss"], errors="coerce")]).dropna()
+    highs = high.dropna()
+    if len(highs):
+        span = max(highs.max() - lows.min(), 0.05 * abs(highs.max()), 1e-3)
+        ax.set_ylim(max(0.0, lows.min() - span), highs.max() + 0.6 * span)
+    for i, (n_bad, n, value) in enumerate(zip(bad, agg["runs"], mean)):
+        if n_bad:
+            if pd.isna(value):  # nothing completed: a hatched slot, so it is not read as missing data
+                ax.axvspan(i - 0.4, i + 0.4, fill=False, hatch="xx", edgecolor="red", linewidth=0.5)
+            ax.plot(i, 0.95, "x", color="red", markersize=9, markeredgewidth=2, transform=ax.get_xaxis_transform(),
+                    label="diverged/failed runs (not averaged)")
+            ax.annotate(f"{n_bad}/{n}", (i, 0.91), xycoords=ax.get_xaxis_transform(), ha="center", va="top",
+                        color="red", fontsize="small", backgroundcolor="white")
+    ax.set(title="Final validation loss per configuration\n(mean over completed seeds, bar = 95% CI)",
+           ylabel="final val loss (nats/token)")
+    ax.grid(axis="y", alpha=0.3)
+    _legend(fig, [ax])
+    return fig
+
+
+@chart("tuning", "Final loss against the tuned key (LR sensitivity)")
+def chart_tuning(d: ReportData):
+    """Wortsman et al.'s Fig. 1: final loss against the learning rate, one line per configuration."""
+    if d.tune is None or d.tuned is None:
+        return "no tuning key (train.lr does not vary, or --tune none)"
+    from normbench.report.stats import mean_ci  # noqa: PLC0415 (charts otherwise need no statistics)
+
+    key = d.tune
+    runs = d.runs.assign(_value=pd.to_numeric(d.runs[key], errors="coerce"))
+    # a run's configuration is its label without the tuning key (as in tuned.csv)
+    keys = [k for k in d.keys if k != key]
+    runs["_config"] = [config_label(keys, v) for v in runs[keys].itertuples(index=False)] if keys else "all runs"
+    styles = make_styles(runs.assign(config=runs["_config"]), d.tuned)
+    fig, (ax,) = _figure(1, width=8.5, height=5.0)
+    init = d.tuned["loss_init"].dropna()
+    for row in d.tuned.itertuples(index=False):
+        group = runs[runs["_config"].eq(row.config)]
+        points = []
+        for value, at in group.groupby("_value"):
+            done = at.loc[at["status"].eq("completed"), "final_val_loss"].dropna()
+            ci = mean_ci(done)
+            points.append((value, done.mean() if len(done) else math.nan, ci, len(at) - len(done)))
+        style = styles[row.config]
+        xs = [p[0] for p in points]
+        ys = np.array([p[1] for p in points], float)
+        sens = "" if pd.isna(row.lr_sensitivity) else f"  (sensitivity {row.lr_sensitivity:.3f})"
+        ax.plot(xs, ys, color=style["color"], linestyle=style["linestyle"], marker=style["marker"] or "o",
+                markersize=4, label=_plain(row.config + sens))
+        if any(p[2] is not None for p in points):
+            ax.fill_between(xs, [p[2].low if p[2] else p[1] for p in points],
+                            [p[2].high if p[2] else p[1] for p in points], color=style["color"], alpha=0.15, linewidth=0)
+        # diverged or failed seeds: an x at the loss at init, where the sensitivity counts them
+        bad = [(p[0], p[3]) for p in points if p[3]]
+        if bad and math.isfinite(row.loss_init):
+            ax.plot([b[0] for b in bad], [row.loss_init] * len(bad), "x", color=style["color"], markersize=9,
+                    markeredgewidth=2, label="diverged or failed seeds (at loss at init)")
+        if pd.notna(row.best_value):
+            ax.plot([row.best_value], [row.final_val_loss_mean], marker="*", color=style["color"],
+                    markersize=13, markeredgecolor="black", linestyle="none", label="each configuration's best value")
+    if len(init):
+        ax.axhline(init.mean(), color="grey", linestyle="--", linewidth=1, label="loss at init (step 0)")
+    _floor(ax, d.runs)
+    values = runs["_value"].dropna()
+    if len(values) and (values > 0).all() and values.max() / values.min() >= 10:
+        ax.set_xscale("log")
+    ax.set(title=f"Final validation loss against {key}\n(mean over completed seeds, band = 95% CI; × = diverged)",
+           xlabel=key, ylabel="final val loss (nats/token)")
+    ax.grid(alpha=0.3, which="both")
+    _legend(fig, [ax])
+    return fig
+
+
+@chart("grad_by_layer", "Gradient norm and residual RMS by layer")
+def chart_grad_by_layer(d: ReportData):
+    first = d.layers[d.layers["when"].eq("first")]
+    last = _completed(d, d.layers[d.layers["when"].eq("last")])  # the init picture holds for every run
+    steps = first["step"].dropna().unique()
+    at = f"step {steps[0]:.0f}" if len(steps) == 1 else "first stats record"
+    panels = [(first, "grad", f"mlp_out grad norm, {at}", "grad norm of mlp_out weight (L2)", True),
+              (last, "grad", "mlp_out grad norm, last stats record", "grad norm of mlp_out weight (L2)", True),
+              (last, "resid_rms", "Residual-stream RMS, last stats record", "residual RMS", False)]
+    panels = [p for p in panels if p[0][p[1]].notna().any()]
+    if not panels:
+        return "no per-layer stats records in metrics.jsonl"
+    fig, axes = _figure(len(panels))
+    for ax, (frame, y, title, ylabel, logy) in zip(axes, panels):
+        _bands(ax, d, frame, "layer", y)
+        ax.set(title=title, xlabel="layer (block index, input → output)", ylabel=ylabel)
+        ax.set_yscale("log" if logy else "linear")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS")
+    _legend(fig, axes)
+    return fig
+
+
+@chart("grad_norm", "Global gradient norm over training")
+def chart_grad_norm(d: ReportData):
+    grads = _completed(d, d.grads)
+    if not grads["grad_norm"].notna().any():
+        return "no completed run logged stats records with grad_norm"
+    fig, (ax,) = _figure(1, width=8)
+    _bands(ax, d, grads, "step", "grad_norm")
+    ax.set(title="Global gradient norm over training (completed runs)", xlabel="step",
+           ylabel="grad norm (L2)", yscale="log")
+    ax.grid(alpha=0.3)
+    _legend(fig, [ax])
+    return fig
+
+
+@chart("throughput", "Throughput, step time and memory")
+def chart_throughput(d: ReportData):
+    agg = d.agg
+    panels = [("tokens_per_s_mean", None, "Throughput", "tokens/s"),
+              ("step_ms_p50_mean", "step_ms_p90_mean", "Step time (bar p50, whisker p90)", "ms/step"),
+              ("peak_mem_mb_mean", None, "Peak memory", "MB")]
+    panels = [p for p in panels if agg[p[0]].notna().any()]
+    if not panels:
+        return "no run reported tokens_per_s, step time or peak memory"
+    # Many configurations make wide bar panels: stack them instead of putting them side by side.
+    fig, axes = _figure(len(panels), width=max(4.0, 0.4 * len(agg) + 1.5), height=4.5, ncols=1 if len(agg) > 6 else 3)
+    for ax, (col, upper, title, unit) in zip(axes, panels):
+        errs = None if upper is None else [[[0], [u]] for u in (agg[upper] - agg[col]).clip(lower=0).fillna(0)]
+        _bars(ax, d, agg[col], errs)
+        ax.set(title=title, ylabel=unit)
+        ax.grid(axis="y", alpha=0.3)
+    if len(axes) > 1 and len(agg) > 6:
+        for ax in axes[:-1]:  # stacked panels share the configuration labels of the bottom one
+            ax.tick_params(labelbottom=False)
+    fig.suptitle("Speed and memory per configuration (mean over runs)")
+    return fig
+
+
+@chart("stability", "Stability map (learning rate)")
+def chart_stability(d: ReportData):
+    runs = d.runs
+    if "train.lr" not in runs or runs["train.lr"].nunique() < 2:
+        return "train.lr does not vary across runs"
+    varying = [k for k in ("train.warmup_steps", "model.n_layer") if k in runs and runs[k].nunique() > 1]
+    ykey = varying[0] if varying else None
+    panel_keys = ["norm", "placement", *varying[1:]]
+    cells = runs.assign(
+        lr=pd.to_numeric(runs["train.lr"], errors="coerce"), y=runs[ykey] if ykey else "",
+        loss=runs["final_val_loss"].where(runs["status"].eq("completed")),
+        bad=runs["status"].isin(["diverged", "failed"]),
+    ).groupby([*panel_keys, "y", "lr"], dropna=False).agg(
+        loss=("loss", "mean"), bad=("bad", "sum"), n=("bad", "size")).reset_index()
+    lrs, ys = sorted(cells["lr"].dropna().unique()), sorted(cells["y"].dropna().unique())
+    finite = cells["loss"].dropna()
+    vmin, vmax = (finite.min(), finite.max()) if len(finite) else (0, 1)
+    panels = list(cells.groupby(panel_keys, dropna=False))
+    fig, axes = _figure(len(panels), width=max(3.5, 0.8 * len(lrs) + 1), height=max(2.5, 0.5 * len(ys) + 1.5))
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.85")
+    for ax, (pkey, cell) in zip(axes, panels):
+        loss = cell.pivot(index="y", columns="lr", values="loss").reindex(index=ys, columns=lrs)
+        bad = cell.pivot(index="y", columns="lr", values="bad").reindex(index=ys, columns=lrs)
+        n = cell.pivot(index="y", columns="lr", values="n").reindex(index=ys, columns=lrs)
+        im = ax.imshow(np.ma.masked_invalid(loss.to_numpy(float)), cmap=cmap, vmin=vmin, vmax=vmax,
+                       aspect="auto", origin="lower")
+        for (i, j), value in np.ndenumerate(loss.to_numpy(float)):
+            n_bad, n_all = bad.iat[i, j], n.iat[i, j]
+            text = "" if math.isnan(value) else f"{value:.2f}"
+            if n_bad > 0:
+                text += f"\n× {n_bad:.0f}/{n_all:.0f} div" if text else f"× {n_bad:.0f}/{n_all:.0f}\ndiverged"
+            ax.text(j, i, text, ha="center", va="center", fontsize="x-small",
+                    color="red" if n_bad > 0 else ("white" if value < (vmin + vmax) / 2 else "black"))
+        ax.set_xticks(range(len(lrs)), [f"{v:g}" for v in lrs], rotation=35)
+        ax.set_yticks(range(len(ys)), [_fmt_value(v) for v in ys])
+        ax.set(title=_plain(" / ".join(map(_fmt_value, pkey))), xlabel="peak learning rate (train.lr)",
+               ylabel=ykey or "")
+    fig.colorbar(im, ax=list(axes), label="final val loss (nats/token), mean over completed seeds")
+    fig.suptitle("Stability map: grey × cells = diverged/failed runs (not averaged)")
+    return fig
+
+
+@chart("bench", "Norm micro-benchmark", needs_runs=False)
+def chart_bench(d: ReportData):
+    if d.bench is None or d.bench.empty:
+        return "no bench CSV among the inputs (pass the file from `normbench bench --out X.csv`)"
+    # One panel per setting that changes the timings, so each line compares like with like.
+    keys = ["device", "dtype", "pass"] + ["tokens"] * ("tokens" in d.bench and d.bench["tokens"].nunique() > 1)
+    panels = list(d.bench.groupby(keys, sort=True))
+    fig, axes = _figure(len(panels))
+    for ax, (panel, part) in zip(axes, panels):
+        for (norm, impl), line in part.groupby(["norm", "impl"], sort=True):
+            line = line.sort_values("dim")
+            ax.plot(line["dim"], line["ms"], color=norm_color(norm), linestyle=IMPL_LINESTYLES.get(str(impl), "-."),
+                    marker="o", markersize=3, label=_plain(f"{norm} ({impl})"))
+        title = " · ".join(f"{k}={v}" if k == "tokens" else str(v) for k, v in zip(keys, panel))
+        ax.set(title=_plain(title), xlabel="hidden size (dim)", ylabel="time per call (ms)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle("Norm micro-benchmark (colour = norm, line style = implementation)")
+    _legend(fig, axes)
+    return fig
+
+

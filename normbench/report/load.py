@@ -1,0 +1,204 @@
+"""Reading runs: find run directories (and bench CSVs) below the inputs and read each run once.
+
+A run is any directory holding config.yaml. Its summary.json says how it ended; metrics.jsonl
+holds its curves. A run that failed before training (a config error, a crash while building)
+has a failed summary.json and no metrics.jsonl: it is kept and counted, with no curves.
+Everything else in the report is computed from the ``ReportData`` this module returns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from normbench.errors import ConfigError
+from normbench.runs import read_jsonl
+
+# Metrics a report can be sorted by; the first three are losses (lower is better).
+METRICS = ("final_val_loss", "best_val_loss", "floor_gap", "tokens_per_s", "step_ms_p50", "step_ms_p90",
+           "peak_mem_mb", "mfu", "wall_s", "max_grad_norm", "clip_fraction")
+HIGHER_IS_BETTER = {"tokens_per_s", "mfu"}
+LOSS_FIELDS = ("final_val_loss", "best_val_loss", "floor_gap")
+SPEED_FIELDS = ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb")
+BENCH_COLUMNS = ("norm", "impl", "dim", "dtype", "device", "pass", "ms")
+ALIASES = {"norm.name": "norm", "placement.name": "placement"}
+
+def find_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """Run directories (any directory holding config.yaml) below ``paths``, and bench CSVs."""
+    run_dirs, bench_csvs = [], []
+    for path in paths:
+        if not path.exists():
+            raise ConfigError(f"path does not exist: {path}", allowed=["a run or sweep directory", "a bench .csv file"])
+        if path.is_file():
+            if path.suffix.lower() != ".csv":
+                raise ConfigError(f"{path} is a file but not a bench CSV",
+                                  allowed=["a run or sweep directory", "a bench .csv file"])
+            bench_csvs.append(path)
+            continue
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # .hydra/ holds a config.yaml too
+            if "config.yaml" in files:
+                run_dirs.append(Path(root))
+    unique = {d.resolve(): d for d in run_dirs}  # overlapping input paths must not count a run twice
+    return list(unique.values()), bench_csvs
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """Nested dict -> {"a.b.c": value}; lists become JSON strings so they can be grouped on."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = json.dumps(value, default=str)
+        else:
+            flat[name] = value
+    return flat
+
+
+def _num(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def load_run(run_dir: Path, warn) -> tuple[dict, dict, list[dict]] | None:
+    """(config, summary, metric records) of one run, or None (with a warning) if it cannot be used."""
+    if not (run_dir / "summary.json").exists():
+        warn(f"skipped {run_dir}: no summary.json (still running or killed)")
+        return None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        config = yaml.load((run_dir / "config.yaml").read_text(), Loader=loader)
+        if not isinstance(config, dict):
+            raise ValueError("not a mapping")
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        warn(f"skipped {run_dir}: unreadable config.yaml ({e})")
+        return None
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        if not isinstance(summary, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        warn(f"skipped {run_dir}: corrupt summary.json ({e})")
+        return None
+    if not (run_dir / "metrics.jsonl").exists():
+        # A run that failed before its first step (a config error, a crash while building the
+        # model) has nothing to plot, but it is a result: it must be counted.
+        if summary.get("status") == "failed":
+            return config, summary, []
+        warn(f"skipped {run_dir}: no metrics.jsonl")
+        return None
+    try:
+        records = read_jsonl(run_dir / "metrics.jsonl", warn)
+    except (OSError, ValueError) as e:
+        warn(f"skipped {run_dir}: unreadable metrics.jsonl ({e})")
+        return None
+    return config, summary, records
+
+
+@dataclass
+class ReportData:
+    runs: pd.DataFrame  # one row per run: summary.csv
+    config_keys: list[str]  # dotted config keys, in first-seen order
+    train: pd.DataFrame  # run, step, tokens, train_loss
+    evals: pd.DataFrame  # run, step, val_loss
+    grads: pd.DataFrame  # run, step, grad_norm (global, from stats records)
+    layers: pd.DataFrame  # run, when ("first"/"last" stats record), step, layer, grad (mlp_out), resid_rms
+    bench: pd.DataFrame | None = None
+    # Filled in by the later stages of a report (normbench.report.build):
+    keys: list[str] | None = None  # group keys
+    agg: pd.DataFrame | None = None  # one row per group, best first: aggregate.csv
+    styles: dict | None = None  # config label -> matplotlib line/bar style
+    tune: str | None = None  # the tuning key (train.lr), or None
+    tuned: pd.DataFrame | None = None  # one row per configuration (group keys without tune): tuned.csv
+
+
+def load_runs(run_dirs: list[Path], warn) -> ReportData:
+    rows, train, evals, grads, layers, config_keys = [], [], [], [], [], {}
+    for run_dir in run_dirs:
+        loaded = load_run(run_dir, warn)
+        if loaded is None:
+            continue
+        config, summary, records = loaded
+        run = len(rows)
+        flat_config = flatten(config)
+        config_keys.update(dict.fromkeys(flat_config))
+        status = summary.get("status")
+        if not status:  # runs older than the status field: a finite final loss means it finished
+            status = "completed" if math.isfinite(_num(summary.get("final_val_loss"))) else "unknown"
+        norm, placement = config.get("norm"), config.get("placement")
+        rows.append({
+            **flatten({k: v for k, v in summary.items() if k != "status"}),
+            **flat_config,
+            # last, so that no config or summary key can shadow the short columns
+            "run_dir": str(run_dir),
+            "norm": norm.get("name") if isinstance(norm, dict) else norm,
+            "placement": placement.get("name") if isinstance(placement, dict) else placement,
+            "seed": config.get("seed"),
+            "status": status,
+        })
+        # The validation loss at initialisation (step 0, before any update): the ceiling of the
+        # LR sensitivity (a run that diverged counts as having learned nothing).
+        init = [_num(r.get("val_loss")) for r in records if r.get("kind") == "eval" and _num(r.get("step")) == 0]
+        rows[-1]["init_val_loss"] = init[0] if init else math.nan
+        stats = []
+        for r in records:
+            kind = r.get("kind")
+            if kind == "train":
+                train.append((run, _num(r.get("step")), _num(r.get("tokens")), _num(r.get("train_loss"))))
+            elif kind == "eval":
+                evals.append((run, _num(r.get("step")), _num(r.get("val_loss"))))
+            elif kind == "stats":
+                grads.append((run, _num(r.get("step")), _num(r.get("grad_norm"))))
+                if isinstance(r.get("layers"), list) and r["layers"]:
+                    stats.append(r)
+        # Only the first and last per-layer snapshots are drawn; keep nothing else.
+        for when, r in ([("first", stats[0]), ("last", stats[-1])] if stats else []):
+            for i, layer in enumerate(r["layers"]):
+                layer = layer if isinstance(layer, dict) else {}
+                grad = layer.get("grad_norm") if isinstance(layer.get("grad_norm"), dict) else {}
+                layers.append((run, when, _num(r.get("step")), i,
+                               _num(grad.get("mlp_out")), _num(layer.get("resid_rms"))))
+    runs = pd.DataFrame(rows)
+    for col in ("run_dir", "norm", "placement", "seed", "status", "floor_loss", "init_val_loss", "leaks_future", *METRICS):
+        if col not in runs:
+            runs[col] = np.nan
+    for col in (*METRICS, "init_val_loss"):
+        runs[col] = pd.to_numeric(runs[col], errors="coerce")
+    runs["floor_gap"] = runs["final_val_loss"] - pd.to_numeric(runs["floor_loss"], errors="coerce")
+    first = ["run_dir", "norm", "placement", "seed", "status", *METRICS, "init_val_loss"]
+    runs = runs[first + [c for c in runs.columns if c not in first]]
+    return ReportData(
+        runs=runs, config_keys=list(config_keys),
+        train=pd.DataFrame(train, columns=["run", "step", "tokens", "train_loss"]),
+        evals=pd.DataFrame(evals, columns=["run", "step", "val_loss"]),
+        grads=pd.DataFrame(grads, columns=["run", "step", "grad_norm"]),
+        layers=pd.DataFrame(layers, columns=["run", "when", "step", "layer", "grad", "resid_rms"]),
+    )
+
+
+def read_bench(paths: list[Path]) -> pd.DataFrame | None:
+    frames = []
+    for path in paths:
+        try:
+            frame = pd.read_csv(path)
+        except (OSError, ValueError) as e:  # pandas' EmptyDataError/ParserError are ValueErrors
+            raise ConfigError(f"cannot read bench CSV {path}: {e}") from None
+        missing = [c for c in BENCH_COLUMNS if c not in frame]
+        if missing:
+            raise ConfigError(f"{path} is not a bench CSV (missing columns {', '.join(missing)})",
+                              allowed=BENCH_COLUMNS)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+

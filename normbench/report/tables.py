@@ -1,0 +1,170 @@
+"""Tables: which runs form a configuration, and the per-configuration table.
+
+Group keys (default: the config keys that vary between runs), the configuration labels, the
+aggregate (aggregate.csv: counts, loss mean/std/CI over completed seeds, speed), and its one
+string formatting shared by the terminal, summary.md and report.html.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from normbench.config import NOT_HASHED
+from normbench.errors import ConfigError
+from normbench.report.load import ALIASES, HIGHER_IS_BETTER, LOSS_FIELDS, SPEED_FIELDS, ReportData
+
+
+def _is_bookkeeping(key: str) -> bool:
+    """Config keys that vary between runs without defining a configuration: seeds, paths, and the
+    keys the config hash ignores because they never change a result (train.threads, train.progress)."""
+    last = key.rsplit(".", 1)[-1]
+    return (key.startswith("hydra.") or key in NOT_HASHED or last == "seed" or last in ("out", "output")
+            or last.endswith(("dir", "path", "file")))
+
+
+def varying_keys(runs: pd.DataFrame, config_keys: list[str]) -> list[str]:
+    """The config keys whose value differs between runs (bookkeeping left out), norm and placement first."""
+    varying = [ALIASES.get(k, k) for k in config_keys
+               if not _is_bookkeeping(k) and runs[k].nunique(dropna=False) > 1]
+    return [k for k in ("norm", "placement") if k in varying] + [k for k in varying if k not in ("norm", "placement")]
+
+
+def default_group_keys(runs: pd.DataFrame, config_keys: list[str]) -> list[str]:
+    """The config keys that actually vary across runs, norm and placement first."""
+    keys = varying_keys(runs, config_keys)
+    # norm.eps, placement.final_norm, ... that merely follow the norm/placement name split no
+    # group further; keeping them would only clutter every label.
+    for short in ("norm", "placement"):
+        if short in keys:
+            keys = [k for k in keys if not (k.startswith(short + ".") and
+                                            runs.groupby(short, dropna=False)[k].nunique(dropna=False).max() <= 1)]
+    return keys or ["norm", "placement"]
+
+
+def resolve_group_keys(group_by: list[str] | None, data: ReportData) -> list[str]:
+    if not group_by:
+        return default_group_keys(data.runs, data.config_keys)
+    allowed = ["norm", "placement", *[k for k in data.config_keys if k not in ALIASES]]
+    keys = []
+    for key in group_by:
+        key = ALIASES.get(key.strip(), key.strip())
+        if key not in allowed:
+            raise ConfigError(f"unknown group key {key!r}", allowed=allowed)
+        keys += [key] if key not in keys else []
+    return keys
+
+
+def _fmt_value(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))  # a column with a missing value turns ints into floats
+    return str(value)
+
+
+def config_label(keys: list[str], values) -> str:
+    """'ln/pre lr=0.003' for the group keys of one configuration."""
+    values = dict(zip(keys, values))
+    head = "/".join(_fmt_value(values[k]) for k in ("norm", "placement") if k in values)
+    short = [k.rsplit(".", 1)[-1] for k in keys]
+    rest = [f"{s if short.count(s) == 1 else k}={_fmt_value(values[k])}"
+            for k, s in zip(keys, short) if k not in ("norm", "placement")]
+    return " ".join([head] * bool(head) + rest)
+
+
+def aggregate(runs: pd.DataFrame, keys: list[str], metric: str = "final_val_loss") -> pd.DataFrame:
+    """One row per configuration (the group keys), best first by ``metric``.
+
+    Loss mean/std/count use completed runs only (std is the sample std, ddof=1); diverged and
+    failed runs are counted separately. Throughput and memory average every run that reported
+    them: a diverged run's speed is still a real measurement.
+    """
+    status = runs["status"]
+    flags = runs.assign(runs=1, completed=status.eq("completed"), diverged=status.eq("diverged"),
+                        failed=status.eq("failed"), leaks_future=runs["leaks_future"].map(
+                            lambda v: bool(v) if isinstance(v, (bool, np.bool_)) else pd.NA))
+    groups = flags.groupby(keys, dropna=False, sort=False)
+    agg = groups[["runs", "completed", "diverged", "failed"]].sum()
+    completed = runs[status.eq("completed")].groupby(keys, dropna=False, sort=False)
+    losses = completed[list(LOSS_FIELDS)].agg(["mean", "std", "count"])
+    losses.columns = [f"{field}_{stat}" for field, stat in losses.columns]
+    speed_fields = list(dict.fromkeys(f for f in (*SPEED_FIELDS, metric) if f not in LOSS_FIELDS))
+    agg = agg.join(losses).join(groups[speed_fields].mean().add_suffix("_mean"))
+    agg["leaks_future"] = groups["leaks_future"].agg(lambda s: bool(s.dropna().any()) if s.notna().any() else pd.NA)
+    for col in [c for c in agg.columns if c.endswith("_count")]:
+        agg[col] = agg[col].fillna(0).astype(int)  # a group whose runs all diverged has no completed losses
+    agg = agg.reset_index()
+    agg = agg.sort_values(f"{metric}_mean", ascending=metric not in HIGHER_IS_BETTER, na_position="last", kind="stable")
+    agg.insert(0, "config", [config_label(keys, v) for v in agg[keys].itertuples(index=False)])
+    return agg.reset_index(drop=True)
+
+
+def display_table(agg: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
+    """The aggregate as short strings: one formatting for the terminal, Markdown and HTML."""
+    def pm(row, field):
+        mean, std, n = row[f"{field}_mean"], row[f"{field}_std"], row[f"{field}_count"]
+        if pd.isna(mean):
+            return "–"
+        return f"{mean:.3f}" + (f" ± {std:.3f}" if n > 1 else "") + f" (n={n})"
+
+    def num(value, spec):
+        return "–" if pd.isna(value) else format(value, spec)
+
+    table = pd.DataFrame({k: agg[k].map(_fmt_value) for k in keys})
+    table["runs"] = agg["runs"].astype(str)
+    table["final val loss"] = [pm(r, "final_val_loss") for _, r in agg.iterrows()]
+    if "ci_low" in agg:
+        table["95% CI"] = [fmt_ci(r) for _, r in agg.iterrows()]
+        table["vs best"] = [fmt_vs_best(r) for _, r in agg.iterrows()]
+    table["best val loss"] = [pm(r, "best_val_loss") for _, r in agg.iterrows()]
+    table["gap to floor"] = agg["floor_gap_mean"].map(lambda v: num(v, ".3f"))
+    table["tokens/s"] = agg["tokens_per_s_mean"].map(lambda v: num(v, ",.0f"))
+    table["step ms (p50)"] = agg["step_ms_p50_mean"].map(lambda v: num(v, ".1f"))
+    table["peak MB"] = agg["peak_mem_mb_mean"].map(lambda v: num(v, ",.0f"))
+    if f"{metric}_std" not in agg and metric not in SPEED_FIELDS:
+        table[metric] = agg[f"{metric}_mean"].map(lambda v: num(v, ".4g"))
+    table["diverged"] = agg["diverged"].astype(str)
+    table["failed"] = agg["failed"].astype(str)
+    if agg["leaks_future"].notna().any():
+        table["leaks future"] = agg["leaks_future"].map(lambda v: "–" if pd.isna(v) else ("yes" if v else "no"))
+    return table
+
+
+def fmt_ci(row, low="ci_low", high="ci_high", sign="") -> str:
+    """'[2.480, 2.520]', or why there is no interval (needs ≥ 2 seeds, no completed run)."""
+    if pd.isna(row.get(low)):
+        return str(row.get("ci_method") if low == "ci_low" and pd.notna(row.get("ci_method")) else "–")
+    return f"[{row[low]:{sign}.3f}, {row[high]:{sign}.3f}]"
+
+
+def fmt_vs_best(row) -> str:
+    """'best', 'tied +0.002 [-0.004, +0.008]', 'worse +0.310 [+0.290, +0.330]', or why not compared."""
+    verdict = row.get("vs_best")
+    if pd.isna(verdict) or verdict in ("best", "no completed run"):
+        return "–" if pd.isna(verdict) else str(verdict)
+    if pd.isna(row.get("diff_ci_low")):
+        return f"{row['diff_vs_best']:+.3f}, {verdict}"
+    return f"{verdict} {row['diff_vs_best']:+.3f} {fmt_ci(row, 'diff_ci_low', 'diff_ci_high', '+')}"
+
+
+def tuned_table(tuned: pd.DataFrame) -> pd.DataFrame:
+    """tuned.csv as short strings, for the terminal, Markdown and HTML."""
+    key = tuned["tune_key"].iloc[0]
+    def num(value, spec):
+        return "–" if pd.isna(value) else format(value, spec)
+    return pd.DataFrame({
+        "configuration": tuned["config"],
+        f"best {key}": tuned["best_value"].map(lambda v: num(v, "g")),
+        "final val loss": [f"{m:.3f} (n={n})" if pd.notna(m) else "–"
+                           for m, n in zip(tuned["final_val_loss_mean"], tuned["n_seeds"])],
+        "95% CI": [fmt_ci(r) for _, r in tuned.iterrows()],
+        "vs best": [fmt_vs_best(r) for _, r in tuned.iterrows()],
+        "p": tuned["p_value"].map(lambda v: "–" if pd.isna(v) else ("<0.001" if v < 1e-3 else f"{v:.3f}")),
+        "sensitivity": tuned["lr_sensitivity"].map(lambda v: num(v, ".3f")),
+        "values ok/diverged/failed": [f"{c}/{dv}/{f} of {n}" for c, dv, f, n in zip(
+            tuned["values_completed"], tuned["values_diverged"], tuned["values_failed"], tuned["values"])],
+        "diverged at": tuned["diverged_at"].replace("", "–"),
+    })

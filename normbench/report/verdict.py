@@ -1,0 +1,177 @@
+"""The verdict: a few generated sentences, each with its numbers, at the top of every report.
+
+Every claim of a difference rests on a 95% interval that excludes 0 (normbench.report.stats);
+a difference whose interval includes 0 is called a tie, one without an interval is not
+called anything. The verdict says so when the evidence is too thin (one seed, one learning
+rate, a best value at the edge of the grid).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from normbench.report.load import ReportData
+from normbench.report.stats import NEEDS_SEEDS, compare
+from normbench.report.tables import config_label, fmt_ci
+
+
+def _p(p: float) -> str:
+    if not math.isfinite(p):
+        return ""
+    return ", p<0.001" if p < 1e-3 else f", p={p:.2g}"
+
+
+def _diff(row) -> str:
+    """'+0.310 [+0.290, +0.330] (paired by seed, t, p<0.001)'"""
+    return (f"{row['diff_vs_best']:+.3f} {fmt_ci(row, 'diff_ci_low', 'diff_ci_high', '+')} "
+            f"({row['test']}{_p(row['p_value'])})")
+
+
+def _list(items: list[str]) -> str:
+    return "; ".join(items)
+
+
+def _configurations(d: ReportData) -> pd.DataFrame:
+    """One row per configuration as compared: config, at, mean, n, the interval and vs-best columns."""
+    if d.tune:
+        t = d.tuned
+        return t.assign(at=[f" at {d.tune}={v:g}" if pd.notna(v) else "" for v in t["best_value"]],
+                        mean=t["final_val_loss_mean"], n=t["n_seeds"])
+    a = d.agg
+    return a.assign(at="", mean=a["final_val_loss_mean"], n=a["final_val_loss_count"])
+
+
+def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
+    out = []
+    n = table["n"]
+    seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()} to {n.max()}"
+    out.append(f"{len(d.runs)} runs, {len(table)} configurations, {seeds} completed seed(s) per configuration"
+               + (f" at its best {d.tune}." if d.tune else "."))
+    if n.max() < 2:
+        out.append("Evidence too thin: one completed seed per configuration gives no confidence interval, so "
+                   "no configuration is called better, worse or tied; run more seeds (seed=0,1,2).")
+    lr = pd.to_numeric(d.runs.get("train.lr"), errors="coerce") if "train.lr" in d.runs else None
+    if d.tune is None and lr is not None and lr.nunique() == 1:
+        out.append(f"Every run used one learning rate (train.lr={lr.iloc[0]:g}): each configuration is compared "
+                   "there, not at its own best; sweep train.lr (e.g. 1e-3,3e-3,1e-2,3e-2) and the report tunes it.")
+    if d.tune:
+        edge = []
+        for row in d.tuned.itertuples(index=False):
+            grid = [float(v) for v in row.grid.split()] if row.grid else []
+            if len(grid) >= 2 and pd.notna(row.best_value) and row.best_value in (grid[0], grid[-1]):
+                edge.append(f"{row.config} ({row.best_value:g})")
+        if edge:
+            out.append(f"Best {d.tune} at the edge of the grid, so the true best may lie outside it (extend the "
+                       f"grid): {_list(edge)}.")
+        single = list(d.tuned.loc[d.tuned["values"] < 2, "config"])
+        if single:
+            out.append(f"Only one {d.tune} swept, so compared there and not at a tuned best: {_list(single)}.")
+    return out
+
+
+def _comparisons(table: pd.DataFrame) -> list[str]:
+    out = []
+    best = table[table["vs_best"].eq("best")]
+    if best.empty:
+        return ["No configuration completed a run: nothing to compare."]
+    b = best.iloc[0]
+    ci = (f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}" if pd.notna(b["ci_low"])
+          else f"n={b['n']}, {NEEDS_SEEDS} for an interval")
+    out.append(f"Best: {b['config']}{b['at']}, final validation loss {b['mean']:.3f} ({ci}).")
+    tied = [f"{r['config']}{r['at']} {_diff(r)}" for _, r in table[table["vs_best"].eq("tied")].iterrows()]
+    worse = [f"{r['config']}{r['at']} by {_diff(r)}" for _, r in table[table["vs_best"].eq("worse")].iterrows()]
+    other = table[~table["vs_best"].isin(["best", "tied", "worse", "no completed run", NEEDS_SEEDS])]
+    thin = table[table["vs_best"].eq(NEEDS_SEEDS)]
+    none = table[table["vs_best"].eq("no completed run")]
+    if tied:
+        out.append(f"Tied with the best (the 95% CI of the difference includes 0): {_list(tied)}.")
+    if worse:
+        out.append(f"Worse than the best (the 95% CI of the difference excludes 0): {_list(worse)}.")
+    for _, r in other.iterrows():
+        out.append(f"{r['config']}{r['at']}: {r['vs_best']} than the best, {_diff(r)}.")
+    if len(thin) and table["n"].max() >= 2:
+        out.append("Not compared (" + NEEDS_SEEDS + " on both sides): "
+                   + _list([f"{r['config']}{r['at']} (n={r['n']})" for _, r in thin.iterrows()]) + ".")
+    if len(none):
+        out.append("Nothing completed (every run diverged or failed): " + _list(list(none["config"])) + ".")
+    return out
+
+
+def _failures(d: ReportData) -> list[str]:
+    out = []
+    if d.tune:
+        diverged = [f"{r.config} at {d.tune} {r.diverged_at}" for r in d.tuned.itertuples(index=False) if r.diverged_at]
+        failed = [f"{r.config} at {d.tune} {r.failed_at}" for r in d.tuned.itertuples(index=False) if r.failed_at]
+    else:
+        diverged = [f"{r.config} ({r.diverged}/{r.runs} runs)" for r in d.agg.itertuples(index=False) if r.diverged]
+        failed = [f"{r.config} ({r.failed}/{r.runs} runs)" for r in d.agg.itertuples(index=False) if r.failed]
+    if diverged:
+        out.append(f"Diverged (seeds per value): {_list(diverged)}.")
+    if failed:
+        out.append(f"Failed (see the error column of summary.csv): {_list(failed)}.")
+    return out
+
+
+def _sensitivity(d: ReportData) -> list[str]:
+    if not d.tune:
+        return []
+    t = d.tuned.dropna(subset=["lr_sensitivity"]).sort_values("lr_sensitivity", kind="stable")
+    one_value = list(d.tuned.loc[d.tuned["values"] < 2, "config"])
+    out = [f"{d.tune} sensitivity not computed for {_list(one_value)}: one value swept."] if one_value else []
+    if t.empty:
+        return out or [f"{d.tune} sensitivity not computed: the runs have no step-0 evaluation (older runs)."]
+    grids = t["grid"].unique()
+    values = _list([f"{r.config} {r.lr_sensitivity:.3f}" for r in t.itertuples(index=False)])
+    text = (f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each configuration's "
+            f"best across the grid, a diverged value counting as the loss at init; lower = more robust; "
+            f"a point value, no interval): {values}.")
+    if len(grids) == 1:
+        text += f" Grid: {grids[0]}."
+    else:
+        text += (" The configurations were swept over different grids (" + _list(list(grids))
+                 + "): sensitivities on different grids are not comparable.")
+    return [text, *out]
+
+
+def _leaks(d: ReportData) -> list[str]:
+    leaking = d.runs[[v is True or v == 1 for v in d.runs["leaks_future"]]]
+    if leaking.empty:
+        return []
+    keys = [k for k in d.keys if k != d.tune]
+    configs = dict.fromkeys(config_label(keys, v) or "all runs" for v in leaking[keys].itertuples(index=False))
+    return [f"Leaks the future in training mode (the norm pools statistics over the batch and the sequence): "
+            f"{_list(list(configs))}; the training loss of these runs is optimistic, their validation loss "
+            f"(eval mode) is not."]
+
+
+def _throughput(d: ReportData) -> list[str]:
+    runs = d.runs.dropna(subset=["tokens_per_s"])
+    norms = list(dict.fromkeys(runs["norm"].dropna()))
+    if "norm" not in d.keys or len(norms) < 2:
+        return []
+    ref = "ln" if "ln" in norms else norms[0]
+    base = runs.loc[runs["norm"].eq(ref), "tokens_per_s"].tolist()
+    parts = []
+    for norm in [n for n in norms if n != ref]:
+        speed = runs.loc[runs["norm"].eq(norm), "tokens_per_s"].tolist()
+        c = compare(speed, base)
+        ratio = sum(speed) / len(speed) / (sum(base) / len(base))
+        if c.ci is None:
+            call = NEEDS_SEEDS
+        elif c.tied:
+            call = "no difference shown: the CI includes 0"
+        else:
+            call = "faster in these runs" if c.ci.low > 0 else "slower in these runs"
+        parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
+    return [f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference): "
+            f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
+            f"well; normbench bench compares the norms' speed under control."]
+
+
+def verdict(d: ReportData) -> list[str]:
+    """The report's verdict, one sentence (or a short list) per item."""
+    table = _configurations(d)
+    return [*_evidence(d, table), *_comparisons(table), *_failures(d), *_sensitivity(d), *_leaks(d),
+            *_throughput(d)]
