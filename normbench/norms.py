@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from normbench import kernels
 from normbench.errors import ConfigError
 
 NORMS: dict[str, type[nn.Module]] = {}
@@ -32,6 +33,42 @@ _HALF = (torch.float16, torch.bfloat16)
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """Half inputs are upcast for their statistics; float32 and float64 stay as they are."""
     return x.float() if x.dtype in _HALF else x
+
+
+def _fused_cpu(x: torch.Tensor) -> bool:
+    """Whether to run normbench's fused CPU kernel (normbench.kernels) for this input.
+
+    Not under torch.compile: there the eager math is traced and inductor fuses it itself
+    (and on a GPU, Triton). Not on other devices, where PyTorch's own kernels are used.
+    """
+    return (x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+            and kernels.available())
+
+
+class _FusedCPU(torch.autograd.Function):
+    """A forward op and its backward op from torch.ops.normbench, as one autograd node.
+
+    The ops' signatures line up: ``{op}_fwd(x, *params[, eps])`` returns y (and one
+    statistic per token, for rms_norm and scale_norm); ``{op}_bwd(dy, x, *params[, stats][, eps])``
+    returns dx and each parameter's gradient. Only the inputs (no copies) and the
+    per-token statistics are saved.
+    """
+
+    @staticmethod
+    def forward(ctx, op: str, eps, x: torch.Tensor, *params):
+        x = x.contiguous()
+        tail = () if eps is None else (eps,)
+        out = getattr(torch.ops.normbench, f"{op}_fwd")(x, *params, *tail)
+        y, stats = out if isinstance(out, tuple) else (out, None)
+        ctx.op, ctx.tail = op, tail
+        ctx.save_for_backward(x, *params, *(() if stats is None else (stats,)))
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: torch.Tensor):
+        dx, *dparams = getattr(torch.ops.normbench, f"{ctx.op}_bwd")(dy.contiguous(), *ctx.saved_tensors, *ctx.tail)
+        return (None, None, dx, *dparams)
 
 
 def register_norm(name: str):
@@ -95,6 +132,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused_cpu(x):
+            return _FusedCPU.apply("rms_norm", self.eps, x, self.weight)
         weight = self.weight  # one module attribute lookup: at small widths each microsecond shows
         # A gain in another dtype than x sends rms_norm down its slow unfused path.
         if weight.dtype != x.dtype:
@@ -205,6 +244,8 @@ class ScaleNorm(nn.Module):
         self.weight = nn.Parameter(torch.tensor(math.sqrt(dim)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused_cpu(x):
+            return _FusedCPU.apply("scale_norm", self.eps, x, self.weight)
         return _ScaleNormFunction.apply(x, self.weight, self.eps)
 
 
@@ -219,6 +260,8 @@ class DynamicTanh(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused_cpu(x):
+            return _FusedCPU.apply("dyt", None, x, self.alpha, self.weight, self.bias)
         # In place: the product's only reader is tanh, whose backward needs its output alone.
         squashed = torch.tanh_(self.alpha * x)
         # A half input meets its gain and bias in its own dtype, as under a half model: fp32
