@@ -337,3 +337,13 @@ def test_no_compiler_still_trains_with_one_line_saying_so(tmp_path):
     lines = [line for line in result.stderr.splitlines() if "fused CPU norm kernels unavailable" in line]
     assert len(lines) == 1 and "no C++ compiler" in lines[0]
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("name, math_fn", [("scale", "_scale_norm_math"), ("dyt", "_dyt_math")])
+def test_gpu_math_matches_the_norm(name, math_fn, monkeypatch):
+    """The plain-op math that torch.compile fuses on a GPU is the norm's math (checked here on the CPU)."""
+    torch.manual_seed(5)
+    norm = randomize(build_norm(name, 24)).double()
+    x = torch.randn(3, 4, 24, dtype=torch.float64)
+    params = [norm.weight, 1e-5] if name == "scale" else [norm.alpha, norm.weight, norm.bias]
+    assert torch.allclose(getattr(norms, math_fn)(x, *params), reference(name, norm, x), atol=1e-12)
