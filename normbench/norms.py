@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from normbench import kernels
 from normbench.errors import ConfigError
 
 NORMS: dict[str, type[nn.Module]] = {}
@@ -34,6 +36,80 @@ _HALF = (torch.float16, torch.bfloat16)
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """Half inputs are upcast for their statistics; float32 and float64 stay as they are."""
     return x.float() if x.dtype in _HALF else x
+
+
+def _fused_cpu(x: torch.Tensor) -> bool:
+    """Whether to run normbench's fused CPU kernel (normbench.kernels) for this input.
+
+    Not under torch.compile: there the eager math is traced and inductor fuses it itself
+    (and on a GPU, Triton). Not on other devices, where PyTorch's own kernels are used.
+    """
+    return (x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+            and kernels.available())
+
+
+_ON_GPU: dict = {}  # math fn -> its torch.compile'd version (or the fn itself, once compiling failed)
+
+
+def _fused_gpu(fn, x: torch.Tensor, *args):
+    """``fn(x, *args)`` as one generated kernel per pass on a GPU: torch.compile (inductor, Triton).
+
+    ScaleNorm and DyT have no fused op in PyTorch; eager CUDA runs each elementwise op as
+    its own kernel. Compiled once per fn with dynamic shapes (a new width or batch needs
+    no recompile); where compiling fails, one line says so and the eager math is used.
+    Not measured yet: no GPU was lent when this was written (BENCHMARKS.md).
+    """
+    if fn not in _ON_GPU:
+        _ON_GPU[fn] = torch.compile(fn, dynamic=True)  # lazy: compiles on the first call
+    compiled = _ON_GPU[fn]
+    if compiled is fn:
+        return fn(x, *args)
+    try:
+        return compiled(x, *args)
+    except Exception as e:  # no Triton, an unsupported GPU: eager is slower, not wrong
+        _ON_GPU[fn] = fn
+        print(f"normbench: torch.compile of {fn.__name__} failed ({type(e).__name__}); eager on the GPU", file=sys.stderr)
+        return fn(x, *args)
+
+
+def _on_gpu(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda" and not torch.compiler.is_compiling()
+
+
+class _FusedCPU(torch.autograd.Function):
+    """A forward op and its backward op from torch.ops.normbench, as one autograd node.
+
+    The ops' signatures line up: ``{op}_fwd(x, *params[, eps])`` returns y (and one
+    statistic per token, for rms_norm and scale_norm); ``{op}_bwd(dy, x, *params[, stats][, eps])``
+    returns dx and each parameter's gradient. Only the inputs (no copies) and the
+    per-token statistics are saved.
+    """
+
+    @staticmethod
+    def forward(ctx, op: str, eps, x: torch.Tensor, *params):
+        x = x.contiguous()
+        ctx.op, ctx.tail = op, () if eps is None else (eps,)
+        out = _op(op, "fwd")(x, *params, *ctx.tail)
+        y, stats = out if isinstance(out, tuple) else (out, None)
+        ctx.save_for_backward(x, *params, *(() if stats is None else (stats,)))
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: torch.Tensor):
+        dx, *dparams = _op(ctx.op, "bwd")(dy.contiguous(), *ctx.saved_tensors, *ctx.tail)
+        return (None, None, dx, *dparams)
+
+
+_OPS: dict = {}
+
+
+def _op(name: str, which: str):
+    """torch.ops.normbench.{name}_{which}'s one overload, looked up once: a per-call lookup shows at small widths."""
+    key = (name, which)
+    if key not in _OPS:
+        _OPS[key] = getattr(torch.ops.normbench, f"{name}_{which}").default
+    return _OPS[key]
 
 
 def register_norm(name: str):
@@ -101,6 +177,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused_cpu(x):
+            return _FusedCPU.apply("rms_norm", self.eps, x, self.weight)
         weight = self.weight  # one module attribute lookup: at small widths each microsecond shows
         # A gain in another dtype than x sends rms_norm down its slow unfused path.
         if weight.dtype != x.dtype:
@@ -205,6 +283,12 @@ class _ScaleNormFunction(torch.autograd.Function):
         return dx.to(x.dtype), (dot / clamped).sum().to(ctx.gain_dtype), None
 
 
+def _scale_norm_math(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """ScaleNorm as plain ops, for torch.compile to fuse (statistics in float32)."""
+    xf = _at_least_float32(x)
+    return (xf * (gain / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(eps))).to(x.dtype)
+
+
 @register_norm("scale")
 class ScaleNorm(nn.Module):
     """g * x / max(||x||, eps), one learned scalar g initialised to sqrt(dim) (Nguyen & Salazar 2019)."""
@@ -217,7 +301,17 @@ class ScaleNorm(nn.Module):
         self.weight = nn.Parameter(torch.tensor(math.sqrt(dim)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused_cpu(x):
+            return _FusedCPU.apply("scale_norm", self.eps, x, self.weight)
+        if _on_gpu(x):
+            return _fused_gpu(_scale_norm_math, x, self.weight, self.eps)
         return _ScaleNormFunction.apply(x, self.weight, self.eps)
+
+
+def _dyt_math(x: torch.Tensor, alpha: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """DyT as plain ops, for torch.compile to fuse into one kernel per pass."""
+    y = torch.tanh(alpha * x) * weight.to(x.dtype)
+    return y if bias is None else y + bias.to(x.dtype)
 
 
 @register_norm("dyt")
@@ -233,6 +327,10 @@ class DynamicTanh(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused_cpu(x):
+            return _FusedCPU.apply("dyt", None, x, self.alpha, self.weight, self.bias)
+        if _on_gpu(x):
+            return _fused_gpu(_dyt_math, x, self.alpha, self.weight, self.bias)
         # In place: the product's only reader is tanh, whose backward needs its output alone.
         squashed = torch.tanh_(self.alpha * x)
         # A half input meets its gain and bias in its own dtype, as under a half model: fp32

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from normbench import kernels, norms
 from normbench.errors import ConfigError
 from normbench.norms import NORMS, build_norm, norm_options
 
@@ -238,3 +239,111 @@ def test_bad_norm_name_and_options_are_clear():
         build_norm("gn", 10, groups=4)
     with pytest.raises(ConfigError, match="eps must be > 0"):
         build_norm("ln", 8, eps=0.0)
+
+
+# --- normbench's fused CPU kernels (normbench/kernels) -----------------------------------------
+
+FUSED = ["rms", "scale", "dyt"]
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler here: the fused CPU kernels are not built")
+
+
+def forward_backward(norm, x, dy):
+    x = x.detach().requires_grad_()
+    out = norm(x)
+    out.backward(dy)
+    grads = [x.grad] + [p.grad for p in norm.parameters()]
+    norm.zero_grad(set_to_none=True)
+    return out, grads
+
+
+@needs_kernels
+@pytest.mark.parametrize("name, options", [("rms", {}), ("scale", {}), ("dyt", {}), ("dyt", {"bias": False})])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_kernel_matches_the_eager_implementation(name, options, dtype, monkeypatch):
+    """Output and every gradient of the C++ kernel against normbench's eager PyTorch path, on random
+    inputs: an odd width (vector loop tails), an odd token count and a non-contiguous input."""
+    torch.manual_seed(3)
+    norm = randomize(build_norm(name, 100, **options)).train()
+    x = (torch.randn(100, 7, 3) * 2 + 0.3).to(dtype).transpose(0, 2)  # (3, 7, 100), not contiguous
+    dy = torch.randn(3, 7, 100).to(dtype)
+    fused_out, fused_grads = forward_backward(norm, x, dy)
+    assert type(fused_out.grad_fn).__name__ == "_FusedCPUBackward"  # the kernel ran, not the fallback
+    monkeypatch.setattr(norms, "_fused_cpu", lambda x: False)
+    eager_out, eager_grads = forward_backward(norm, x, dy)
+    assert type(eager_out.grad_fn).__name__ != "_FusedCPUBackward"
+    # bf16: both round a float32 result once (the eager RMSNorm also rounds its gain to bf16 first).
+    tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
+    assert fused_out.dtype == dtype and fused_out.shape == x.shape
+    torch.testing.assert_close(fused_out.float(), eager_out.float(), atol=tol * 4, rtol=tol)
+    for fused, eager in zip(fused_grads, eager_grads):
+        assert fused.dtype == eager.dtype
+        scale = eager.float().abs().max().item()
+        torch.testing.assert_close(fused.float(), eager.float(), atol=tol * max(scale, 1.0) * 4, rtol=tol * 4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_kernel_gradients_in_float64(name):
+    """The kernels' hand-written backward against central differences (float64, the kernel's own path)."""
+    torch.manual_seed(4)
+    norm = randomize(build_norm(name, 12).double()).train()
+    names = [n for n, _ in norm.named_parameters()]
+    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))  # noqa: E731
+    x = (torch.randn(5, 12, dtype=torch.float64) * 2 + 0.5).requires_grad_()
+    assert type(call(x, *norm.parameters()).grad_fn).__name__ == "_FusedCPUBackward"
+    assert torch.autograd.gradcheck(call, (x, *norm.parameters()))
+
+
+@needs_kernels
+def test_fused_dyt_tanh_is_accurate_over_its_range():
+    """DyT's vectorised tanh against float64 tanh, from 0 through saturation, and NaN stays NaN."""
+    norm = build_norm("dyt", 64, alpha_init=1.0)
+    x = torch.cat([torch.linspace(-12, 12, 6399), torch.tensor([float("nan")])]).reshape(100, 64)
+    out = norm(x)
+    expected = torch.tanh(x.double())
+    assert out[:-1].isfinite().all() and out.flatten()[-1].isnan()
+    err = (out.double() - expected).flatten()[:-1].abs() / expected.flatten()[:-1].abs().clamp_min(1e-30)
+    assert err.max().item() < 8 * torch.finfo(torch.float32).eps
+
+
+def test_kernel_build_failure_falls_back_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(kernels, "_state", {})
+    monkeypatch.setattr(kernels, "_load", lambda: (_ for _ in ()).throw(RuntimeError("Error building extension\ndetails")))
+    assert not kernels.available() and not kernels.available()  # asked twice, said once
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fused CPU norm kernels unavailable (Error building extension)" in err
+    x = torch.randn(4, 16, requires_grad=True)
+    out = build_norm("rms", 16)(x)  # the eager path
+    assert type(out.grad_fn).__name__ != "_FusedCPUBackward"
+    assert torch.allclose(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-6)
+
+
+def test_fused_kernels_are_not_traced_by_torch_compile(monkeypatch):
+    """Under torch.compile the eager math is traced (inductor fuses it): no custom op in the graph."""
+    seen = []
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: seen.append(1) or True)
+    x = torch.randn(4, 16, requires_grad=True)
+    out = build_norm("dyt", 16)(x)
+    assert seen and type(out.grad_fn).__name__ != "_FusedCPUBackward"
+
+
+def test_no_compiler_still_trains_with_one_line_saying_so(tmp_path):
+    """A user's machine without a C++ compiler: `normbench train norm=rms` works on the eager path."""
+    from conftest import run_cli, tiny
+
+    env = {"CXX": str(tmp_path / "no-such-c++"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    result = run_cli("train", *tiny("norm=rms", "train.steps=4"), f"hydra.run.dir={tmp_path / 'run'}", env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if "fused CPU norm kernels unavailable" in line]
+    assert len(lines) == 1 and "no C++ compiler" in lines[0]
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("name, math_fn", [("scale", "_scale_norm_math"), ("dyt", "_dyt_math")])
+def test_gpu_math_matches_the_norm(name, math_fn, monkeypatch):
+    """The plain-op math that torch.compile fuses on a GPU is the norm's math (checked here on the CPU)."""
+    torch.manual_seed(5)
+    norm = randomize(build_norm(name, 24)).double()
+    x = torch.randn(3, 4, 24, dtype=torch.float64)
+    params = [norm.weight, 1e-5] if name == "scale" else [norm.alpha, norm.weight, norm.bias]
+    assert torch.allclose(getattr(norms, math_fn)(x, *params), reference(name, norm, x), atol=1e-12)

@@ -1,0 +1,368 @@
+// normbench's fused CPU kernels for the norms PyTorch has no fused CPU kernel for:
+// RMSNorm, ScaleNorm and DyT, forward and backward, registered as torch.ops.normbench.*.
+//
+// Each op makes the fewest full-size passes its math allows, row by row so that the
+// second pass over a row reads it from cache: a forward reads x once from memory and
+// writes y once; a backward reads x and dy once and writes dx once. Statistics and
+// parameter gradients accumulate in float32 (double for double inputs); half inputs
+// come back in their own dtype. Inner loops are written for the compiler's
+// auto-vectoriser (`omp simd` reductions; no libm call in the float tanh).
+// Only the headers used (not ATen/ATen.h): the build is about three times shorter.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+using at::Tensor;
+
+// Rows of a contiguous (rows, dim) view split among threads; each thread keeps its own
+// float32 partial sums for the parameter gradients, summed at the end.
+template <typename F>
+void for_rows(int64_t rows, F&& body) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { body(begin, end); });
+}
+
+// Loads and stores through the accumulation type. bf16 <-> float by bit shifts (round to
+// nearest even, NaN kept), which the vectoriser handles; c10's conversions it does not.
+template <typename acc_t, typename T>
+inline acc_t ld(T v) { return static_cast<acc_t>(v); }
+template <>
+inline float ld<float, c10::BFloat16>(c10::BFloat16 v) {
+  uint32_t u = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+template <typename T, typename acc_t>
+inline T st(acc_t v) { return static_cast<T>(v); }
+template <>
+inline c10::BFloat16 st<c10::BFloat16, float>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  u = f != f ? 0x7FC00000u : u + 0x7FFFu + ((u >> 16) & 1u);
+  return c10::BFloat16(static_cast<uint16_t>(u >> 16), c10::BFloat16::from_bits());
+}
+
+template <typename acc_t, typename T>
+inline acc_t sum_squares(const T* x, int64_t d) {
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < d; ++j) {
+    acc_t v = ld<acc_t>(x[j]);
+    s += v * v;
+  }
+  return s;
+}
+
+template <typename acc_t, typename T>
+inline acc_t dot(const T* a, const T* b, int64_t d) {
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < d; ++j) s += ld<acc_t>(a[j]) * ld<acc_t>(b[j]);
+  return s;
+}
+
+// Float tanh as a 13/6 rational function (Eigen's generic_fast_tanh_float): within a
+// few ulp of std::tanh (tests/test_norms.py checks it against float64), and vectorisable, unlike a libm call per element.
+inline float fast_tanh(float x) {
+  const float clamp = 7.90531110763549805f;
+  x = x < -clamp ? -clamp : x;  // a NaN passes both tests and comes out NaN
+  x = x > clamp ? clamp : x;
+  const float x2 = x * x;
+  float p = -2.76076847742355e-16f;
+  p = p * x2 + 2.00018790482477e-13f;
+  p = p * x2 + -8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f;
+  p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f;
+  p = p * x2 + 4.89352455891786e-03f;
+  p = p * x;
+  float q = 1.19825839466702e-06f;
+  q = q * x2 + 1.18534705686654e-04f;
+  q = q * x2 + 2.26843463243900e-03f;
+  q = q * x2 + 4.89352518554385e-03f;
+  return p / q;  // near 0 this is x * (1 - 1.3e-7): Eigen's |x| < 4e-4 shortcut is not needed
+}
+inline double fast_tanh(double x) { return std::tanh(x); }
+
+
+// Row kernels. They live outside AT_DISPATCH's macro arguments, where no #pragma may stand.
+template <typename T, typename acc_t>
+void rms_fwd_row(const T* x, T* y, const acc_t* w, acc_t r, int64_t d) {
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) y[j] = st<T, acc_t>(ld<acc_t>(x[j]) * r * w[j]);
+}
+
+template <typename T, typename acc_t>
+void rms_bwd_row(const T* x, const T* g, T* dx, const acc_t* w, acc_t r, acc_t* dw, int64_t d) {
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < d; ++j) {
+    const acc_t gv = ld<acc_t>(g[j]);
+    const acc_t xv = ld<acc_t>(x[j]);
+    s += gv * w[j] * xv;
+    dw[j] += gv * xv * r;
+  }
+  const acc_t k = s * r * r / d;
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j)
+    dx[j] = st<T, acc_t>(r * (ld<acc_t>(g[j]) * w[j] - ld<acc_t>(x[j]) * k));
+}
+
+template <typename T, typename acc_t>
+void scale_row(const T* x, T* y, acc_t s, int64_t d) {
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) y[j] = st<T, acc_t>(ld<acc_t>(x[j]) * s);
+}
+
+template <typename T, typename acc_t>
+void scale_bwd_row(const T* x, const T* g, T* dx, acc_t s, acc_t k, int64_t d) {
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j)
+    dx[j] = st<T, acc_t>(s * (ld<acc_t>(g[j]) - ld<acc_t>(x[j]) * k));
+}
+
+template <typename T, typename acc_t>
+void dyt_fwd_row(const T* x, T* y, acc_t a, const acc_t* w, const acc_t* b, int64_t d) {
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) y[j] = st<T, acc_t>(w[j] * fast_tanh(a * ld<acc_t>(x[j])) + b[j]);
+}
+
+template <typename T, typename acc_t>
+acc_t dyt_bwd_row(const T* x, const T* g, T* dx, acc_t a, const acc_t* w, acc_t* dw, acc_t* db, int64_t d) {
+  acc_t da = 0;
+#pragma omp simd reduction(+ : da)
+  for (int64_t j = 0; j < d; ++j) {
+    const acc_t xv = ld<acc_t>(x[j]);
+    const acc_t gv = ld<acc_t>(g[j]);
+    const acc_t t = fast_tanh(a * xv);
+    const acc_t u = gv * w[j] * (acc_t(1) - t * t);
+    dx[j] = st<T, acc_t>(a * u);
+    da += xv * u;
+    dw[j] += gv * t;
+    db[j] += gv;
+  }
+  return da;
+}
+
+// ---------------------------------------------------------------- RMSNorm
+// y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps); returns (y, rstd).
+std::tuple<Tensor, Tensor> rms_norm_fwd(const Tensor& x, const Tensor& w, double eps) {
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "normbench::rms_norm_fwd: contiguous inputs");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  Tensor y = at::empty_like(x);
+  auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  Tensor rstd = at::empty({rows}, x.options().dtype(acc_type));
+  Tensor wa = w.to(acc_type);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm_fwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const acc_t* wp = wa.const_data_ptr<acc_t>();
+    acc_t* rp = rstd.data_ptr<acc_t>();
+    for_rows(rows, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t* xi = xp + i * d;
+        scalar_t* yi = yp + i * d;
+        const acc_t r = acc_t(1) / std::sqrt(sum_squares<acc_t>(xi, d) / d + static_cast<acc_t>(eps));
+        rp[i] = r;
+        rms_fwd_row(xi, yi, wp, r, d);
+      }
+    });
+  });
+  return {y, rstd};
+}
+
+// dx = rstd * (dy*w - xhat * mean(dy*w*xhat)), dw = sum over rows of dy * xhat.
+std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                        double /*eps: in rstd already*/) {
+  TORCH_CHECK(dy.is_contiguous() && x.is_contiguous(), "normbench::rms_norm_bwd: contiguous inputs");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  Tensor dx = at::empty_like(x);
+  auto acc_type = rstd.scalar_type();
+  Tensor wa = w.to(acc_type).contiguous();
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  Tensor partial = at::zeros({chunks, d}, x.options().dtype(acc_type));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm_bwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    scalar_t* dxp = dx.data_ptr<scalar_t>();
+    const acc_t* wp = wa.const_data_ptr<acc_t>();
+    const acc_t* rp = rstd.const_data_ptr<acc_t>();
+    acc_t* pp = partial.data_ptr<acc_t>();
+    const int64_t per = (rows + chunks - 1) / chunks;
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        acc_t* dw = pp + c * d;
+        for (int64_t i = c * per; i < std::min(rows, (c + 1) * per); ++i) {
+          const scalar_t* xi = xp + i * d;
+          const scalar_t* gi = gp + i * d;
+          scalar_t* dxi = dxp + i * d;
+          rms_bwd_row(xi, gi, dxi, wp, rp[i], dw, d);
+        }
+      }
+    });
+  });
+  return {dx, partial.sum(0)};
+}
+
+// ---------------------------------------------------------------- ScaleNorm
+// y = x * g / max(||x||, eps); returns (y, ||x||).
+std::tuple<Tensor, Tensor> scale_norm_fwd(const Tensor& x, const Tensor& g, double eps) {
+  TORCH_CHECK(x.is_contiguous(), "normbench::scale_norm_fwd: contiguous input");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  Tensor y = at::empty_like(x);
+  auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  Tensor norm = at::empty({rows}, x.options().dtype(acc_type));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "scale_norm_fwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t gain = g.item<double>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    acc_t* np = norm.data_ptr<acc_t>();
+    for_rows(rows, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t* xi = xp + i * d;
+        scalar_t* yi = yp + i * d;
+        const acc_t n = std::sqrt(sum_squares<acc_t>(xi, d));
+        np[i] = n;
+        scale_row(xi, yi, gain / std::max(n, static_cast<acc_t>(eps)), d);
+      }
+    });
+  });
+  return {y, norm};
+}
+
+// With c = max(n, eps), s = g / c: dx = s * (dy - x * (dy.x) / c^2) (dx = s * dy where n < eps),
+// dg = sum over rows of (dy.x) / c.
+std::tuple<Tensor, Tensor> scale_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& norm,
+                                          double eps) {
+  TORCH_CHECK(dy.is_contiguous() && x.is_contiguous(), "normbench::scale_norm_bwd: contiguous inputs");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  Tensor dx = at::empty_like(x);
+  Tensor dg_rows = at::empty({rows}, norm.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "scale_norm_bwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t gain = g.item<double>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    scalar_t* dxp = dx.data_ptr<scalar_t>();
+    const acc_t* np = norm.const_data_ptr<acc_t>();
+    acc_t* dgp = dg_rows.data_ptr<acc_t>();
+    for_rows(rows, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t* xi = xp + i * d;
+        const scalar_t* gi = gp + i * d;
+        scalar_t* dxi = dxp + i * d;
+        const acc_t n = np[i];
+        const acc_t c = std::max(n, static_cast<acc_t>(eps));
+        const acc_t s = gain / c;
+        const acc_t dt = dot<acc_t>(gi, xi, d);
+        dgp[i] = dt / c;
+        scale_bwd_row(xi, gi, dxi, s, n < eps ? acc_t(0) : dt / (c * c), d);
+      }
+    });
+  });
+  return {dx, dg_rows.sum().to(g.scalar_type())};
+}
+
+// ---------------------------------------------------------------- DyT
+// y = w * tanh(alpha * x) + b (b optional).
+Tensor dyt_fwd(const Tensor& x, const Tensor& alpha, const Tensor& w, const std::optional<Tensor>& b) {
+  TORCH_CHECK(x.is_contiguous(), "normbench::dyt_fwd: contiguous input");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  Tensor y = at::empty_like(x);
+  auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  Tensor wa = w.to(acc_type).contiguous();
+  Tensor ba = b.has_value() ? b->to(acc_type).contiguous() : at::zeros({d}, wa.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "dyt_fwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t a = alpha.item<double>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const acc_t* wp = wa.const_data_ptr<acc_t>();
+    const acc_t* bp = ba.const_data_ptr<acc_t>();
+    for_rows(rows, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t* xi = xp + i * d;
+        scalar_t* yi = yp + i * d;
+        dyt_fwd_row(xi, yi, a, wp, bp, d);
+      }
+    });
+  });
+  return y;
+}
+
+// t = tanh(alpha x), u = dy * w * (1 - t^2): dx = alpha u, dalpha = sum x u, dw = sum dy t, db = sum dy.
+std::tuple<Tensor, Tensor, Tensor, std::optional<Tensor>> dyt_bwd(const Tensor& dy, const Tensor& x,
+                                                                  const Tensor& alpha, const Tensor& w,
+                                                                  const std::optional<Tensor>& b) {
+  TORCH_CHECK(dy.is_contiguous() && x.is_contiguous(), "normbench::dyt_bwd: contiguous inputs");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  Tensor dx = at::empty_like(x);
+  auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  Tensor wa = w.to(acc_type).contiguous();
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  // per chunk: dw (d), db (d), dalpha (1)
+  Tensor partial = at::zeros({chunks, 2 * d + 1}, x.options().dtype(acc_type));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "dyt_bwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t a = alpha.item<double>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    scalar_t* dxp = dx.data_ptr<scalar_t>();
+    const acc_t* wp = wa.const_data_ptr<acc_t>();
+    acc_t* pp = partial.data_ptr<acc_t>();
+    const int64_t per = (rows + chunks - 1) / chunks;
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        acc_t* dw = pp + c * (2 * d + 1);
+        acc_t* db = dw + d;
+        acc_t da = 0;
+        for (int64_t i = c * per; i < std::min(rows, (c + 1) * per); ++i) {
+          const scalar_t* xi = xp + i * d;
+          const scalar_t* gi = gp + i * d;
+          scalar_t* dxi = dxp + i * d;
+          da += dyt_bwd_row(xi, gi, dxi, a, wp, dw, db, d);
+        }
+        dw[2 * d] = da;
+      }
+    });
+  });
+  Tensor total = partial.sum(0);
+  std::optional<Tensor> db;
+  if (b.has_value()) db = total.slice(0, d, 2 * d).to(b->scalar_type());
+  return {dx, total[2 * d].to(alpha.scalar_type()), total.slice(0, 0, d).to(w.scalar_type()), db};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(normbench, m) {
+  m.def("rms_norm_fwd(Tensor x, Tensor w, float eps) -> (Tensor, Tensor)");
+  m.def("rms_norm_bwd(Tensor dy, Tensor x, Tensor w, Tensor rstd, float eps) -> (Tensor, Tensor)");
+  m.def("scale_norm_fwd(Tensor x, Tensor g, float eps) -> (Tensor, Tensor)");
+  m.def("scale_norm_bwd(Tensor dy, Tensor x, Tensor g, Tensor norm, float eps) -> (Tensor, Tensor)");
+  m.def("dyt_fwd(Tensor x, Tensor alpha, Tensor w, Tensor? b) -> Tensor");
+  m.def("dyt_bwd(Tensor dy, Tensor x, Tensor alpha, Tensor w, Tensor? b) -> (Tensor, Tensor, Tensor, Tensor?)");
+}
+
+TORCH_LIBRARY_IMPL(normbench, CPU, m) {
+  m.impl("rms_norm_fwd", rms_norm_fwd);
+  m.impl("rms_norm_bwd", rms_norm_bwd);
+  m.impl("scale_norm_fwd", scale_norm_fwd);
+  m.impl("scale_norm_bwd", scale_norm_bwd);
+  m.impl("dyt_fwd", dyt_fwd);
+  m.impl("dyt_bwd", dyt_bwd);
+}
