@@ -188,7 +188,7 @@ def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
         children = _sweep_children(proc.pid)
         assert children
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=180)  # the jobs get 10 s to stop, then SIGKILL; a loaded machine is slow
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -197,7 +197,8 @@ def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
     assert "Traceback" not in out + err
     assert not any(_alive(pid) for pid in children), "jobs kept running after Ctrl-C"
     (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
-    assert {r["status"] for r in read_index(sweep_dir)} == {"interrupted"}
+    statuses = [r["status"] for r in read_index(sweep_dir)]
+    assert "interrupted" in statuses and set(statuses) <= {"interrupted", "pending"}, statuses  # one may not have started
     assert not list(sweep_dir.glob("*/summary.json")), "an interrupted run is not a result"
 
 
