@@ -256,7 +256,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
     if state.compile_error:
         console.print(f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]", soft_wrap=True)
     stats = LayerStats(state.model) if tcfg.stats_every else None
-    sinks = MetricSinks(state.dir.path, run.logger, enabled=distributed.is_main())
+    sinks = MetricSinks(state.dir.path, run, enabled=distributed.is_main(), config_hash=config_hash)
     tokens_per_step = tcfg.batch_size * run.model.block_size
     timer = StepTimer(warmup_steps=min(tcfg.log_every, tcfg.steps // 5))
     status, error = "completed", None
@@ -301,8 +301,9 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
                     val_losses.append(state.evaluate())
                     sinks.log({"kind": "eval", "step": step, "val_loss": val_losses[-1]})
                     timer.resume()
+                sinks.flush()  # trackers send the window's records in one call
     except KeyboardInterrupt:
-        sinks.close()
+        sinks.abort()
         raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one
         status, error = "failed", f"{type(err).__name__}: {err}"
@@ -351,6 +352,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "env": environment(state.device),
     }
     if distributed.is_main():
+        summary = sinks.finish(summary)  # before summary.json: a tracker that fails fails the run
         state.dir.write_summary(summary)
     return summary
 
