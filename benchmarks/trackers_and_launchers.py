@@ -3,11 +3,11 @@
     python benchmarks/trackers_and_launchers.py trackers [--repeats 3]
     python benchmarks/trackers_and_launchers.py launchers
 
-`trackers` trains one small run (model=micro, 100 steps, stats every 50) per logger choice,
-in one process, the choices interleaved `--repeats` times, and prints each choice's median
-wall time (train() from start to summary written, tracker start-up and finish included) and
-its difference to logger=jsonl. The first run of each tracker also pays its import, which
-is reported apart. `launchers` runs the same 4-run sweep (norm=ln,rms seed=0,1, model=micro,
+`trackers` trains one small run (model=micro, 100 steps, stats every 50, logger=jsonl), then
+feeds its records and summary to the sinks of each logger choice exactly as train() does, the
+choices interleaved `--repeats` times after a warm-up round, and prints each choice's median
+time (tracker start-up, one batch per log window, summary, artifacts, end of run) and its
+difference to logger=jsonl; the trackers' import, paid once per process, is reported apart. `launchers` runs the same 4-run sweep (norm=ln,rms seed=0,1, model=micro,
 100 steps) with hydra/launcher=joblib n_jobs=2 and on a local 2-CPU Ray cluster on
 127.0.0.1 (1 CPU per run), each in a fresh results directory, and prints the wall times of
 the sweep commands. Nothing reaches a network: W&B offline, telemetry off.
@@ -32,36 +32,53 @@ SMALL = ["model=micro", "train.steps=100", "train.eval_every=50", "train.stats_e
 
 
 def trackers(repeats: int) -> None:
+    """Train one run with logger=jsonl, then replay its records and summary into MetricSinks per logger
+    choice, as train() does (log each record, flush after each train record, close, finish): the time a
+    tracker adds to a run, without the training's own noise."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from normbench.config import conf_dir, parse_config
+    from normbench.runs import read_jsonl
+    from normbench.sinks import MetricSinks
     from normbench.train import train
 
+    def run_config(choice: str, tmp: str):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return parse_config(compose("config", overrides=[*SMALL, f"logger={choice}", f"results_dir={tmp}"]))
+
+    start = time.perf_counter()
+    import mlflow, wandb  # noqa: E401,F401  (paid once per process: a sweep's worker pays it once)
+    imported = time.perf_counter() - start
     choices = ["jsonl", "[jsonl,mlflow]", "[jsonl,wandb]"]
     times: dict[str, list[float]] = {c: [] for c in choices}
-    imports = {}
-    for name in ("mlflow", "wandb"):
-        start = time.perf_counter()
-        __import__(name)
-        imports[name] = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(repeats + 1):  # round 0 warms up (first store creation, first W&B service start)
+        source = Path(tmp) / "source"
+        summary = train(run_config("jsonl", tmp), source)
+        records = read_jsonl(source / "metrics.jsonl")
+        for r in range(repeats + 1):  # round 0 warms up (creates the SQLite store, starts W&B's service)
             for choice in choices:
-                GlobalHydra.instance().clear()
-                with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-                    cfg = compose("config", overrides=[*SMALL, f"logger={choice}", f"results_dir={tmp}"])
+                run_dir = Path(tmp) / f"{r}-{choice.strip('[]').replace(',', '-')}"
+                run_dir.mkdir()
+                run = run_config(choice, tmp)
                 start = time.perf_counter()
-                summary = train(parse_config(cfg), Path(tmp) / f"{r}-{choice.strip('[]').replace(',', '-')}")
-                assert summary["status"] == "completed", summary
+                sinks = MetricSinks(run_dir, run, config_hash="bench")
+                for record in records:
+                    sinks.log(record)
+                    if record["kind"] == "train":
+                        sinks.flush()
+                sinks.close()
+                assert sinks.finish(summary)["status"] == "completed"
                 if r:
                     times[choice].append(time.perf_counter() - start)
     base = statistics.median(times["jsonl"])
-    print(f"import: mlflow {imports['mlflow']:.1f} s, wandb {imports['wandb']:.1f} s (once per process)")
+    print(f"{len(records)} records of a {summary['steps']}-step run (training took {summary['wall_s']:.1f} s); "
+          f"import mlflow + wandb: {imported:.1f} s once per process")
     print(f"{'logger':<16} {'median s':>9} {'vs jsonl':>9}   runs")
     for choice in choices:
         med = statistics.median(times[choice])
-        print(f"{choice:<16} {med:9.2f} {med - base:+9.2f}   {', '.join(f'{t:.2f}' for t in times[choice])}")
+        print(f"{choice:<16} {med:9.3f} {med - base:+9.3f}   {', '.join(f'{t:.3f}' for t in times[choice])}")
 
 
 def launchers() -> None:
