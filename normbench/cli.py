@@ -19,7 +19,7 @@ HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def _groups_help() -> str:
-    lines = [f"  {g:<10} {', '.join(group_options(g))}" for g in ("norm", "placement", "model", "data", "train")]
+    lines = [f"  {g:<10} {', '.join(group_options(g))}" for g in ("norm", "placement", "model", "data", "train", "logger")]
     return "\n".join(lines)
 
 

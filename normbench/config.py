@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -23,6 +24,7 @@ from normbench.errors import ConfigError
 from normbench.model import ModelConfig
 from normbench.norms import NORMS
 from normbench.placements import PLACEMENTS, placement_options
+from normbench.sinks import logger_options
 from normbench.train import TrainConfig
 
 
@@ -34,7 +36,8 @@ class RunConfig:
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
-    logger: str = "jsonl"
+    logger: dict = field(default_factory=dict)  # chosen logger -> its options (normbench.sinks); JSONL is always on
+    sweep: str | None = None  # the sweep this run belongs to, if any: trackers group its runs by it
     config_hash: str | None = None  # the run's identity (see config_hash): a checkpoint must match it
 
 
@@ -59,6 +62,7 @@ def parse_config(cfg: DictConfig) -> RunConfig:
         seed = int(cfg.seed)
     except (TypeError, ValueError):
         raise ConfigError(f"seed must be an integer, got {cfg.seed!r}") from None
+    loggers = OmegaConf.to_container(cfg.logger, resolve=True) if cfg.get("logger") else {}
     run = RunConfig(
         seed=seed,
         norm=norm,
@@ -66,7 +70,8 @@ def parse_config(cfg: DictConfig) -> RunConfig:
         model=_typed(ModelConfig, cfg.model, "model"),
         data=_typed(DataConfig, cfg.data, "data"),
         train=_typed(TrainConfig, cfg.train, "train"),
-        logger=cfg.logger.name,
+        logger={name: _typed(options, loggers[name] or {}, f"logger.{name}")
+                for name, options in logger_options(list(loggers)).items()},
         config_hash=config_hash(cfg),
     )
     run.model.validate()
@@ -75,9 +80,10 @@ def parse_config(cfg: DictConfig) -> RunConfig:
 
 
 # Keys that say how or where a run goes, not what it computes: the same run with a progress
-# bar or more threads, or under another results root, is still the same run.
+# bar or more threads, under another results root, or mirrored to another tracker, is still the same run.
 # Checkpoint cadence, resuming and keeping the weights don't change what a run computes either.
-NOT_HASHED = ("results_dir", "train.progress", "train.threads", "train.checkpoint_every", "train.resume", "train.save_model")
+NOT_HASHED = ("results_dir", "train.progress", "train.threads", "logger",
+              "train.checkpoint_every", "train.resume", "train.save_model")
 
 
 def config_hash(cfg: DictConfig) -> str:

@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from normbench import distributed
 from normbench.config import conf_dir, config_hash, parse_config
@@ -61,6 +62,7 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
             # The sweep command draws its own progress; parallel jobs share the cores.
             run.train.progress = False
             run.train.threads = run.train.threads or job_threads(HydraConfig.get().launcher)
+            run.sweep = Path(HydraConfig.get().sweep.dir).name  # trackers group a sweep's runs by it
         summary = train(run, run_dir_.path, console=console, config_hash=cfg_hash)
     except ConfigError as err:
         # Recorded as failed (never completed) so a sweep's index and a report show it.
@@ -69,7 +71,7 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
             run_dir_.write_summary({"status": "failed", "error": f"config error: {err}", "config_hash": cfg_hash})
         # Every rank says so: an error only one rank hits (its GPU, say) must not go unseen.
         rank = "" if main else f"(rank {distributed.rank()}) "
-        console.print(f"[bold red]error:[/bold red] {rank}{err}", soft_wrap=True, highlight=False)
+        console.print(f"[bold red]error:[/bold red] {rank}{escape(str(err))}", soft_wrap=True, highlight=False)
         if not multirun:
             sys.exit(2)
         return None

@@ -139,7 +139,8 @@ def default_sweep_dir(cfg: DictConfig, parsed: list) -> Path:
     The hash ignores the order of the overrides, the launcher and other hydra.* settings,
     and the keys that never change a result (NOT_HASHED).
     """
-    keyed = sorted(o.input_line for o in parsed if not o.is_hydra_override() and o.key_or_group not in NOT_HASHED)
+    keyed = sorted(o.input_line for o in parsed if not o.is_hydra_override()
+                   and not any(o.key_or_group == k or o.key_or_group.startswith(f"{k}.") for k in NOT_HASHED))
     digest = hashlib.sha256("\n".join(keyed).encode()).hexdigest()[:8]
     name = cfg.hydra.runtime.choices.get("experiment") or "grid"
     return Path(str(cfg.results_dir)) / "sweeps" / f"{name}-{digest}"

@@ -337,7 +337,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
     config_hash = config_hash or getattr(run, "config_hash", None)
     resumed = resume_point(state, config_hash, console)
     stats = LayerStats(state.model) if tcfg.stats_every else None
-    sinks = MetricSinks(state.dir.path, run.logger, enabled=distributed.is_main(),
+    sinks = MetricSinks(state.dir.path, run, enabled=distributed.is_main(), config_hash=config_hash,
                         resume_at=(resumed["metrics_bytes"], resumed["step"]) if resumed else None)
     tokens_per_step = tcfg.batch_size * run.model.block_size
     timer = StepTimer(warmup_steps=min(tcfg.log_every, tcfg.steps // 5))
@@ -422,8 +422,9 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
                     val_losses.append(state.evaluate())
                     sinks.log({"kind": "eval", "step": step, "val_loss": val_losses[-1]})
                     timer.resume()
+                sinks.flush()  # trackers send the window's records in one call
     except KeyboardInterrupt:
-        sinks.close()
+        sinks.abort()
         raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one
         status, error = "failed", f"{type(err).__name__}: {err}"
@@ -434,6 +435,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
     finally:
         sinks.close()
     if status == "interrupted":
+        sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
         try:
             stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
         except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
@@ -483,6 +485,7 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
     if distributed.is_main():
         if tcfg.save_model and status != "failed":
             checkpoint.save_weights(state.dir.path, state.model)
+        summary = sinks.finish(summary)  # before summary.json: a tracker that fails fails the run
         state.dir.write_summary(summary)
         state.dir.remove_checkpoints()  # the summary is the result now
     return summary
