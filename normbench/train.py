@@ -37,6 +37,7 @@ from normbench.diagnostics import PEAKS, LayerStats, global_grad_norm
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESUME = ("auto", "never")
+DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's own choice for this process, before any run sets it
 LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
 
 
@@ -181,8 +182,9 @@ class Run:
         distributed.local_batch_size(self.tcfg.batch_size)  # a batch that does not split evenly fails here
         if self.tcfg.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)", allowed=["fp32", "bf16"])
-        if self.tcfg.threads:
-            torch.set_num_threads(self.tcfg.threads)
+        # Set every run, both ways: a threads=0 run after a threads=N one in the same process
+        # (the basic launcher, a reused joblib worker) gets PyTorch's default back, not N.
+        torch.set_num_threads(self.tcfg.threads or DEFAULT_THREADS)
         # Set both ways every run: a launcher may run several runs in one process.
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tcfg.tf32
         self.memory = PeakMemory(self.device)  # before the data and model exist

@@ -62,3 +62,18 @@ def test_tf32_is_set_both_ways_every_run(tmp_path, monkeypatch):
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
     assert seen == [(True, True), (False, False), (True, True)]
+
+
+def test_threads_are_set_every_run(tmp_path):
+    """train.threads=0 means PyTorch's default, also after a run that asked for another count."""
+    import normbench.train
+
+    default = normbench.train.DEFAULT_THREADS
+    other = 1 if default != 1 else 2
+    try:
+        first = train_tiny(tmp_path / "a", f"train.threads={other}", "train.steps=1", "train.log_every=1", "train.eval_every=1")
+        second = train_tiny(tmp_path / "b", "train.threads=0", "train.steps=1", "train.log_every=1", "train.eval_every=1")
+    finally:
+        torch.set_num_threads(default)
+    assert first["env"]["threads"] == other
+    assert second["env"]["threads"] == default
