@@ -14,6 +14,7 @@ import textwrap
 import zlib
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -402,16 +403,23 @@ def chart_bench(d: ReportData):
             ax.axhline(LIMIT, color="black", linestyle=":", linewidth=1, label=f"goal: {LIMIT}x LayerNorm")
         title = " · ".join(f"{k}={v}" if k == "tokens" else str(v) for k, v in zip(keys, panel))
         ax.set(title=_plain(title), xlabel="hidden size (dim)", ylabel=ylabel)
+        dims = sorted(part["dim"].dropna().unique())
         for a in axes[:, i]:
             a.set_xscale("log", base=2)
+            a.set_xticks(dims, [f"{v:g}" for v in dims])  # the widths measured, not powers of two
+            a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             a.grid(alpha=0.3, which="both")
         ax.set_yscale("log")
+        if ratio:  # ratios near 1 span less than a decade: ticks read 1x, 1.25x, 1.5x, 2x, ...
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 1.25, 1.5, 2, 3, 5, 7)))
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         if rows == 2:
             axes[1, i].set(title=_plain(f"{title}: normbench's bandwidth"), xlabel="hidden size (dim)",
                            ylabel="% of copy bandwidth (clone)", ylim=(0, None))
     what = "time relative to LayerNorm's native op" if ratio else "time per call (no ratio_to_ln in the CSV)"
-    fig.suptitle(f"Norm micro-benchmark: {what} (colour = norm, line style = implementation)"
-                 + ("; bottom: achieved GB/s as % of a plain copy's" if rows == 2 else ""))
+    fig.suptitle(f"Norm micro-benchmark: {what}" + ("\nbottom: normbench's GB/s as % of a plain copy's" if rows == 2
+                                                     else "") + "\n(colour = norm, line style = implementation)")
     _legend(fig, axes.ravel())
     _note(fig, implementation_note(bench))
     return fig
