@@ -461,7 +461,8 @@ def test_without_a_bench_csv_the_throughput_note_says_the_cost_is_unknown(tmp_pa
     make_run(tmp_path, "a", norm="ln", stats=False)
     make_run(tmp_path, "b", norm="rms", stats=False)
     out, _ = report([tmp_path])
-    for text in (drawn["throughput"].get_supxlabel().replace("\n", " "), (out / "summary.md").read_text()):
+    for text in (drawn["throughput"].get_supxlabel().replace("\n", " ").replace("\u00a0", " "),
+                 (out / "summary.md").read_text()):
         assert "implementation cost on this device is unknown" in text
         assert "`normbench bench --out bench.csv`" in text and "`normbench report RUNS bench.csv`" in text
     # one norm: nothing compared, no note

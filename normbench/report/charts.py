@@ -10,6 +10,7 @@ bar hatch = placement, and a marker to tell apart configurations that share both
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 import zlib
 
@@ -93,6 +94,9 @@ def _note(fig, text: str) -> None:
     """A caveat under the whole figure, wrapped to its width."""
     if text:
         width = int(fig.get_figwidth() * 72 / 6.5)  # ~6.5 pt per character at the small font size
+        width = math.ceil(len(text) / math.ceil(len(text) / width)) + 10  # lines of even length, no stub
+        # a `command` stays on one line: its spaces become no-break spaces, which textwrap keeps
+        text = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\u00a0"), text)
         fig.supxlabel(_plain(textwrap.fill(text, width)), fontsize="small", color="#a60", ha="center")
 
 

@@ -135,7 +135,8 @@ def display_table(agg: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFra
     table["peak MB"] = agg["peak_mem_mb_mean"].map(lambda v: num(v, ",.0f"))
     for field, name in zip(LOGIT_FIELDS, LOGIT_COLUMNS):
         if f"{field}_mean" in agg:
-            table[name] = agg[f"{field}_mean"].map(lambda v: num(v, ".3g"))
+            # 3 significant digits, without the exponent a peak of 1,340 would get from ".3g"
+            table[name] = agg[f"{field}_mean"].map(lambda v: num(v, ",.0f" if abs(v) >= 100 else ".3g"))
     if f"{metric}_std" not in agg and metric not in SPEED_FIELDS:
         table[metric] = agg[f"{metric}_mean"].map(lambda v: num(v, ".4g"))
     table["diverged"] = agg["diverged"].astype(str)
