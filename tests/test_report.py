@@ -17,13 +17,16 @@ from normbench.report import charts as charts_module
 from normbench.errors import ConfigError
 from normbench.report import CHARTS, default_group_keys, load_runs, run_report
 
-RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability", "tuning"]
+RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability", "tuning", "logits"]
 
 
 def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_layer=2, status="completed",
              final=2.0, best=None, floor=1.5, tokens_per_s=1000.0, stats=True, leaks=None, summary=True,
-             eps=1e-5, steps=(10, 20, 30), init=4.0, threads=0):
-    """Write config.yaml, metrics.jsonl and summary.json the way a training run leaves them."""
+             eps=1e-5, steps=(10, 20, 30), init=4.0, threads=0, logits=None):
+    """Write config.yaml, metrics.jsonl and summary.json the way a training run leaves them.
+
+    ``logits``: one (max_attn_logit, max_log_z) per step for the stats records (None: a run from
+    before the logit diagnostics); their peaks go to summary.json as training writes them."""
     run = root / name
     run.mkdir(parents=True)
     config = {
@@ -42,7 +45,10 @@ def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_laye
             layers = [{"grad_norm": {"attn_in": 1.0, "attn_out": 1.0, "mlp_in": 1.0, "mlp_out": (layer + 1) * (i + 1.0),
                                      "norm": 0.1},
                        "weight_norm": {}, "update_ratio": {}, "resid_rms": 1.0 + layer} for layer in range(n_layer)]
-            lines.append({"kind": "stats", "step": step - 10, "grad_norm": 1.0 + i, "clipped": False, "layers": layers})
+            record = {"kind": "stats", "step": step - 10, "grad_norm": 1.0 + i, "clipped": False, "layers": layers}
+            if logits is not None:
+                record.update(max_attn_logit=logits[i][0], max_log_z=logits[i][1], mean_log_z=0.0, max_output_logit=1.0)
+            lines.append(record)
         lines.append({"kind": "train", "step": step, "train_loss": final + 1.0 - 0.1 * i, "lr": lr,
                       "tokens_per_s": tokens_per_s, "step_ms": 20.0, "tokens": step * 2048})
         lines.append({"kind": "eval", "step": step, "val_loss": final + 0.5 - 0.1 * i})
@@ -53,6 +59,9 @@ def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_laye
              "peak_mem_mb": 100.0, "mfu": None, "wall_s": 1.0, "steps": steps[-1], "params": 1000,
              "causal_leak": {"train": 0.0, "eval": 0.0}, "leaks_future": leaks, "max_grad_norm": 3.0,
              "clip_fraction": 0.0, "error": None, "env": {"torch": "2.13"}}
+        if logits is not None:
+            finite = [v for v in logits if all(map(math.isfinite, v))]
+            s.update(max_attn_logit=max(v[0] for v in finite), max_log_z=max(v[1] for v in finite))
         (run / "summary.json").write_text(json.dumps(s))
     return run
 
@@ -123,7 +132,7 @@ def test_summary_csv_md_and_terminal_table(sweep):
 
 def test_every_chart_drawn_when_data_present(sweep):
     _, out, _ = sweep
-    for name in RUN_CHARTS[:-2] + ["bench"]:  # lr does not vary in this sweep
+    for name in [n for n in RUN_CHARTS if n not in ("stability", "tuning", "logits")] + ["bench"]:  # lr is fixed
         assert (out / f"{name}.png").stat().st_size > 1000, name
         assert not (out / f"{name}.svg").exists(), name  # only when asked for
     assert not (out / "stability.png").exists()
@@ -285,7 +294,7 @@ def test_200_runs(tmp_path):
                     diverged = lr == 1e-1 and placement == "post"
                     make_run(tmp_path, f"r{i:03d}", norm=norm, placement=placement, lr=lr, seed=seed,
                              status="diverged" if diverged else "completed", final=2.0 + lr + 0.01 * seed,
-                             steps=tuple(range(10, 310, 10)))
+                             steps=tuple(range(10, 310, 10)), logits=[(1.0 + j, 4.0) for j in range(30)])
                     i += 1
     start = time.perf_counter()
     out, _ = report([tmp_path])
@@ -327,3 +336,153 @@ def test_pdf_and_svg_charts(tmp_path, monkeypatch):
         assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF")
         assert b"<svg" in (out / f"{name}.svg").read_bytes()[:500]
         assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")  # always: the page embeds it
+
+
+# --- logit diagnostics (issue #14) and implementation cost (issue #13) -------------------------------------------
+
+def capture_charts(monkeypatch, *names) -> dict:
+    """Draw only ``names`` and keep each chart's Figure (or its not-drawn reason) to read its plotted data."""
+    drawn = {}
+
+    def keep(name, draw):
+        def wrapped(d):
+            drawn[name] = draw(d)
+            return drawn[name]
+        return wrapped
+    monkeypatch.setattr(charts_module, "CHARTS", tuple((n, t, keep(n, f)) for n, t, f in CHARTS if n in names))
+    return drawn
+
+
+def lines_by_label(ax) -> dict:
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+
+
+def test_logit_chart_plots_the_seed_mean_and_skips_non_finite_values(tmp_path, monkeypatch):
+    drawn = capture_charts(monkeypatch, "logits")
+    make_run(tmp_path, "ln0", norm="ln", seed=0, logits=[(2.0, 4.0), (4.0, 4.5), (8.0, 5.0)])
+    make_run(tmp_path, "ln1", norm="ln", seed=1, logits=[(4.0, 4.2), (6.0, 4.4), (10.0, 5.2)])
+    make_run(tmp_path, "rms0", norm="rms", seed=0, status="diverged", final=math.nan,
+             logits=[(1.0, 4.0), (2.0, 4.1), (math.inf, math.nan)])
+    out, text = report([tmp_path])
+    attn, log_z = drawn["logits"].axes[:2]
+    assert attn.get_yscale() == "log" and log_z.get_yscale() == "linear"
+    ln_attn, rms_attn = lines_by_label(attn)["ln"], lines_by_label(attn)["rms"]
+    assert ln_attn[0] == [0, 10, 20] and ln_attn[1] == pytest.approx([3.0, 5.0, 9.0])  # mean of the two seeds
+    assert lines_by_label(log_z)["ln"][1] == pytest.approx([4.1, 4.45, 5.1])
+    assert rms_attn == ([0, 10], pytest.approx([1.0, 2.0]))  # the diverged run up to its last finite value
+    # the peaks from summary.json: mean over runs per configuration, in aggregate.csv and the tables
+    agg = pd.read_csv(out / "aggregate.csv").set_index("norm")
+    assert agg.loc["ln", "max_attn_logit_mean"] == pytest.approx(9.0)
+    assert agg.loc["rms", "max_log_z_mean"] == pytest.approx(4.1)
+    md = (out / "summary.md").read_text()
+    assert "| max attn logit | max log Z |" in md
+    ln_row = next(line for line in md.splitlines() if line.startswith("| ln |"))
+    assert "| 9 | 5.1 |" in ln_row  # peaks 8, 10 and 5.0, 5.2
+    assert (out / "logits.png").stat().st_size > 1000
+
+
+def test_runs_without_logit_records_report_as_before(sweep):
+    _, out, text = sweep
+    assert not (out / "logits.png").exists()
+    assert "chart logits not drawn" in " ".join(text.split())
+    assert "no stats record with logit diagnostics" in (out / "report.html").read_text()
+    assert not any(c.startswith(("max_attn_logit", "max_log_z")) for c in pd.read_csv(out / "aggregate.csv"))
+    assert "max attn logit" not in (out / "summary.md").read_text()
+
+
+def test_narrow_terminal_drops_the_logit_columns(tmp_path):
+    for norm, seed in (("ln", 0), ("rms", 0)):
+        make_run(tmp_path, f"{norm}{seed}", norm=norm, seed=seed, logits=[(2.0, 4.0), (4.0, 4.5), (8.0, 5.0)])
+    wide, narrow = Console(file=io.StringIO(), width=250), Console(file=io.StringIO(), width=100)
+    only = ("loss_curves",)
+    for console in (wide, narrow):
+        orig = charts_module.CHARTS
+        charts_module.CHARTS = tuple(c for c in orig if c[0] in only)
+        try:
+            run_report([tmp_path], out=tmp_path / f"report{console.width}", console=console)
+        finally:
+            charts_module.CHARTS = orig
+    assert "max attn logit" in wide.file.getvalue()
+    assert "max attn logit" not in narrow.file.getvalue()
+
+
+BENCH_HEADER = "norm,impl,dim,dtype,device,pass,tokens,ms,gb_per_s,copy_gb_per_s,ratio_to_ln\n"
+
+
+def bench_csv(path, rows) -> None:
+    """rows: (norm, impl, dim, pass, ratio_to_ln, gb_per_s); LayerNorm's native op takes 1 ms, copy runs at 10 GB/s."""
+    path.write_text(BENCH_HEADER + "".join(f"{n},{impl},{dim},fp32,cpu,{pass_},1024,{ratio},{gb},10.0,{ratio}\n"
+                                           for n, impl, dim, pass_, ratio, gb in rows))
+
+
+SLOW_BENCH = [("ln", "normbench", 256, "fwd", 1.0, 5.0), ("ln", "native", 256, "fwd", 1.0, 5.0),
+              ("rms", "normbench", 256, "fwd", 1.05, 4.0), ("rms", "normbench", 1024, "fwd+bwd", 1.3, 3.0),
+              ("rms", "native", 256, "fwd", 2.5, 2.0),  # PyTorch's op, not normbench's: not listed
+              ("scale", "normbench", 256, "fwd", 1.0, 5.0), ("scale", "normbench", 1024, "fwd+bwd", 1.09, 5.0),
+              ("dyt", "normbench", 256, "fwd", 1.2, 6.0), ("dyt", "normbench", 1024, "fwd+bwd", 1.15, 6.0),
+              ("bn", "normbench", 256, "fwd", 3.0, 1.0)]  # BatchNorm's math differs: not listed
+
+
+def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch):
+    from normbench.report.cost import implementation_note
+    from normbench.report.load import read_bench
+
+    bench_csv(tmp_path / "b.csv", SLOW_BENCH)
+    note = implementation_note(read_bench([tmp_path / "b.csv"]))
+    assert note == ("Implementations not at their limit on cpu: dyt (1.20x LayerNorm at 256 fp32 fwd); "
+                    "rms (1.30x LayerNorm at 1024 fp32 fwd+bwd) — throughput differences there measure the "
+                    "implementation, not the norm.")
+    assert implementation_note(read_bench([tmp_path / "b.csv"]), norms=["ln", "scale"]).startswith(
+        "Implementations at their limit in the bench: scale within 1.1x")
+
+    drawn = capture_charts(monkeypatch, "bench", "throughput")
+    make_run(tmp_path / "runs", "a", norm="ln", stats=False)
+    make_run(tmp_path / "runs", "b", norm="rms", stats=False)
+    out, text = report([tmp_path / "runs", tmp_path / "b.csv"])
+    fig = drawn["bench"]
+    assert "dyt (1.20x" in fig.get_supxlabel().replace("\n", " ") and "scale" not in fig.get_supxlabel()
+    ratio_ax = fig.axes[0]
+    copy_ax = next(a for a in fig.axes if "bandwidth" in a.get_title() and "fwd+bwd" in a.get_title())
+    assert ratio_ax.get_yscale() == "log"
+    references = {(line.get_linestyle(), tuple(line.get_ydata())) for line in ratio_ax.get_lines()
+                  if not line.get_label().startswith(("ln", "rms", "scale", "dyt", "bn"))}
+    assert references == {("--", (1.0, 1.0)), (":", (1.1, 1.1))}  # LayerNorm = 1 and the 1.1x goal
+    assert lines_by_label(copy_ax)["rms (normbench)"] == ([1024], pytest.approx([30.0]))  # 3 / 10 GB/s
+    assert "rms (native)" not in lines_by_label(copy_ax)
+    # the throughput chart (norms compared) and the verdict carry the note for the runs' norms only
+    assert "rms (1.30x LayerNorm" in drawn["throughput"].get_supxlabel().replace("\n", " ")
+    assert "dyt" not in drawn["throughput"].get_supxlabel()
+    sentence = next(s for s in (out / "summary.md").read_text().splitlines() if s.startswith("- Throughput"))
+    assert "not at their limit on cpu: rms (1.30x LayerNorm at 1024 fp32 fwd+bwd)" in sentence
+
+
+def test_without_a_bench_csv_the_throughput_note_says_the_cost_is_unknown(tmp_path, monkeypatch):
+    drawn = capture_charts(monkeypatch, "throughput")
+    make_run(tmp_path, "a", norm="ln", stats=False)
+    make_run(tmp_path, "b", norm="rms", stats=False)
+    out, _ = report([tmp_path])
+    for text in (drawn["throughput"].get_supxlabel().replace("\n", " ").replace("\u00a0", " "),
+                 (out / "summary.md").read_text()):
+        assert "implementation cost on this device is unknown" in text
+        assert "`normbench bench --out bench.csv`" in text and "`normbench report RUNS bench.csv`" in text
+    # one norm: nothing compared, no note
+    make_run(tmp_path / "one", "a", norm="ln", stats=False)
+    report([tmp_path / "one"])
+    assert drawn["throughput"].get_supxlabel() == ""
+
+
+def test_old_bench_csv_without_ratio_to_ln(sweep, tmp_path, monkeypatch):
+    from normbench.report.load import read_bench
+
+    root, _, _ = sweep  # its bench.csv predates ratio_to_ln: derived from its own LayerNorm native rows
+    bench = read_bench([root / "bench.csv"])
+    rms = bench[bench["norm"].eq("rms") & bench["impl"].eq("normbench")]
+    assert list(rms["ratio_to_ln"]) == pytest.approx([0.5, 0.5, 0.5])  # dim/1000 ms over ln native's 2·dim/1000
+    drawn = capture_charts(monkeypatch, "bench")
+    report([root / "bench.csv"], out=tmp_path / "r1")
+    assert lines_by_label(drawn["bench"].axes[0])["rms (normbench)"][1] == pytest.approx([0.5, 0.5, 0.5])
+    # no LayerNorm native row either: the times, as before
+    (tmp_path / "old.csv").write_text("norm,impl,dim,dtype,device,pass,ms\nrms,normbench,256,fp32,cpu,fwd,0.25\n")
+    report([tmp_path / "old.csv"], out=tmp_path / "r2")
+    ax = drawn["bench"].axes[0]
+    assert ax.get_ylabel() == "time per call (ms)" and lines_by_label(ax)["rms (normbench)"][1] == [0.25]

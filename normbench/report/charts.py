@@ -10,13 +10,17 @@ bar hatch = placement, and a marker to tell apart configurations that share both
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 import zlib
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from normbench.report.cost import LIMIT, implementation_note
 from normbench.report.load import ReportData
 from normbench.report.tables import _fmt_value, config_label
 
@@ -84,6 +88,22 @@ def _legend(fig, axes) -> None:
     if handles:  # as many columns as it takes for the legend to fit the figure's height
         ncols = math.ceil(len(handles) / max(4, int(fig.get_figheight() * 72 / 15)))
         fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize="small", ncols=ncols)
+
+
+def _note(fig, text: str) -> None:
+    """A caveat under the whole figure, wrapped to its width."""
+    if text:
+        width = int(fig.get_figwidth() * 72 / 6.5)  # ~6.5 pt per character at the small font size
+        width = math.ceil(len(text) / math.ceil(len(text) / width)) + 10  # lines of even length, no stub
+        # a `command` stays on one line: its spaces become no-break spaces, which textwrap keeps
+        text = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\u00a0"), text)
+        fig.supxlabel(_plain(textwrap.fill(text, width)), fontsize="small", color="#a60", ha="center")
+
+
+def _compared_norms(d: ReportData) -> list:
+    """The norms the runs compare (two or more), else []."""
+    norms = list(dict.fromkeys(d.runs["norm"].dropna()))
+    return norms if "norm" in (d.keys or []) and len(norms) > 1 else []
 
 
 def _plain(text) -> str:
@@ -289,6 +309,28 @@ def chart_throughput(d: ReportData):
         for ax in axes[:-1]:  # stacked panels share the configuration labels of the bottom one
             ax.tick_params(labelbottom=False)
     fig.suptitle("Speed and memory per configuration (mean over runs)")
+    norms = _compared_norms(d)
+    if norms:
+        _note(fig, implementation_note(d.bench, norms))
+    return fig
+
+
+@chart("logits", "Attention-logit and output-logit growth")
+def chart_logits(d: ReportData):
+    """Wortsman et al. 2023: attention logits grow until attention collapses (QK-norm fixes it),
+    output logits drift (z-loss fixes it). Diverged runs are drawn up to their last finite value."""
+    panels = [("max_attn_logit", "Max attention logit vs step", "max attention logit (after scaling)", "log"),
+              ("max_log_z", "Max log Z (output log-partition) vs step", "max log Z (nats)", "linear")]
+    panels = [p for p in panels if d.logits[p[0]].notna().any()]
+    if not panels:
+        return "no stats record with logit diagnostics in metrics.jsonl (runs older than them, or train.stats_every=0)"
+    fig, axes = _figure(len(panels), width=6.0, height=4.2)
+    for ax, (y, title, ylabel, scale) in zip(axes, panels):
+        _bands(ax, d, d.logits, "step", y)
+        ax.set(title=title, xlabel="step", ylabel=ylabel, yscale=scale)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle("Logit growth: mean over seeds, band = min–max (diverged runs up to their last finite value)")
+    _legend(fig, axes)
     return fig
 
 
@@ -336,24 +378,52 @@ def chart_stability(d: ReportData):
 
 @chart("bench", "Norm micro-benchmark", needs_runs=False)
 def chart_bench(d: ReportData):
-    if d.bench is None or d.bench.empty:
+    bench = d.bench
+    if bench is None or bench.empty:
         return "no bench CSV among the inputs (pass the file from `normbench bench --out X.csv`)"
     # One panel per setting that changes the timings, so each line compares like with like.
-    keys = ["device", "dtype", "pass"] + ["tokens"] * ("tokens" in d.bench and d.bench["tokens"].nunique() > 1)
-    panels = list(d.bench.groupby(keys, sort=True))
-    fig, axes = _figure(len(panels))
-    for ax, (panel, part) in zip(axes, panels):
+    keys = ["device", "dtype", "pass"] + ["tokens"] * ("tokens" in bench and bench["tokens"].nunique() > 1)
+    panels = list(bench.groupby(keys, sort=True))
+    # ratio_to_ln (derived for older CSVs from their LayerNorm rows); the times where there is none.
+    ratio = "ratio_to_ln" in bench and bench["ratio_to_ln"].notna().any()
+    y, ylabel = ("ratio_to_ln", "time / LayerNorm's native time") if ratio else ("ms", "time per call (ms)")
+    copy = bench["gb_per_s"] / bench["copy_gb_per_s"] if {"gb_per_s", "copy_gb_per_s"} <= set(bench) else None
+    mine = bench["impl"].eq("normbench")
+    rows = 2 if copy is not None and copy[mine].notna().any() else 1
+    fig = Figure(figsize=(4.6 * len(panels) + 1.8, 3.9 * rows), layout="constrained")
+    axes = fig.subplots(rows, len(panels), squeeze=False)
+    for i, (panel, part) in enumerate(panels):
+        ax = axes[0, i]
         for (norm, impl), line in part.groupby(["norm", "impl"], sort=True):
             line = line.sort_values("dim")
-            ax.plot(line["dim"], line["ms"], color=norm_color(norm), linestyle=IMPL_LINESTYLES.get(str(impl), "-."),
+            ax.plot(line["dim"], line[y], color=norm_color(norm), linestyle=IMPL_LINESTYLES.get(str(impl), "-."),
                     marker="o", markersize=3, label=_plain(f"{norm} ({impl})"))
+            if rows == 2 and impl == "normbench":
+                share = 100 * copy[line.index]
+                axes[1, i].plot(line["dim"], share, color=norm_color(norm), marker="o", markersize=3,
+                                label=_plain(f"{norm} ({impl})"))
+        if ratio:
+            ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="LayerNorm (native) = 1")
+            ax.axhline(LIMIT, color="black", linestyle=":", linewidth=1, label=f"goal: {LIMIT}x LayerNorm")
         title = " · ".join(f"{k}={v}" if k == "tokens" else str(v) for k, v in zip(keys, panel))
-        ax.set(title=_plain(title), xlabel="hidden size (dim)", ylabel="time per call (ms)")
-        ax.set_xscale("log", base=2)
+        ax.set(title=_plain(title), xlabel="hidden size (dim)", ylabel=ylabel)
+        dims = sorted(part["dim"].dropna().unique())
+        for a in axes[:, i]:
+            a.set_xscale("log", base=2)
+            a.set_xticks(dims, [f"{v:g}" for v in dims])  # the widths measured, not powers of two
+            a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+            a.grid(alpha=0.3, which="both")
         ax.set_yscale("log")
-        ax.grid(alpha=0.3, which="both")
-    fig.suptitle("Norm micro-benchmark (colour = norm, line style = implementation)")
-    _legend(fig, axes)
+        if ratio:  # ratios near 1 span less than a decade: ticks read 1x, 1.25x, 1.5x, 2x, ...
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 1.25, 1.5, 2, 3, 5, 7)))
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if rows == 2:
+            axes[1, i].set(title=_plain(f"{title}: normbench's bandwidth"), xlabel="hidden size (dim)",
+                           ylabel="% of copy bandwidth (clone)", ylim=(0, None))
+    what = "time relative to LayerNorm's native op" if ratio else "time per call (no ratio_to_ln in the CSV)"
+    fig.suptitle(f"Norm micro-benchmark: {what}" + ("\nbottom: normbench's GB/s as % of a plain copy's" if rows == 2
+                                                     else "") + "\n(colour = norm, line style = implementation)")
+    _legend(fig, axes.ravel())
+    _note(fig, implementation_note(bench))
     return fig
-
-

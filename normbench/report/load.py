@@ -28,6 +28,8 @@ HIGHER_IS_BETTER = {"tokens_per_s", "mfu"}
 LOSS_FIELDS = ("final_val_loss", "best_val_loss", "floor_gap")
 SPEED_FIELDS = ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb")
 BENCH_COLUMNS = ("norm", "impl", "dim", "dtype", "device", "pass", "ms")
+# The logit diagnostics (Wortsman et al. 2023): per stats record and, as peaks, in summary.json.
+LOGIT_FIELDS = ("max_attn_logit", "max_log_z")
 ALIASES = {"norm.name": "norm", "placement.name": "placement"}
 
 def find_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -69,6 +71,12 @@ def _num(value) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+def _finite(value) -> float:
+    """A number, or NaN for a missing or non-finite one (a diverged run logs inf/NaN logits)."""
+    value = _num(value)
+    return value if math.isfinite(value) else math.nan
 
 
 def load_run(run_dir: Path, warn) -> tuple[dict, dict, list[dict]] | None:
@@ -114,6 +122,7 @@ class ReportData:
     evals: pd.DataFrame  # run, step, val_loss
     grads: pd.DataFrame  # run, step, grad_norm (global, from stats records)
     layers: pd.DataFrame  # run, when ("first"/"last" stats record), step, layer, grad (mlp_out), resid_rms
+    logits: pd.DataFrame  # run, step, max_attn_logit, max_log_z (stats records that carry them; finite only)
     bench: pd.DataFrame | None = None
     # Filled in by the later stages of a report (normbench.report.build):
     keys: list[str] | None = None  # group keys
@@ -124,7 +133,7 @@ class ReportData:
 
 
 def load_runs(run_dirs: list[Path], warn) -> ReportData:
-    rows, train, evals, grads, layers, config_keys = [], [], [], [], [], {}
+    rows, train, evals, grads, layers, logits, config_keys = [], [], [], [], [], [], {}
     for run_dir in run_dirs:
         loaded = load_run(run_dir, warn)
         if loaded is None:
@@ -160,6 +169,10 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
                 evals.append((run, _num(r.get("step")), _num(r.get("val_loss"))))
             elif kind == "stats":
                 grads.append((run, _num(r.get("step")), _num(r.get("grad_norm"))))
+                # Runs older than the logit diagnostics (or with them off) have neither key.
+                peaks = [_finite(r.get(k)) for k in LOGIT_FIELDS]
+                if any(map(math.isfinite, peaks)):
+                    logits.append((run, _num(r.get("step")), *peaks))
                 if isinstance(r.get("layers"), list) and r["layers"]:
                     stats.append(r)
         # Only the first and last per-layer snapshots are drawn; keep nothing else.
@@ -176,6 +189,8 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
     for col in (*METRICS, "init_val_loss"):
         runs[col] = pd.to_numeric(runs[col], errors="coerce")
     runs["floor_gap"] = runs["final_val_loss"] - pd.to_numeric(runs["floor_loss"], errors="coerce")
+    for col in [c for c in LOGIT_FIELDS if c in runs]:  # the peaks: null with statistics off
+        runs[col] = pd.to_numeric(runs[col], errors="coerce").replace([np.inf, -np.inf], np.nan)
     first = ["run_dir", "norm", "placement", "seed", "status", *METRICS, "init_val_loss"]
     runs = runs[first + [c for c in runs.columns if c not in first]]
     return ReportData(
@@ -184,6 +199,7 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         evals=pd.DataFrame(evals, columns=["run", "step", "val_loss"]),
         grads=pd.DataFrame(grads, columns=["run", "step", "grad_norm"]),
         layers=pd.DataFrame(layers, columns=["run", "when", "step", "layer", "grad", "resid_rms"]),
+        logits=pd.DataFrame(logits, columns=["run", "step", *LOGIT_FIELDS]),
     )
 
 
@@ -198,7 +214,16 @@ def read_bench(paths: list[Path]) -> pd.DataFrame | None:
         if missing:
             raise ConfigError(f"{path} is not a bench CSV (missing columns {', '.join(missing)})",
                               allowed=BENCH_COLUMNS)
-        frames.append(frame)
+        frames.append(frame if "ratio_to_ln" in frame else _with_ratio_to_ln(frame))
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
+
+
+def _with_ratio_to_ln(frame: pd.DataFrame) -> pd.DataFrame:
+    """A CSV from before ``ratio_to_ln``: derived from its own LayerNorm native rows, timed in the
+    same run (NaN where the file has none: the chart then falls back to the times)."""
+    keys = [k for k in ("device", "dtype", "pass", "dim", "tokens") if k in frame]
+    ln = frame[frame["norm"].eq("ln") & frame["impl"].eq("native")].groupby(keys, dropna=False)["ms"].mean()
+    ref = frame.join(ln.rename("_ln_ms"), on=keys)["_ln_ms"]
+    return frame.assign(ratio_to_ln=frame["ms"] / ref)

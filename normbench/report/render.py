@@ -15,6 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from normbench.report.tables import LOGIT_COLUMNS
+
 STYLE = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;line-height:1.4}"
          "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}"
          "th{background:#f3f3f3}img{max-width:100%}.note{color:#666}.warn{color:#a60}"
@@ -86,7 +88,7 @@ def print_verdict(console: Console, verdict: list[str]) -> None:
 
 # Left out of the terminal table when it would not fit; the CSV, Markdown and HTML keep them.
 SECONDARY_COLUMNS = ("best val loss", "gap to floor", "step ms (p50)", "peak MB", "95% CI", "p",
-                     "values ok/diverged/failed")
+                     "values ok/diverged/failed", *LOGIT_COLUMNS)
 
 
 def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) -> None:

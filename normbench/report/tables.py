@@ -14,7 +14,11 @@ import pandas as pd
 
 from normbench.config import NOT_HASHED
 from normbench.errors import ConfigError
-from normbench.report.load import ALIASES, HIGHER_IS_BETTER, LOSS_FIELDS, SPEED_FIELDS, ReportData
+from normbench.report.load import ALIASES, HIGHER_IS_BETTER, LOGIT_FIELDS, LOSS_FIELDS, SPEED_FIELDS, ReportData
+
+
+# The display names of LOGIT_FIELDS' columns (the mean over runs of each run's peak).
+LOGIT_COLUMNS = ("max attn logit", "max log Z")
 
 
 def _is_bookkeeping(key: str) -> bool:
@@ -93,6 +97,11 @@ def aggregate(runs: pd.DataFrame, keys: list[str], metric: str = "final_val_loss
     losses.columns = [f"{field}_{stat}" for field, stat in losses.columns]
     speed_fields = list(dict.fromkeys(f for f in (*SPEED_FIELDS, metric) if f not in LOSS_FIELDS))
     agg = agg.join(losses).join(groups[speed_fields].mean().add_suffix("_mean"))
+    # The logit peaks (max over the statistics steps): like speed, every run that logged them counts;
+    # a diverged run's peak before it diverged is what shows the instability.
+    logit_fields = [f for f in LOGIT_FIELDS if f in runs and runs[f].notna().any()]
+    if logit_fields:
+        agg = agg.join(groups[logit_fields].mean().add_suffix("_mean"))
     agg["leaks_future"] = groups["leaks_future"].agg(lambda s: bool(s.dropna().any()) if s.notna().any() else pd.NA)
     for col in [c for c in agg.columns if c.endswith("_count")]:
         agg[col] = agg[col].fillna(0).astype(int)  # a group whose runs all diverged has no completed losses
@@ -124,6 +133,10 @@ def display_table(agg: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFra
     table["tokens/s"] = agg["tokens_per_s_mean"].map(lambda v: num(v, ",.0f"))
     table["step ms (p50)"] = agg["step_ms_p50_mean"].map(lambda v: num(v, ".1f"))
     table["peak MB"] = agg["peak_mem_mb_mean"].map(lambda v: num(v, ",.0f"))
+    for field, name in zip(LOGIT_FIELDS, LOGIT_COLUMNS):
+        if f"{field}_mean" in agg:
+            # 3 significant digits, without the exponent a peak of 1,340 would get from ".3g"
+            table[name] = agg[f"{field}_mean"].map(lambda v: num(v, ",.0f" if abs(v) >= 100 else ".3g"))
     if f"{metric}_std" not in agg and metric not in SPEED_FIELDS:
         table[metric] = agg[f"{metric}_mean"].map(lambda v: num(v, ".4g"))
     table["diverged"] = agg["diverged"].astype(str)

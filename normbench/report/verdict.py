@@ -12,6 +12,7 @@ import math
 
 import pandas as pd
 
+from normbench.report.cost import implementation_note
 from normbench.report.load import ReportData
 from normbench.report.stats import NEEDS_SEEDS, compare
 from normbench.report.tables import config_label, fmt_ci
@@ -167,7 +168,9 @@ def _throughput(d: ReportData) -> list[str]:
         parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
     return [f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference): "
             f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
-            f"well; normbench bench compares the norms' speed under control."]
+            f"well; normbench bench compares the norms' speed under control. "
+            # the caveat: which norms' implementations are not at their limit (or that it is unknown)
+            f"{implementation_note(d.bench, norms)}".rstrip()]
 
 
 def verdict(d: ReportData) -> list[str]:
