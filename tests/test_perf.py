@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +31,29 @@ def test_step_time_percentiles_match_numpy(n):
 LINUX_RSS = Path("/proc/self/clear_refs").exists()
 
 
+# Two runs in one fresh process, as the basic launcher runs a sweep. A fresh process, because this
+# test's own (pytest's) process holds whatever the tests before it left resident.
+TWO_RUNS = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from conftest import train_tiny
+out = Path(sys.argv[1])
+# The large run's corpus has 4096 tokens: a 128 MB transition matrix (and as much again while it is drawn).
+large = train_tiny(out / "large", "data.vocab_size=4096", "train.steps=2", "train.log_every=1",
+                   "train.eval_every=2", "train.stats_every=0")
+small = train_tiny(out / "small", "train.steps=2", "train.log_every=1", "train.eval_every=2", "train.stats_every=0")
+print(json.dumps([large, small]))
+"""
+
+
 @pytest.mark.skipif(not LINUX_RSS, reason="resetting the peak resident set needs Linux's /proc/self/clear_refs")
 def test_a_small_run_after_a_large_one_reports_its_own_peak(tmp_path):
-    """Two runs in one process (as the basic launcher runs a sweep): the second must not inherit the first's peak."""
-    # The large run's corpus has 4096 tokens: a 128 MB transition matrix (and as much again while it is drawn).
-    large = train_tiny(tmp_path / "large", "data.vocab_size=4096", "train.steps=2", "train.log_every=1",
-                       "train.eval_every=2", "train.stats_every=0")
-    small = train_tiny(tmp_path / "small", "train.steps=2", "train.log_every=1", "train.eval_every=2",
-                       "train.stats_every=0")
+    """The second of two runs in one process must not inherit the first's peak."""
+    done = subprocess.run([sys.executable, "-c", TWO_RUNS, str(tmp_path), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    large, small = json.loads(done.stdout.strip().splitlines()[-1])
     assert large["peak_mem_kind"] == small["peak_mem_kind"] == "cpu_rss"
     for run in (large, small):
         assert run["peak_mem_mb"] >= run["peak_mem_start_mb"] > 0
