@@ -76,40 +76,17 @@ def _on_gpu(x: torch.Tensor) -> bool:
     return x.device.type == "cuda" and not torch.compiler.is_compiling()
 
 
-class _FusedCPU(torch.autograd.Function):
-    """A forward op and its backward op from torch.ops.normbench, as one autograd node.
-
-    The ops' signatures line up: ``{op}_fwd(x, *params[, eps])`` returns y (and one
-    statistic per token, for rms_norm and scale_norm); ``{op}_bwd(dy, x, *params[, stats][, eps])``
-    returns dx and each parameter's gradient. Only the inputs (no copies) and the
-    per-token statistics are saved.
-    """
-
-    @staticmethod
-    def forward(ctx, op: str, eps, x: torch.Tensor, *params):
-        x = x.contiguous()
-        ctx.op, ctx.tail = op, () if eps is None else (eps,)
-        out = _op(op, "fwd")(x, *params, *ctx.tail)
-        y, stats = out if isinstance(out, tuple) else (out, None)
-        ctx.save_for_backward(x, *params, *(() if stats is None else (stats,)))
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy: torch.Tensor):
-        dx, *dparams = _op(ctx.op, "bwd")(dy.contiguous(), *ctx.saved_tensors, *ctx.tail)
-        return (None, None, dx, *dparams)
-
-
 _OPS: dict = {}
 
 
-def _op(name: str, which: str):
-    """torch.ops.normbench.{name}_{which}'s one overload, looked up once: a per-call lookup shows at small widths."""
-    key = (name, which)
-    if key not in _OPS:
-        _OPS[key] = getattr(torch.ops.normbench, f"{name}_{which}").default
-    return _OPS[key]
+def _fused(name: str):
+    """torch.ops.normbench.{name}: one op with its autograd node in C++ (normbench.kernels).
+
+    Looked up once: at small widths even the per-call attribute lookups show.
+    """
+    if name not in _OPS:
+        _OPS[name] = getattr(torch.ops.normbench, name).default
+    return _OPS[name]
 
 
 def register_norm(name: str):
@@ -178,7 +155,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fused_cpu(x):
-            return _FusedCPU.apply("rms_norm", self.eps, x, self.weight)
+            return _fused("rms_norm")(x, self.weight, self.eps)
         weight = self.weight  # one module attribute lookup: at small widths each microsecond shows
         # A gain in another dtype than x sends rms_norm down its slow unfused path.
         if weight.dtype != x.dtype:
@@ -302,7 +279,7 @@ class ScaleNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fused_cpu(x):
-            return _FusedCPU.apply("scale_norm", self.eps, x, self.weight)
+            return _fused("scale_norm")(x, self.weight, self.eps)
         if _on_gpu(x):
             return _fused_gpu(_scale_norm_math, x, self.weight, self.eps)
         return _ScaleNormFunction.apply(x, self.weight, self.eps)
@@ -328,7 +305,7 @@ class DynamicTanh(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fused_cpu(x):
-            return _FusedCPU.apply("dyt", None, x, self.alpha, self.weight, self.bias)
+            return _fused("dyt")(x, self.alpha, self.weight, self.bias)
         if _on_gpu(x):
             return _fused_gpu(_dyt_math, x, self.alpha, self.weight, self.bias)
         # In place: the product's only reader is tanh, whose backward needs its output alone.
