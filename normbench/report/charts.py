@@ -212,43 +212,64 @@ def chart_tuning(d: ReportData):
     keys = [k for k in d.keys if k != key]
     runs["_config"] = [config_label(keys, v) for v in runs[keys].itertuples(index=False)] if keys else "all runs"
     styles = make_styles(runs.assign(config=runs["_config"]), d.tuned)
-    fig, (ax,) = _figure(1, width=8.5, height=5.0)
+    curves = {row.config: _tuning_points(runs[runs["_config"].eq(row.config)], mean_ci) for row in d.tuned.itertuples()}
+    best = d.tuned["final_val_loss_mean"].dropna()
     init = d.tuned["loss_init"].dropna()
-    for row in d.tuned.itertuples(index=False):
-        group = runs[runs["_config"].eq(row.config)]
-        points = []
-        for value, at in group.groupby("_value"):
-            done = at.loc[at["status"].eq("completed"), "final_val_loss"].dropna()
-            ci = mean_ci(done)
-            points.append((value, done.mean() if len(done) else math.nan, ci, len(at) - len(done)))
-        style = styles[row.config]
-        xs = [p[0] for p in points]
-        ys = np.array([p[1] for p in points], float)
-        sens = "" if pd.isna(row.lr_sensitivity) else f"  (sensitivity {row.lr_sensitivity:.3f})"
-        ax.plot(xs, ys, color=style["color"], linestyle=style["linestyle"], marker=style["marker"] or "o",
-                markersize=4, label=_plain(row.config + sens))
-        if any(p[2] is not None for p in points):
-            ax.fill_between(xs, [p[2].low if p[2] else p[1] for p in points],
-                            [p[2].high if p[2] else p[1] for p in points], color=style["color"], alpha=0.15, linewidth=0)
-        # diverged or failed seeds: an x at the loss at init, where the sensitivity counts them
-        bad = [(p[0], p[3]) for p in points if p[3]]
-        if bad and math.isfinite(row.loss_init):
-            ax.plot([b[0] for b in bad], [row.loss_init] * len(bad), "x", color=style["color"], markersize=9,
-                    markeredgewidth=2, label="diverged or failed seeds (at loss at init)")
-        if pd.notna(row.best_value):
-            ax.plot([row.best_value], [row.final_val_loss_mean], marker="*", color=style["color"],
-                    markersize=13, markeredgecolor="black", linestyle="none", label="each configuration's best value")
-    if len(init):
-        ax.axhline(init.mean(), color="grey", linestyle="--", linewidth=1, label="loss at init (step 0)")
-    _floor(ax, d.runs)
-    values = runs["_value"].dropna()
-    if len(values) and (values > 0).all() and values.max() / values.min() >= 10:
-        ax.set_xscale("log")
-    ax.set(title=f"Final validation loss against {key}\n(mean over completed seeds, band = 95% CI; × = diverged)",
-           xlabel=key, ylabel="final val loss (nats/token)")
-    ax.grid(alpha=0.3, which="both")
-    _legend(fig, [ax])
+    top = max([y for pts in curves.values() for _, y, _, _ in pts if math.isfinite(y)] + list(init), default=math.nan)
+    # A configuration far from the rest (DyT, no norm) stretches the axis until the curves that
+    # matter, those near the best, are one line: a second panel zooms in on them.
+    zoom = (best.min() - 0.05, best.min() + 0.35) if len(best) and top - best.min() > 1.0 else None
+    fig, axes = _figure(2 if zoom else 1, width=7.0 if zoom else 8.5, height=5.0, ncols=2)
+    for ax in axes:
+        for row in d.tuned.itertuples(index=False):
+            _tuning_curve(ax, row, curves[row.config], styles[row.config])
+        for row in d.tuned.itertuples(index=False):  # markers after every line: the legend lists configs first
+            _tuning_marks(ax, row, curves[row.config], styles[row.config])
+        if len(init):
+            ax.axhline(init.mean(), color="grey", linestyle="--", linewidth=1, label="loss at init (step 0)")
+        _floor(ax, d.runs)
+        values = runs["_value"].dropna()
+        if len(values) and (values > 0).all() and values.max() / values.min() >= 10:
+            ax.set_xscale("log")
+        ax.set(xlabel=key, ylabel="final val loss (nats/token)")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_title(f"Final validation loss against {key}\n(mean over completed seeds, band = 95% CI; × = diverged)")
+    if zoom:
+        axes[1].set_ylim(*zoom)
+        axes[1].set_title(f"The same, near the best\n(best {best.min():.3f} to +0.35)")
+    _legend(fig, axes)
     return fig
+
+
+def _tuning_points(group: pd.DataFrame, mean_ci) -> list[tuple]:
+    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds not completed)."""
+    points = []
+    for value, at in group.groupby("_value"):
+        done = at.loc[at["status"].eq("completed"), "final_val_loss"].dropna()
+        points.append((value, done.mean() if len(done) else math.nan, mean_ci(done), len(at) - len(done)))
+    return points
+
+
+def _tuning_curve(ax, row, points: list[tuple], style: dict) -> None:
+    xs = [p[0] for p in points]
+    ys = np.array([p[1] for p in points], float)
+    sens = "" if pd.isna(row.lr_sensitivity) else f"  (sensitivity {row.lr_sensitivity:.3f})"
+    ax.plot(xs, ys, color=style["color"], linestyle=style["linestyle"], marker=style["marker"] or "o",
+            markersize=4, label=_plain(row.config + sens))
+    if any(p[2] is not None for p in points):
+        ax.fill_between(xs, [p[2].low if p[2] else p[1] for p in points],
+                        [p[2].high if p[2] else p[1] for p in points], color=style["color"], alpha=0.15, linewidth=0)
+
+
+def _tuning_marks(ax, row, points: list[tuple], style: dict) -> None:
+    # diverged or failed seeds: an x at the loss at init, where the sensitivity counts them
+    bad = [p[0] for p in points if p[3]]
+    if bad and math.isfinite(row.loss_init):
+        ax.plot(bad, [row.loss_init] * len(bad), "x", color=style["color"], markersize=9,
+                markeredgewidth=2, label="diverged or failed seeds (at loss at init)")
+    if pd.notna(row.best_value):
+        ax.plot([row.best_value], [row.final_val_loss_mean], marker="*", color=style["color"],
+                markersize=13, markeredgecolor="black", linestyle="none", label="each configuration's best value")
 
 
 @chart("grad_by_layer", "Gradient norm and residual RMS by layer")
