@@ -15,6 +15,7 @@ from scipy import stats as scipy_stats
 from normbench.errors import ConfigError
 from normbench.report import run_report
 from normbench.report.stats import compare, mean_ci
+from normbench.report.tables import fmt_ci
 
 from test_report import make_run, only_charts, quiet, report
 
@@ -241,3 +242,11 @@ def test_every_run_failed_is_still_a_report(tmp_path, monkeypatch):
     assert pd.read_csv(out / "aggregate.csv")["failed"].item() == 2
     md = (out / "summary.md").read_text()
     assert "No configuration completed a run: nothing to compare." in md and "Failed" in md
+
+
+def test_an_interval_that_excludes_zero_never_prints_as_touching_it():
+    """[+0.0003, +0.035] must not read [+0.000, +0.035]: the verdict says 'worse', the print must agree."""
+    assert fmt_ci({"ci_low": 0.00031, "ci_high": 0.0351}, sign="+") == "[+0.0003, +0.035]"
+    assert fmt_ci({"ci_low": -0.00042, "ci_high": 0.031}, sign="+") == "[-0.0004, +0.031]"
+    assert fmt_ci({"ci_low": 2.4801, "ci_high": 2.5204}) == "[2.480, 2.520]"
+    assert fmt_ci({"ci_low": 0.0, "ci_high": 0.01}, sign="+") == "[+0.000, +0.010]"

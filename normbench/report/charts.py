@@ -4,7 +4,8 @@ A chart function takes the ``ReportData`` and returns a matplotlib ``Figure``, o
 saying why it was not drawn (its data is missing); ``run_report`` saves each as ``NAME.png``
 (plus the other formats asked for) and embeds it in report.html. Adding a chart is one
 decorated function here. Every chart uses one visual mapping: colour = norm, line style /
-bar hatch = placement, and a marker to tell apart configurations that share both.
+bar hatch = placement, and a marker to tell apart configurations that share both (when the
+runs all have one norm, colour tells apart the other group keys' values instead).
 """
 
 from __future__ import annotations
@@ -56,16 +57,25 @@ def chart(name: str, title: str, needs_runs: bool = True):
 
 
 def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
-    """Colour by norm, line style by placement; a marker tells apart configs sharing both."""
+    """Colour by norm, line style by placement; a marker tells apart configs sharing both.
+
+    When every configuration has the same norm, colour would say nothing: it goes to the
+    other group keys' values instead ("n_layer=2", "warmup_steps=50"), one colour each.
+    """
     # norm/placement need not be group keys: a config mixing several gets the "mixed" style.
     names = runs.groupby("config", sort=False)[["norm", "placement"]].agg(
         lambda s: s.iloc[0] if s.nunique(dropna=False) == 1 else "mixed").reindex(agg["config"])
+    rests = [" ".join(t for t in str(label).split(" ") if "=" in t) for label in agg["config"]]
+    by_rest = sorted(set(rests)) if names["norm"].nunique(dropna=False) == 1 and len(set(rests)) > 1 else None
     styles, seen = {}, {}
     shared = names.groupby(["norm", "placement"], dropna=False)["norm"].transform("size")
-    for label, norm, placement, n in zip(agg["config"], names["norm"], names["placement"], shared):
+    for label, norm, placement, n, rest in zip(agg["config"], names["norm"], names["placement"], shared, rests):
         i = seen[(norm, placement)] = seen.get((norm, placement), -1) + 1
         linestyle, hatch = PLACEMENT_STYLES.get(str(placement), ((0, (3, 1, 1, 1)), "oo"))
-        styles[label] = dict(color=norm_color(norm), linestyle=linestyle, hatch=hatch,
+        if by_rest:  # the colour's value also picks the marker, the same in every placement
+            i = by_rest.index(rest)
+        color = f"C{i % 10}" if by_rest else norm_color(norm)
+        styles[label] = dict(color=color, linestyle=linestyle, hatch=hatch,
                              marker=MARKERS[i % len(MARKERS)] if n > 1 else None)
     return styles
 

@@ -150,7 +150,16 @@ def fmt_ci(row, low="ci_low", high="ci_high", sign="") -> str:
     """'[2.480, 2.520]', or why there is no interval (needs ≥ 2 seeds, no completed run)."""
     if pd.isna(row.get(low)):
         return str(row.get("ci_method") if low == "ci_low" and pd.notna(row.get("ci_method")) else "–")
-    return f"[{row[low]:{sign}.3f}, {row[high]:{sign}.3f}]"
+    return f"[{_bound(row[low], sign)}, {_bound(row[high], sign)}]"
+
+
+def _bound(value: float, sign: str) -> str:
+    """Three decimals, more where those would round a non-zero bound to 0: an interval
+    printed as [+0.000, +0.035] would read as touching 0 when it excludes it."""
+    decimals = 3
+    while decimals < 6 and value != 0 and round(value, decimals) == 0:
+        decimals += 1
+    return f"{value:{sign}.{decimals}f}"
 
 
 def fmt_vs_best(row) -> str:
