@@ -79,25 +79,29 @@ inline acc_t dot(const T* a, const T* b, int64_t d) {
   return s;
 }
 
-// Float tanh as a 13/6 rational function (Eigen's generic_fast_tanh_float): within a
-// few ulp of std::tanh (tests/test_norms.py checks it against float64), and vectorisable, unlike a libm call per element.
-inline float fast_tanh(float x) {
+// Float tanh as a 13/6 rational function p / q (Eigen's generic_fast_tanh_float): within a
+// few ulp of std::tanh (tests/test_norms.py checks it against float64), and vectorisable, unlike
+// a libm call per element. V is float, or the 8-lane vector of DyT's vector path below.
+template <typename V>
+inline void tanh_rational(V x, V& p, V& q) {
   const float clamp = 7.90531110763549805f;
   x = x < -clamp ? -clamp : x;  // a NaN passes both tests and comes out NaN
   x = x > clamp ? clamp : x;
-  const float x2 = x * x;
-  float p = -2.76076847742355e-16f;
-  p = p * x2 + 2.00018790482477e-13f;
+  const V x2 = x * x;
+  p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
   p = p * x2 + -8.60467152213735e-11f;
   p = p * x2 + 5.12229709037114e-08f;
   p = p * x2 + 1.48572235717979e-05f;
   p = p * x2 + 6.37261928875436e-04f;
   p = p * x2 + 4.89352455891786e-03f;
   p = p * x;
-  float q = 1.19825839466702e-06f;
-  q = q * x2 + 1.18534705686654e-04f;
+  q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
   q = q * x2 + 2.26843463243900e-03f;
-  q = q * x2 + 4.89352518554385e-03f;
+  q = q * x2 + 4.89352518554385e-03f;  // q >= 4.9e-3: no zero, no infinity to invert
+}
+inline float fast_tanh(float x) {
+  float p, q;
+  tanh_rational(x, p, q);
   return p / q;  // near 0 this is x * (1 - 1.3e-7): Eigen's |x| < 4e-4 shortcut is not needed
 }
 inline double fast_tanh(double x) { return std::tanh(x); }
@@ -188,21 +192,9 @@ inline void store8(c10::BFloat16* p, v8f v) {  // round to nearest even, NaN kep
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
 
-inline v8f tanh8(v8f x) {  // fast_tanh's rational function, 8 lanes at a time
-  const float clamp = 7.90531110763549805f;
-  x = x < -clamp ? -clamp : x;  // a NaN lane fails both tests and stays NaN
-  x = x > clamp ? clamp : x;
-  const v8f x2 = x * x;
-  v8f p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-  p = p * x2 + -8.60467152213735e-11f;
-  p = p * x2 + 5.12229709037114e-08f;
-  p = p * x2 + 1.48572235717979e-05f;
-  p = p * x2 + 6.37261928875436e-04f;
-  p = p * x2 + 4.89352455891786e-03f;
-  p = p * x;
-  v8f q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-  q = q * x2 + 2.26843463243900e-03f;
-  q = q * x2 + 4.89352518554385e-03f;  // q >= 4.9e-3: no zero, no infinity to invert
+inline v8f tanh8(v8f x) {
+  v8f p, q;
+  tanh_rational(x, p, q);
   v8f r = __builtin_ia32_rcpps256(q);
   r = r * (2.0f - q * r);
   return p * r;
