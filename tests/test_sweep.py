@@ -174,8 +174,8 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
     assert len(run_dirs) == 3
     assert all(summary(d)["status"] == "completed" for d in run_dirs)
     assert mtimes(finished) == before  # what had finished was not trained again
-    if cut_short:
-        assert "1 interrupted among them" in " ".join(result.stdout.split())
+    if cut_short:  # one per job the kill caught mid-run: joblib may have had two going
+        assert f"{len(cut_short)} interrupted among them" in " ".join(result.stdout.split())
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
