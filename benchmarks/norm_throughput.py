@@ -7,13 +7,17 @@ every norm alike. A size is a list of Hydra overrides; two are built in:
 
   default   the default config (model=mini: 4 layers, 128 wide, block 64; batch 32)
   nanogpt   nanoGPT's CPU example size (4 layers, 128 wide, block 64, batch 12)
+  small     model=small (6 layers, 384 wide, block 256; batch 32): a GPU size
 
-With one thread (the default) a step's time is this thread's CPU time, which leaves out
-the time other processes held the core. Prints per size and norm the median tokens/s over rounds and the per-round ratio to
+On the CPU with one thread (the default) a step's time is this thread's CPU time, which
+leaves out the time other processes held the core; on CUDA each block ends with a
+synchronize and is timed by the wall clock. Prints per size and norm the median tokens/s over rounds and the per-round ratio to
 ln (median and quartiles). Usage:
 
     python benchmarks/norm_throughput.py [--sizes default,nanogpt] [--norms ln,rms,scale,dyt,bn,gn]
                                          [--rounds 20] [--block 3] [--threads 1]
+                                         [--device cpu|cuda] [--precision fp32|bf16|fp16]
+                                         [OVERRIDE ...]   (more Hydra overrides, e.g. train.compile=true)
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from normbench.train import Run
 SIZES = {
     "default": [],
     "nanogpt": ["model=mini", "train.batch_size=12"],
+    "small": ["model=small"],
 }
 
 
@@ -55,12 +60,14 @@ def per_round_seconds(steps: dict, rounds: int, block: int, clock=time.perf_coun
     return seconds
 
 
-def measure(size: list[str], norms: list[str], rounds: int, block: int, tmp: Path):
+def measure(size: list[str], norms: list[str], rounds: int, block: int, tmp: Path,
+            device: str = "cpu", precision: str = "fp32", overrides: tuple[str, ...] = ()):
     """(tokens per step, norm -> per-round seconds per step) for one size."""
     runs = {}
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         for name in norms:
-            cfg = compose("config", [*size, f"norm={name}", "train.device=cpu", "train.progress=false"])
+            cfg = compose("config", [*size, f"norm={name}", f"train.device={device}",
+                                     f"train.precision={precision}", "train.progress=false", *overrides])
             runs[name] = Run(parse_config(cfg), tmp / name)
     first = next(iter(runs.values())).cfg
     tokens = first.train.batch_size * first.model.block_size
@@ -68,6 +75,10 @@ def measure(size: list[str], norms: list[str], rounds: int, block: int, tmp: Pat
     # With one thread every kernel runs on this thread: its CPU time leaves out the time other
     # processes held the core (as `normbench bench` does); with more, wall time.
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    if device.startswith("cuda"):
+        def clock():  # kernels are asynchronous: a block ends when the GPU is done
+            torch.cuda.synchronize()
+            return time.perf_counter()
     return tokens, per_round_seconds(steps, rounds, block, clock)
 
 
@@ -78,6 +89,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--block", type=int, default=3, help="steps per block")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: no oversubscription on a shared VM)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--precision", default="fp32", help="train.precision: fp32, bf16 or fp16 (half: CUDA only)")
+    parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every model")
     args = parser.parse_args()
     sizes, norms = args.sizes.split(","), args.norms.split(",")
     if "ln" not in norms:
@@ -88,12 +102,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     console = Console()
     table = Table(title=f"training tokens/s per norm, {args.rounds} rounds x {args.block} steps, "
+                        f"{args.device}, {args.precision}, {' '.join(args.overrides)}{', ' if args.overrides else ''}"
                         f"{args.threads} thread(s), blocks interleaved in one process")
     for col in ("size", "norm", "tokens/s (median)", "vs ln (median of rounds)", "vs ln quartiles"):
         table.add_column(col, justify="right")
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
-            tokens, seconds = measure(SIZES[size], norms, args.rounds, args.block, Path(tmp) / size)
+            tokens, seconds = measure(SIZES[size], norms, args.rounds, args.block, Path(tmp) / size,
+                                     args.device, args.precision, tuple(args.overrides))
             for name, s in seconds.items():
                 ratios = sorted(ln / mine for ln, mine in zip(seconds["ln"], s))  # throughput ratio per round
                 q = statistics.quantiles(ratios, n=4)

@@ -143,16 +143,23 @@ def _rotated_inputs(tokens: int, dim: int, dtype: torch.dtype, device: torch.dev
     return itertools.cycle([(make().requires_grad_(), make()) for _ in range(count)])
 
 
+def _cast_once(params: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Copies of the parameters in x's dtype, made once, as leaves of their own."""
+    return [p.detach().to(dtype).requires_grad_() for p in params]
+
+
 def _native(name: str, m: nn.Module, dtype: torch.dtype):
     """PyTorch's op for the same math on the module's own tensors: (fn, grad leaves)."""
-    if name == "ln":
-        return (lambda x: F.layer_norm(x, m.weight.shape, m.weight, m.bias, m.eps)), list(m.parameters())
+    if name in ("ln", "gn"):
+        # The CPU kernels take float32 parameters with half inputs; the CUDA ones want x's dtype.
+        w, b = (m.weight, m.bias) if m.weight.device.type == "cpu" else _cast_once([m.weight, m.bias], dtype)
+        if name == "ln":
+            return (lambda x: F.layer_norm(x, w.shape, w, b, m.eps)), [t for t in (w, b) if t is not None]
+        return (lambda x: F.group_norm(x, m.groups, w, b, m.eps)), [w, b]
     if name == "rms":
         # Weight cast once to x's dtype: a mixed-dtype call takes rms_norm's slow unfused path.
-        w = m.weight.detach().to(dtype).requires_grad_()
+        [w] = _cast_once([m.weight], dtype)
         return (lambda x: F.rms_norm(x, w.shape, w, m.eps)), [w]
-    if name == "gn":
-        return (lambda x: F.group_norm(x, m.groups, m.weight, m.bias, m.eps)), list(m.parameters())
     if name == "bn":
         bn = m.bn
         return (lambda x: F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias,
@@ -171,11 +178,10 @@ def _compile(m: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     return fn
 
 
-def _references(inputs, dim: int, device: torch.device) -> dict:
+def _references(inputs, dim: int, dtype: torch.dtype, device: torch.device) -> dict:
     """LayerNorm's native op (both passes) and a clone of the input: the yardsticks of every row."""
-    ln = nn.LayerNorm(dim, device=device)
-    fn = lambda x: F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
-    steps = {("ref:ln", p): step for p, step in _passes(fn, list(ln.parameters()), inputs).items()}
+    fn, leaves = _native("ln", build_norm("ln", dim).to(device), dtype)
+    steps = {("ref:ln", p): step for p, step in _passes(fn, leaves, inputs).items()}
     steps[("ref:copy", "fwd")] = lambda: next(inputs)[0].detach().clone()
     return steps
 
@@ -297,7 +303,7 @@ def _run(dev, dtypes, dims, tokens, norms, repeats, compile, console) -> pd.Data
                         compile = False
                 steps = {(impl, p): step for impl, (fn, leaves) in impls.items()
                          for p, step in _passes(fn, leaves, inputs).items()}
-                steps.update(_references(inputs, dim, dev))
+                steps.update(_references(inputs, dim, dtype, dev))
                 timed = time_ms(steps, repeats=repeats, device=dev, clock=clock)
                 full = tokens * dim * dtype.itemsize  # bytes of one full-size tensor
                 copy_gb_per_s = 2 * full / timed[("ref:copy", "fwd")] / 1e6

@@ -38,13 +38,28 @@ def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in _HALF else x
 
 
+def _params_for(x: torch.Tensor, *params: torch.Tensor | None) -> tuple:
+    """Gains and biases as a fused ATen norm on x's device accepts them.
+
+    The CPU kernels of layer_norm and group_norm take float32 parameters with a half
+    input; the CUDA ones ask for one dtype ("expected scalar type BFloat16 but found
+    Float"), so there the parameters (dim elements, not the activations) are cast to
+    x's dtype; the kernels still accumulate the statistics in float32 (tests/test_norms.py
+    checks this against float64 where a GPU is present). Not under autocast, which runs
+    both ops in float32 and would otherwise get gains already rounded to x's dtype.
+    """
+    if x.is_cpu or params[0].dtype == x.dtype or (x.is_cuda and torch.is_autocast_enabled("cuda")):
+        return params
+    return tuple(None if p is None else p.to(x.dtype) for p in params)
+
+
 def _fused_cpu(x: torch.Tensor) -> bool:
     """Whether to run normbench's fused CPU kernel (normbench.kernels) for this input.
 
     Not under torch.compile: there the eager math is traced and inductor fuses it itself
     (and on a GPU, Triton). Not on other devices, where PyTorch's own kernels are used.
     """
-    return (x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+    return (x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()
             and kernels.available())
 
 
@@ -73,7 +88,7 @@ def _fused_gpu(fn, x: torch.Tensor, *args):
 
 
 def _on_gpu(x: torch.Tensor) -> bool:
-    return x.device.type == "cuda" and not torch.compiler.is_compiling()
+    return x.is_cuda and not torch.compiler.is_compiling()
 
 
 _OPS: dict = {}
@@ -139,7 +154,8 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        weight, bias = _params_for(x, self.weight, self.bias)
+        return F.layer_norm(x, weight.shape, weight, bias, self.eps)
 
 
 @register_norm("rms")
@@ -223,7 +239,8 @@ class GroupNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        out = F.group_norm(flat, self.groups, self.weight, self.bias, self.eps)
+        weight, bias = _params_for(x, self.weight, self.bias)
+        out = F.group_norm(flat, self.groups, weight, bias, self.eps)
         return out.reshape(x.shape)
 
 

@@ -379,3 +379,51 @@ def test_gpu_math_matches_the_norm(name, math_fn, monkeypatch):
     x = torch.randn(3, 4, 24, dtype=torch.float64)
     params = [norm.weight, 1e-5] if name == "scale" else [norm.alpha, norm.weight, norm.bias]
     assert torch.allclose(getattr(norms, math_fn)(x, *params), reference(name, norm, x), atol=1e-12)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", sorted(NORMS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_on_cuda_matches_float64(name, dtype):
+    """The CUDA path (PyTorch's fused ops; torch.compile'd math for scale and dyt), fwd and bwd.
+
+    Against the same module in float64 on the CPU, whose gradients are checked against
+    finite differences above. Errors are measured against the largest reference value:
+    fp32 within 1e-5 of it, bf16 within a few of its ulps (the output rounded once, the
+    gradients through a few bf16 roundings of full-size tensors).
+    """
+    torch.manual_seed(0)
+    dim = 256
+    cpu = randomize(build_norm(name, dim)).train().double()
+    gpu = randomize(build_norm(name, dim)).train().cuda()  # fp32 parameters, as in training
+    x = torch.randn(4, 16, dim, dtype=torch.float64) * 2 + 0.5
+    dy = torch.randn_like(x)
+
+    def run(module, x, dy):
+        x = x.detach().requires_grad_()
+        out = module(x)
+        out.backward(dy)
+        return [out, x.grad, *(p.grad for p in module.parameters())]
+
+    got = run(gpu, x.to("cuda", dtype), dy.to("cuda", dtype))
+    want = run(cpu, x, dy)
+    assert got[0].dtype == dtype and got[1].dtype == dtype
+    ulps = {torch.float32: 1e-5, torch.bfloat16: 4 * torch.finfo(torch.bfloat16).eps}[dtype]
+    for what, g, w in zip(["out", "dx", *(n for n, _ in gpu.named_parameters())], got, want):
+        err = (g.double().cpu() - w).abs().max().item()
+        scale = w.abs().max().item()
+        assert err <= ulps * max(scale, 1.0), f"{name} {dtype} {what}: error {err:.3g}, largest value {scale:.3g}"
+
+
+def test_layer_and_group_norm_params_follow_x_off_the_cpu():
+    """CUDA's layer_norm and group_norm want gains in x's dtype; the CPU's take float32 ones as they
+    are. A meta tensor stands in for a GPU one (neither is on the CPU)."""
+    w, b = torch.ones(8), torch.zeros(8)
+    on_cpu = norms._params_for(torch.empty(2, 8, dtype=torch.bfloat16), w, b)
+    assert on_cpu[0] is w and on_cpu[1] is b
+    elsewhere = norms._params_for(torch.empty(2, 8, dtype=torch.bfloat16, device="meta"), w, None)
+    assert elsewhere[0].dtype == torch.bfloat16 and elsewhere[1] is None
+    assert norms._params_for(torch.empty(2, 8, device="meta"), w, b)[0] is w  # same dtype: untouched
