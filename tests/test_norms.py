@@ -264,9 +264,20 @@ def forward_backward(norm, x, dy):
 @needs_kernels
 @pytest.mark.parametrize("name, options", [("rms", {}), ("scale", {}), ("dyt", {}), ("dyt", {"bias": False})])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_kernel_matches_the_eager_implementation(name, options, dtype, monkeypatch):
+@pytest.mark.parametrize("threads", [1, 4])
+def test_fused_kernel_matches_the_eager_implementation(name, options, dtype, threads, monkeypatch):
     """Output and every gradient of the C++ kernel against normbench's eager PyTorch path, on random
-    inputs: an odd width (vector loop tails), an odd token count and a non-contiguous input."""
+    inputs: an odd width (vector loop tails), an odd token count and a non-contiguous input; with
+    one thread, and with four (parameter gradients summed over unequal chunks of rows)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _fused_matches_eager(name, options, dtype, monkeypatch)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _fused_matches_eager(name, options, dtype, monkeypatch):
     torch.manual_seed(3)
     norm = randomize(build_norm(name, 100, **options)).train()
     x = (torch.randn(100, 7, 3) * 2 + 0.3).to(dtype).transpose(0, 2)  # (3, 7, 100), not contiguous

@@ -23,20 +23,46 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
 using at::Tensor;
 
-// Rows of a contiguous (rows, dim) view split among threads; each thread keeps its own
-// float32 partial sums for the parameter gradients, summed at the end.
+// Rows of a contiguous (rows, dim) view split among threads.
 template <typename F>
 void for_rows(int64_t rows, F&& body) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { body(begin, end); });
+}
+
+// Parameter gradients, summed over the rows: one chunk of rows per thread, each adding into its own
+// `width` accumulators, then the chunks' sums added up. Plain loops, not ATen's zeros and sum:
+// at small sizes those ops' set-up cost more than the sums (BENCHMARKS.md §7).
+// body(begin, end, acc) adds rows [begin, end) into acc[0 .. width).
+template <typename acc_t, typename Body>
+std::vector<acc_t> summed_over_rows(int64_t rows, int64_t width, const Body& body) {
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  const int64_t per = (rows + chunks - 1) / chunks;
+  std::vector<acc_t> acc(chunks * width, acc_t(0));
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) body(c * per, std::min(rows, (c + 1) * per), acc.data() + c * width);
+  });
+  for (int64_t c = 1; c < chunks; ++c)
+    for (int64_t j = 0; j < width; ++j) acc[j] += acc[c * width + j];
+  return acc;
+}
+
+// A parameter's gradient from its accumulated values: the parameter's shape and dtype.
+template <typename acc_t>
+Tensor as_grad_of(const Tensor& param, const acc_t* values) {
+  Tensor grad = at::empty(param.sizes(), param.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+  std::copy(values, values + grad.numel(), grad.data_ptr<acc_t>());
+  return grad.to(param.scalar_type());
 }
 
 // Loads and stores through the accumulation type. bf16 <-> float by bit shifts (round to
@@ -79,31 +105,41 @@ inline acc_t dot(const T* a, const T* b, int64_t d) {
   return s;
 }
 
-// Float tanh as a 13/6 rational function p / q (Eigen's generic_fast_tanh_float): within a
-// few ulp of std::tanh (tests/test_norms.py checks it against float64), and vectorisable, unlike
-// a libm call per element. V is float, or the 8-lane vector of DyT's vector path below.
-template <typename V>
-inline void tanh_rational(V x, V& p, V& q) {
-  const float clamp = 7.90531110763549805f;
-  x = x < -clamp ? -clamp : x;  // a NaN passes both tests and comes out NaN
-  x = x > clamp ? clamp : x;
-  const V x2 = x * x;
-  p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-  p = p * x2 + -8.60467152213735e-11f;
-  p = p * x2 + 5.12229709037114e-08f;
-  p = p * x2 + 1.48572235717979e-05f;
-  p = p * x2 + 6.37261928875436e-04f;
-  p = p * x2 + 4.89352455891786e-03f;
-  p = p * x;
-  q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-  q = q * x2 + 2.26843463243900e-03f;
-  q = q * x2 + 4.89352518554385e-03f;  // q >= 4.9e-3: no zero, no infinity to invert
+// tanh(x) as x P(x^2) / Q(x^2) for |x| <= c, and tanh(+-c) beyond (within a few ulp of +-1):
+// minimax rational functions fitted for these kernels by benchmarks/tanh_fit.py (relative error;
+// coefficients rounded to float one at a time, the rest refitted after each). They vectorise, unlike a
+// libm call per element, and Q >= 1 has no zero. Two fits, by what reads the result:
+//   TanhFloat  [7/8], c = 8: within 3.8e-7 of tanh in float arithmetic (tests/test_norms.py), in 8
+//              multiply-adds; Eigen's 13/6 fit, used before, takes 10 for 3.2e-7.
+//   TanhBf16   [5/6], c = 6: within 2.1e-5, for DyT's bf16 forward, whose result is rounded to 8
+//              bits at once (a relative step of 2^-8 to 2^-7) and read by nothing else: it rounds
+//              as the float fit's would except within 2.1e-5 of a tie. 6 multiply-adds.
+struct TanhFloat {
+  static constexpr float c = 8.0f;
+  static constexpr float p[] = {1.0f, 1.293036789e-01f, 2.955821808e-03f, 1.147526564e-05f};
+  static constexpr float q[] = {1.0f, 4.626362324e-01f, 2.383583970e-02f, 2.393170871e-04f, 2.473260565e-07f};
+};
+struct TanhBf16 {
+  static constexpr float c = 6.0f;
+  static constexpr float p[] = {1.0f, 1.149839982e-01f, 1.522865612e-03f};
+  static constexpr float q[] = {1.0f, 4.482830465e-01f, 1.766462997e-02f, 5.674845306e-05f};
+};
+
+// c[0] + c[1] z + ... + c[N-1] z^(N-1); V is float or the 8-lane vector of DyT's vector path below.
+template <typename V, size_t N>
+inline V horner(V z, const float (&c)[N]) {
+  V r = z * c[N - 1] + c[N - 2];
+  for (size_t k = N - 2; k-- > 0;) r = r * z + c[k];
+  return r;
 }
-inline float fast_tanh(float x) {
-  float p, q;
-  tanh_rational(x, p, q);
-  return p / q;  // near 0 this is x * (1 - 1.3e-7): Eigen's |x| < 4e-4 shortcut is not needed
+
+template <typename Fit>
+inline float tanh_fit(float x) {
+  x = std::min(std::max(x, -Fit::c), Fit::c);  // a NaN passes both (each returns its first argument)
+  const float z = x * x;
+  return x * horner(z, Fit::p) / horner(z, Fit::q);
 }
+inline float fast_tanh(float x) { return tanh_fit<TanhFloat>(x); }
 inline double fast_tanh(double x) { return std::tanh(x); }
 
 
@@ -167,10 +203,10 @@ acc_t dyt_bwd_row(const T* x, const T* g, T* dx, acc_t a, const acc_t* w, acc_t*
 }
 
 // DyT in 8-lane vectors where the CPU has AVX2 and FMA (GCC/Clang vector extensions). What sets
-// DyT's time is its tanh, and what sets the tanh's is the division: here it is the reciprocal
-// estimate (rcpps, 12 bits) plus one Newton step, within 3.4e-7 of tanh (a few ulp, like the
-// division), ~18% less time per element (benchmarks/dyt_tanh_cost.cpp). Float and bf16 only;
-// other dtypes, and the tails of rows, take the scalar loops above.
+// DyT's time is its tanh: here the division is the reciprocal estimate (rcpps, 12 bits) plus one
+// Newton step, the clamp two min/max (the vectoriser's compare-and-blend takes four), and bf16
+// comes in with one shuffle and goes out two vectors at a time (BENCHMARKS.md §7). Float and bf16
+// only; other dtypes, and the tails of rows, take the scalar loops above.
 #if defined(__AVX2__) && defined(__FMA__) && (defined(__GNUC__) || defined(__clang__))
 #define NORMBENCH_DYT_VEC 1
 #include <immintrin.h>
@@ -179,31 +215,49 @@ typedef uint32_t v8u __attribute__((vector_size(32)));
 
 inline v8f load8(const float* p) { v8f v; std::memcpy(&v, p, sizeof v); return v; }
 inline v8f load8(const c10::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return (v8f)_mm256_slli_epi32(wide, 16);
+  // The 8 values in both 128-bit lanes (a broadcast load: no shuffle), then one byte shuffle moves
+  // lane 0's first four and lane 1's last four into the upper halves of 8 floats.
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i to_upper = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+                                            -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
+  return (v8f)_mm256_shuffle_epi8(both, to_upper);
 }
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
-inline void store8(c10::BFloat16* p, v8f v) {  // round to nearest even, NaN kept, as st<BFloat16>
+inline __m256i bf16_bits(v8f v) {  // round to nearest even, NaN kept (as st<BFloat16>), in the low halves
   v8u u = (v8u)v;
   u = u + 0x7FFFu + ((u >> 16) & 1u);
   u = (v != v) ? (v8u{} + 0x7FC00000u) : u;
+  return (__m256i)(u >> 16);
+}
+inline void store8(c10::BFloat16* p, v8f v) {
   // AVX2 has no 32-to-16-bit narrowing: pack (within 128-bit lanes), then gather the halves.
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32((__m256i)(u >> 16), _mm256_setzero_si256()), 0xD8);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_bits(v), _mm256_setzero_si256()), 0xD8);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
+inline void store16(float* p, v8f lo, v8f hi) { store8(p, lo); store8(p + 8, hi); }
+inline void store16(c10::BFloat16* p, v8f lo, v8f hi) {  // two vectors, one pack and one permute
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_bits(lo), bf16_bits(hi)), 0xD8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+}
 
+template <typename Fit>
 inline v8f tanh8(v8f x) {
-  v8f p, q;
-  tanh_rational(x, p, q);
+  // max and min return their second operand when one is NaN: x's NaN passes both
+  x = (v8f)_mm256_min_ps(_mm256_set1_ps(Fit::c), _mm256_max_ps(_mm256_set1_ps(-Fit::c), (__m256)x));
+  const v8f z = x * x;
+  const v8f q = horner(z, Fit::q);
   v8f r = __builtin_ia32_rcpps256(q);
-  r = r * (2.0f - q * r);
-  return p * r;
+  r = r * (2.0f - q * r);  // one Newton step: 12 bits to about 23
+  return x * horner(z, Fit::p) * r;
 }
 
 template <typename T>
 void dyt_fwd_row_vec(const T* x, T* y, float a, const float* w, const float* b, int64_t d) {
+  using Fit = std::conditional_t<std::is_same_v<T, float>, TanhFloat, TanhBf16>;
+  auto at = [&](int64_t j) { return load8(w + j) * tanh8<Fit>(a * load8(x + j)) + load8(b + j); };
   int64_t j = 0;
-  for (; j + 8 <= d; j += 8) store8(y + j, load8(w + j) * tanh8(a * load8(x + j)) + load8(b + j));
+  for (; j + 16 <= d; j += 16) store16(y + j, at(j), at(j + 8));
+  for (; j + 8 <= d; j += 8) store8(y + j, at(j));
   dyt_fwd_row(x + j, y + j, a, w + j, b + j, d - j);
 }
 
@@ -213,7 +267,7 @@ float dyt_bwd_row_vec(const T* x, const T* g, T* dx, float a, const float* w, fl
   int64_t j = 0;
   for (; j + 8 <= d; j += 8) {
     const v8f xv = load8(x + j), gv = load8(g + j);
-    const v8f t = tanh8(a * xv);
+    const v8f t = tanh8<TanhFloat>(a * xv);
     const v8f u = gv * load8(w + j) * (1.0f - t * t);
     store8(dx + j, a * u);
     da += xv * u;
@@ -285,10 +339,8 @@ std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const Tensor& x, const
   TORCH_CHECK(dy.is_contiguous() && x.is_contiguous(), "normbench::rms_norm_bwd: contiguous inputs");
   const int64_t d = x.size(-1), rows = x.numel() / d;
   Tensor dx = at::empty_like(x);
-  auto acc_type = rstd.scalar_type();
-  Tensor wa = w.to(acc_type).contiguous();
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
-  Tensor partial = at::zeros({chunks, d}, x.options().dtype(acc_type));
+  Tensor wa = w.to(rstd.scalar_type()).contiguous();
+  Tensor dw;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm_bwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -296,21 +348,12 @@ std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const Tensor& x, const
     scalar_t* dxp = dx.data_ptr<scalar_t>();
     const acc_t* wp = wa.const_data_ptr<acc_t>();
     const acc_t* rp = rstd.const_data_ptr<acc_t>();
-    acc_t* pp = partial.data_ptr<acc_t>();
-    const int64_t per = (rows + chunks - 1) / chunks;
-    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        acc_t* dw = pp + c * d;
-        for (int64_t i = c * per; i < std::min(rows, (c + 1) * per); ++i) {
-          const scalar_t* xi = xp + i * d;
-          const scalar_t* gi = gp + i * d;
-          scalar_t* dxi = dxp + i * d;
-          rms_bwd_row(xi, gi, dxi, wp, rp[i], dw, d);
-        }
-      }
+    auto sums = summed_over_rows<acc_t>(rows, d, [&](int64_t begin, int64_t end, acc_t* dw_acc) {
+      for (int64_t i = begin; i < end; ++i) rms_bwd_row(xp + i * d, gp + i * d, dxp + i * d, wp, rp[i], dw_acc, d);
     });
+    dw = as_grad_of(w, sums.data());
   });
-  return {dx, partial.sum(0)};
+  return {dx, dw};
 }
 
 // ---------------------------------------------------------------- ScaleNorm
@@ -347,7 +390,7 @@ std::tuple<Tensor, Tensor> scale_norm_bwd(const Tensor& dy, const Tensor& x, con
   TORCH_CHECK(dy.is_contiguous() && x.is_contiguous(), "normbench::scale_norm_bwd: contiguous inputs");
   const int64_t d = x.size(-1), rows = x.numel() / d;
   Tensor dx = at::empty_like(x);
-  Tensor dg_rows = at::empty({rows}, norm.options());
+  Tensor dg;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "scale_norm_bwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const acc_t gain = g.item<double>();
@@ -355,22 +398,20 @@ std::tuple<Tensor, Tensor> scale_norm_bwd(const Tensor& dy, const Tensor& x, con
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     scalar_t* dxp = dx.data_ptr<scalar_t>();
     const acc_t* np = norm.const_data_ptr<acc_t>();
-    acc_t* dgp = dg_rows.data_ptr<acc_t>();
-    for_rows(rows, [&](int64_t begin, int64_t end) {
+    auto sums = summed_over_rows<acc_t>(rows, 1, [&](int64_t begin, int64_t end, acc_t* dg_acc) {
       for (int64_t i = begin; i < end; ++i) {
         const scalar_t* xi = xp + i * d;
         const scalar_t* gi = gp + i * d;
-        scalar_t* dxi = dxp + i * d;
         const acc_t n = np[i];
         const acc_t c = std::max(n, static_cast<acc_t>(eps));
-        const acc_t s = gain / c;
         const acc_t dt = dot<acc_t>(gi, xi, d);
-        dgp[i] = dt / c;
-        scale_bwd_row(xi, gi, dxi, s, n < eps ? acc_t(0) : dt / (c * c), d);
+        *dg_acc += dt / c;
+        scale_bwd_row(xi, gi, dxp + i * d, gain / c, n < eps ? acc_t(0) : dt / (c * c), d);
       }
     });
+    dg = as_grad_of(g, sums.data());
   });
-  return {dx, dg_rows.sum().to(g.scalar_type())};
+  return {dx, dg};
 }
 
 // ---------------------------------------------------------------- DyT
@@ -407,11 +448,9 @@ std::tuple<Tensor, Tensor, Tensor, std::optional<Tensor>> dyt_bwd(const Tensor& 
   TORCH_CHECK(dy.is_contiguous() && x.is_contiguous(), "normbench::dyt_bwd: contiguous inputs");
   const int64_t d = x.size(-1), rows = x.numel() / d;
   Tensor dx = at::empty_like(x);
-  auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  Tensor wa = w.to(acc_type).contiguous();
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
-  // per chunk: dw (d), db (d), dalpha (1)
-  Tensor partial = at::zeros({chunks, 2 * d + 1}, x.options().dtype(acc_type));
+  Tensor wa = w.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat).contiguous();
+  Tensor dalpha, dw;
+  std::optional<Tensor> db;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "dyt_bwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const acc_t a = alpha.item<double>();
@@ -419,27 +458,16 @@ std::tuple<Tensor, Tensor, Tensor, std::optional<Tensor>> dyt_bwd(const Tensor& 
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     scalar_t* dxp = dx.data_ptr<scalar_t>();
     const acc_t* wp = wa.const_data_ptr<acc_t>();
-    acc_t* pp = partial.data_ptr<acc_t>();
-    const int64_t per = (rows + chunks - 1) / chunks;
-    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        acc_t* dw = pp + c * (2 * d + 1);
-        acc_t* db = dw + d;
-        acc_t da = 0;
-        for (int64_t i = c * per; i < std::min(rows, (c + 1) * per); ++i) {
-          const scalar_t* xi = xp + i * d;
-          const scalar_t* gi = gp + i * d;
-          scalar_t* dxi = dxp + i * d;
-          da += dyt_bwd_row_best(xi, gi, dxi, a, wp, dw, db, d);
-        }
-        dw[2 * d] = da;
-      }
+    // accumulators: dw (d), db (d), dalpha (1)
+    auto sums = summed_over_rows<acc_t>(rows, 2 * d + 1, [&](int64_t begin, int64_t end, acc_t* acc) {
+      for (int64_t i = begin; i < end; ++i)
+        acc[2 * d] += dyt_bwd_row_best(xp + i * d, gp + i * d, dxp + i * d, a, wp, acc, acc + d, d);
     });
+    dw = as_grad_of(w, sums.data());
+    if (b.has_value()) db = as_grad_of(*b, sums.data() + d);
+    dalpha = as_grad_of(alpha, sums.data() + 2 * d);
   });
-  Tensor total = partial.sum(0);
-  std::optional<Tensor> db;
-  if (b.has_value()) db = total.slice(0, d, 2 * d).to(b->scalar_type());
-  return {dx, total[2 * d].to(alpha.scalar_type()), total.slice(0, 0, d).to(w.scalar_type()), db};
+  return {dx, dalpha, dw, db};
 }
 
 // ---------------------------------------------------------------- autograd
