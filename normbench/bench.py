@@ -42,10 +42,10 @@ DEFAULT_TOKENS = {"cuda": 8192, "cpu": 1024}  # CPU: a default fp32 run takes ab
 COLUMNS = ["norm", "impl", "dim", "dtype", "device", "pass", "tokens", "ms", "gb_per_s", "copy_gb_per_s",
            "ratio_to_ln", "ratio_to_native", "ratio_to_compiled"]
 NATIVE = ("ln", "rms", "bn", "gn")  # norms with a PyTorch op for the same math
-# Issue #13: each norm at most 1.1x LayerNorm's native op (RMSNorm, ScaleNorm and DyT do no more
-# memory traffic); LayerNorm, BatchNorm and GroupNorm within 1.1x of their own native op.
-GOALS = {"ln": ("native", 1.1), "bn": ("native", 1.1), "gn": ("native", 1.1),
-         "rms": ("ln", 1.1), "scale": ("ln", 1.1), "dyt": ("ln", 1.1)}
+# Issue #13: each norm at most 1.1x LayerNorm's native op (RMSNorm, ScaleNorm, DyT and GroupNorm
+# per token do no more memory traffic); LayerNorm and BatchNorm within 1.1x of their own native op.
+GOALS = {"ln": ("native", 1.1), "bn": ("native", 1.1),
+         "rms": ("ln", 1.1), "gn": ("ln", 1.1), "scale": ("ln", 1.1), "dyt": ("ln", 1.1)}
 REFERENCES = ("ref:ln", "ref:copy")  # timed in every norm's rounds, reported as columns, not rows
 MAX_ROTATION = 64  # rotated input buffers at most, however small they are
 ROTATION_BYTES = 1 << 30  # memory the rotated inputs may take (a quarter of free memory on CUDA)

@@ -243,13 +243,14 @@ def test_bad_norm_name_and_options_are_clear():
 
 # --- normbench's fused CPU kernels (normbench/kernels) -----------------------------------------
 
-FUSED = ["rms", "scale", "dyt"]
+FUSED = ["rms", "gn", "scale", "dyt"]
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler here: the fused CPU kernels are not built")
 
 
 def ran_fused(out: torch.Tensor) -> bool:
     """Whether out came from a fused kernel: their autograd nodes are the C++ ones in norms_cpu.cpp."""
-    return out.grad_fn is not None and out.grad_fn.name().endswith(("::RMSNormFn>", "::ScaleNormFn>", "::DyTFn>"))
+    return out.grad_fn is not None and out.grad_fn.name().endswith(("::RMSNormFn>", "::GroupNormFn>", "::ScaleNormFn>",
+                                                                     "::DyTFn>"))
 
 
 def forward_backward(norm, x, dy):
@@ -262,26 +263,30 @@ def forward_backward(norm, x, dy):
 
 
 @needs_kernels
-@pytest.mark.parametrize("name, options", [("rms", {}), ("scale", {}), ("dyt", {}), ("dyt", {"bias": False})])
+@pytest.mark.parametrize("name, options", [("rms", {}), ("gn", {}), ("gn", {"groups": 1}), ("scale", {}), ("dyt", {}),
+                                           ("dyt", {"bias": False})])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("threads", [1, 4])
-def test_fused_kernel_matches_the_eager_implementation(name, options, dtype, threads, monkeypatch):
+@pytest.mark.parametrize("width", [100, 128])
+def test_fused_kernel_matches_the_eager_implementation(name, options, dtype, threads, width, monkeypatch):
     """Output and every gradient of the C++ kernel against normbench's eager PyTorch path, on random
-    inputs: an odd width (vector loop tails), an odd token count and a non-contiguous input; with
-    one thread, and with four (parameter gradients summed over unequal chunks of rows)."""
+    inputs: an odd token count and a non-contiguous input; a width of 100 (vector loop tails, and
+    GroupNorm's groups of 25 and 100 on its scalar loops) and of 128 (GroupNorm's groups of 32 and
+    128 on its vector loops); with one thread, and with four (parameter gradients summed over
+    unequal chunks of rows)."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        _fused_matches_eager(name, options, dtype, monkeypatch)
+        _fused_matches_eager(name, options, dtype, width, monkeypatch)
     finally:
         torch.set_num_threads(saved)
 
 
-def _fused_matches_eager(name, options, dtype, monkeypatch):
+def _fused_matches_eager(name, options, dtype, width, monkeypatch):
     torch.manual_seed(3)
-    norm = randomize(build_norm(name, 100, **options)).train()
-    x = (torch.randn(100, 7, 3) * 2 + 0.3).to(dtype).transpose(0, 2)  # (3, 7, 100), not contiguous
-    dy = torch.randn(3, 7, 100).to(dtype)
+    norm = randomize(build_norm(name, width, **options)).train()
+    x = (torch.randn(width, 7, 3) * 2 + 0.3).to(dtype).transpose(0, 2)  # (3, 7, width), not contiguous
+    dy = torch.randn(3, 7, width).to(dtype)
     fused_out, fused_grads = forward_backward(norm, x, dy)
     assert ran_fused(fused_out)  # the kernel ran, not the fallback
     monkeypatch.setattr(norms, "_fused_cpu", lambda x: False)

@@ -420,6 +420,7 @@ SLOW_BENCH = [("ln", "normbench", 256, "fwd", 1.0, 5.0), ("ln", "native", 256, "
               ("rms", "native", 256, "fwd", 2.5, 2.0),  # PyTorch's op, not normbench's: not listed
               ("scale", "normbench", 256, "fwd", 1.0, 5.0), ("scale", "normbench", 1024, "fwd+bwd", 1.09, 5.0),
               ("dyt", "normbench", 256, "fwd", 1.2, 6.0), ("dyt", "normbench", 1024, "fwd+bwd", 1.15, 6.0),
+              ("gn", "normbench", 128, "fwd", 1.4, 4.0), ("gn", "native", 128, "fwd", 6.0, 1.0),
               ("bn", "normbench", 256, "fwd", 3.0, 1.0)]  # BatchNorm's math differs: not listed
 
 
@@ -430,8 +431,8 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
     bench_csv(tmp_path / "b.csv", SLOW_BENCH)
     note = implementation_note(read_bench([tmp_path / "b.csv"]))
     assert note == ("Implementations not at their limit on cpu: dyt (1.20x LayerNorm at 256 fp32 fwd); "
-                    "rms (1.30x LayerNorm at 1024 fp32 fwd+bwd) — throughput differences there measure the "
-                    "implementation, not the norm.")
+                    "gn (1.40x LayerNorm at 128 fp32 fwd); rms (1.30x LayerNorm at 1024 fp32 fwd+bwd) — "
+                    "throughput differences there measure the implementation, not the norm.")
     assert implementation_note(read_bench([tmp_path / "b.csv"]), norms=["ln", "scale"]).startswith(
         "Implementations at their limit in the bench: scale within 1.1x")
 
@@ -445,7 +446,7 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
     copy_ax = next(a for a in fig.axes if "bandwidth" in a.get_title() and "fwd+bwd" in a.get_title())
     assert ratio_ax.get_yscale() == "log"
     references = {(line.get_linestyle(), tuple(line.get_ydata())) for line in ratio_ax.get_lines()
-                  if not line.get_label().startswith(("ln", "rms", "scale", "dyt", "bn"))}
+                  if not line.get_label().startswith(("ln", "rms", "scale", "dyt", "bn", "gn"))}
     assert references == {("--", (1.0, 1.0)), (":", (1.1, 1.1))}  # LayerNorm = 1 and the 1.1x goal
     assert lines_by_label(copy_ax)["rms (normbench)"] == ([1024], pytest.approx([30.0]))  # 3 / 10 GB/s
     assert "rms (native)" not in lines_by_label(copy_ax)

@@ -1,9 +1,10 @@
 """normbench's fused CPU kernels (norms_cpu.cpp): built once with the machine's C++ compiler, then cached.
 
-PyTorch has fused CPU kernels for LayerNorm and GroupNorm but not for RMSNorm (its CPU
-``rms_norm`` is five ops forward and five autograd nodes back), ScaleNorm or DyT, so on a
-CPU they cost more than LayerNorm for less math. ``norms_cpu.cpp`` gives each a forward
-and a backward in the fewest full-size passes, registered as ``torch.ops.normbench.*``.
+PyTorch has a fused CPU kernel for LayerNorm but not for RMSNorm (its CPU ``rms_norm`` is
+five ops forward and five autograd nodes back), ScaleNorm or DyT, and its CPU ``group_norm``
+on (tokens, C) takes five to nine times LayerNorm's time, so on a CPU they cost more than
+LayerNorm for the same or less math. ``norms_cpu.cpp`` gives each a forward and a backward in
+the fewest full-size passes, registered as ``torch.ops.normbench.*``.
 
 ``available()`` builds the kernels on first use with ``torch.utils.cpp_extension`` (ninja
 and g++: about a minute, once) into torch's extension cache, under a name that hashes

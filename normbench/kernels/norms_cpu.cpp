@@ -1,5 +1,6 @@
-// normbench's fused CPU kernels for the norms PyTorch has no fused CPU kernel for:
-// RMSNorm, ScaleNorm and DyT, forward and backward, registered as torch.ops.normbench.*.
+// normbench's fused CPU kernels for the norms PyTorch has no fused CPU kernel for (RMSNorm,
+// ScaleNorm, DyT) or a slow one for (GroupNorm per token: ATen's group_norm on (tokens, d) is
+// five to nine times LayerNorm's time), forward and backward, registered as torch.ops.normbench.*.
 //
 // Each op makes the fewest full-size passes its math allows, row by row so that the
 // second pass over a row reads it from cache: a forward reads x once from memory and
@@ -8,7 +9,7 @@
 // come back in their own dtype. Inner loops are written for the compiler's
 // auto-vectoriser (`omp simd` reductions; no libm call in the float tanh).
 //
-// The user-facing ops torch.ops.normbench.{rms_norm, scale_norm, dyt} carry their own
+// The user-facing ops torch.ops.normbench.{rms_norm, group_norm, scale_norm, dyt} carry their own
 // autograd node, written here in C++ as F.layer_norm's is: a Python autograd.Function
 // costs tens of microseconds a call, which at width 256 is a third of the norm's time.
 // Only the headers used (not ATen/ATen.h): the build is about three times shorter.
@@ -98,6 +99,25 @@ inline acc_t sum_squares(const T* x, int64_t d) {
 }
 
 template <typename acc_t, typename T>
+inline acc_t sum(const T* x, int64_t d) {
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < d; ++j) s += ld<acc_t>(x[j]);
+  return s;
+}
+
+template <typename acc_t, typename T>
+inline acc_t sum_squared_deviations(const T* x, acc_t m, int64_t d) {
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < d; ++j) {
+    const acc_t v = ld<acc_t>(x[j]) - m;
+    s += v * v;
+  }
+  return s;
+}
+
+template <typename acc_t, typename T>
 inline acc_t dot(const T* a, const T* b, int64_t d) {
   acc_t s = 0;
 #pragma omp simd reduction(+ : s)
@@ -166,6 +186,48 @@ void rms_bwd_row(const T* x, const T* g, T* dx, const acc_t* w, acc_t r, acc_t* 
     dx[j] = st<T, acc_t>(r * (ld<acc_t>(g[j]) * w[j] - ld<acc_t>(x[j]) * k));
 }
 
+// GroupNorm's rows take their input through X: the input's own type, or the accumulation type
+// when a half row was widened first (below).
+template <typename X, typename T, typename acc_t>
+void gn_fwd_row(const X* x, T* y, acc_t m, acc_t r, const acc_t* w, const acc_t* b, int64_t d) {
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) y[j] = st<T, acc_t>((ld<acc_t>(x[j]) - m) * r * w[j] + b[j]);
+}
+
+template <typename X, typename T, typename acc_t>
+void gn_bwd_row(const X* x, const X* g, T* dx, acc_t m, acc_t r, const acc_t* w, acc_t* dw, acc_t* db, int64_t d) {
+  acc_t sg = 0, sgx = 0;
+#pragma omp simd reduction(+ : sg, sgx)
+  for (int64_t j = 0; j < d; ++j) {
+    const acc_t xh = (ld<acc_t>(x[j]) - m) * r;
+    const acc_t gv = ld<acc_t>(g[j]);
+    sg += gv * w[j];
+    sgx += gv * w[j] * xh;
+    dw[j] += gv * xh;
+    db[j] += gv;
+  }
+  const acc_t mg = sg / d, mgx = sgx / d;
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j)
+    dx[j] = st<T, acc_t>(r * (ld<acc_t>(g[j]) * w[j] - mg - (ld<acc_t>(x[j]) - m) * r * mgx));
+}
+
+// A row in the accumulation type: a half row is widened once into `buf`, in one long vectorised
+// loop, so that GroupNorm's scalar per-group loops (8 to 64 elements at its usual sizes) run on
+// floats: on 16-bit loads the vectoriser's set-up and tails cost up to twice the float loops' time.
+template <typename acc_t, typename T>
+const acc_t* widened(const T* x, std::vector<acc_t>& buf, int64_t d) {
+  if constexpr (std::is_same_v<T, acc_t>) {
+    return x;
+  } else {
+    buf.resize(d);
+    acc_t* out = buf.data();
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) out[j] = ld<acc_t>(x[j]);
+    return out;
+  }
+}
+
 template <typename T, typename acc_t>
 void scale_row(const T* x, T* y, acc_t s, int64_t d) {
 #pragma omp simd
@@ -202,13 +264,15 @@ acc_t dyt_bwd_row(const T* x, const T* g, T* dx, acc_t a, const acc_t* w, acc_t*
   return da;
 }
 
-// DyT in 8-lane vectors where the CPU has AVX2 and FMA (GCC/Clang vector extensions). What sets
-// DyT's time is its tanh: here the division is the reciprocal estimate (rcpps, 12 bits) plus one
-// Newton step, the clamp two min/max (the vectoriser's compare-and-blend takes four), and bf16
-// comes in with one shuffle and goes out two vectors at a time (BENCHMARKS.md §7). Float and bf16
-// only; other dtypes, and the tails of rows, take the scalar loops above.
+// DyT and GroupNorm in 8-lane vectors where the CPU has AVX2 and FMA (GCC/Clang vector extensions),
+// float and bf16 only; other dtypes, and the tails of rows, take the scalar loops above.
+// What sets DyT's time is its tanh: here the division is the reciprocal estimate (rcpps, 12 bits)
+// plus one Newton step, the clamp two min/max (the vectoriser's compare-and-blend takes four), and
+// bf16 comes in with one shuffle and goes out two vectors at a time (BENCHMARKS.md §7).
+// GroupNorm's groups are short (8 to 64 channels at its usual sizes): written out, a group's loops
+// have none of the vectoriser's set-up and tail code, which there costs as much as the loop.
 #if defined(__AVX2__) && defined(__FMA__) && (defined(__GNUC__) || defined(__clang__))
-#define NORMBENCH_DYT_VEC 1
+#define NORMBENCH_VEC8 1
 #include <immintrin.h>
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
@@ -238,6 +302,12 @@ inline void store16(float* p, v8f lo, v8f hi) { store8(p, lo); store8(p + 8, hi)
 inline void store16(c10::BFloat16* p, v8f lo, v8f hi) {  // two vectors, one pack and one permute
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_bits(lo), bf16_bits(hi)), 0xD8);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+}
+
+inline float sum_of_lanes(v8f v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+  const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
 }
 
 template <typename Fit>
@@ -274,15 +344,47 @@ float dyt_bwd_row_vec(const T* x, const T* g, T* dx, float a, const float* w, fl
     store8(dw + j, load8(dw + j) + gv * t);
     store8(db + j, load8(db + j) + gv);
   }
-  float total = dyt_bwd_row(x + j, g + j, dx + j, a, w + j, dw + j, db + j, d - j);
-  for (int k = 0; k < 8; ++k) total += da[k];
-  return total;
+  return dyt_bwd_row(x + j, g + j, dx + j, a, w + j, dw + j, db + j, d - j) + sum_of_lanes(da);
+}
+
+// One group of s channels, s a multiple of 8; X and T are float or bf16.
+template <typename X>
+void gn_group_stats_vec(const X* x, int64_t s, float eps, float& m, float& r) {
+  v8f acc = {};
+  for (int64_t j = 0; j < s; j += 8) acc += load8(x + j);
+  m = sum_of_lanes(acc) / s;
+  v8f dev = {};
+  for (int64_t j = 0; j < s; j += 8) {
+    const v8f v = load8(x + j) - m;
+    dev += v * v;
+  }
+  r = 1.0f / std::sqrt(sum_of_lanes(dev) / s + eps);
+}
+
+template <typename X, typename T>
+void gn_fwd_row_vec(const X* x, T* y, float m, float r, const float* w, const float* b, int64_t s) {
+  for (int64_t j = 0; j < s; j += 8) store8(y + j, (load8(x + j) - m) * r * load8(w + j) + load8(b + j));
+}
+
+template <typename X, typename T>
+void gn_bwd_row_vec(const X* x, const X* g, T* dx, float m, float r, const float* w, float* dw, float* db, int64_t s) {
+  v8f sg = {}, sgx = {};
+  for (int64_t j = 0; j < s; j += 8) {
+    const v8f xh = (load8(x + j) - m) * r, gv = load8(g + j), gw = gv * load8(w + j);
+    sg += gw;
+    sgx += gw * xh;
+    store8(dw + j, load8(dw + j) + gv * xh);
+    store8(db + j, load8(db + j) + gv);
+  }
+  const float mg = sum_of_lanes(sg) / s, mgx = sum_of_lanes(sgx) / s;
+  for (int64_t j = 0; j < s; j += 8)
+    store8(dx + j, r * (load8(g + j) * load8(w + j) - mg - (load8(x + j) - m) * r * mgx));
 }
 #endif
 
 template <typename T>
-constexpr bool dyt_vectorised() {
-#ifdef NORMBENCH_DYT_VEC
+constexpr bool vectorised() {
+#ifdef NORMBENCH_VEC8
   return std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
 #else
   return false;
@@ -291,18 +393,50 @@ constexpr bool dyt_vectorised() {
 
 template <typename T, typename acc_t>
 void dyt_fwd_row_best(const T* x, T* y, acc_t a, const acc_t* w, const acc_t* b, int64_t d) {
-#ifdef NORMBENCH_DYT_VEC
-  if constexpr (dyt_vectorised<T>()) return dyt_fwd_row_vec(x, y, a, w, b, d);
+#ifdef NORMBENCH_VEC8
+  if constexpr (vectorised<T>()) return dyt_fwd_row_vec(x, y, a, w, b, d);
 #endif
   dyt_fwd_row(x, y, a, w, b, d);
 }
 
 template <typename T, typename acc_t>
 acc_t dyt_bwd_row_best(const T* x, const T* g, T* dx, acc_t a, const acc_t* w, acc_t* dw, acc_t* db, int64_t d) {
-#ifdef NORMBENCH_DYT_VEC
-  if constexpr (dyt_vectorised<T>()) return dyt_bwd_row_vec(x, g, dx, a, w, dw, db, d);
+#ifdef NORMBENCH_VEC8
+  if constexpr (vectorised<T>()) return dyt_bwd_row_vec(x, g, dx, a, w, dw, db, d);
 #endif
   return dyt_bwd_row(x, g, dx, a, w, dw, db, d);
+}
+
+// GroupNorm, one group of s channels; X is T, or the accumulation type for a widened row.
+template <typename X, typename T, typename acc_t>
+void gn_group_stats(const X* x, int64_t s, acc_t eps, acc_t& m, acc_t& r) {
+#ifdef NORMBENCH_VEC8
+  if constexpr (vectorised<X>() && vectorised<T>()) {
+    if (s % 8 == 0) return gn_group_stats_vec(x, s, eps, m, r);
+  }
+#endif
+  m = sum<acc_t>(x, s) / s;
+  r = acc_t(1) / std::sqrt(sum_squared_deviations<acc_t>(x, m, s) / s + eps);
+}
+
+template <typename X, typename T, typename acc_t>
+void gn_fwd_row_best(const X* x, T* y, acc_t m, acc_t r, const acc_t* w, const acc_t* b, int64_t s) {
+#ifdef NORMBENCH_VEC8
+  if constexpr (vectorised<X>() && vectorised<T>()) {
+    if (s % 8 == 0) return gn_fwd_row_vec(x, y, m, r, w, b, s);
+  }
+#endif
+  gn_fwd_row(x, y, m, r, w, b, s);
+}
+
+template <typename X, typename T, typename acc_t>
+void gn_bwd_row_best(const X* x, const X* g, T* dx, acc_t m, acc_t r, const acc_t* w, acc_t* dw, acc_t* db, int64_t s) {
+#ifdef NORMBENCH_VEC8
+  if constexpr (vectorised<X>() && vectorised<T>()) {
+    if (s % 8 == 0) return gn_bwd_row_vec(x, g, dx, m, r, w, dw, db, s);
+  }
+#endif
+  gn_bwd_row(x, g, dx, m, r, w, dw, db, s);
 }
 
 // ---------------------------------------------------------------- RMSNorm
@@ -354,6 +488,91 @@ std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const Tensor& x, const
     dw = as_grad_of(w, sums.data());
   });
   return {dx, dw};
+}
+
+// ---------------------------------------------------------------- GroupNorm, per token
+// Each row's d channels in `groups` groups of s = d / groups, each normalized on its own:
+// y = (x - mean) * rstd * w + b, with the mean and the biased variance of the group taken in two
+// passes over it (in cache), so no precision is lost when |mean| >> std. Returns (y, mean, rstd),
+// (rows, groups) each. ATen's group_norm does the same math, several times slower on (rows, d).
+std::tuple<Tensor, Tensor, Tensor> group_norm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, int64_t groups,
+                                                  double eps) {
+  TORCH_CHECK(x.is_contiguous(), "normbench::group_norm_fwd: contiguous input");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  TORCH_CHECK(groups > 0 && d % groups == 0, "normbench::group_norm_fwd: groups must divide the width");
+  const int64_t s = d / groups;
+  Tensor y = at::empty_like(x);
+  auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  Tensor mean = at::empty({rows, groups}, x.options().dtype(acc_type));
+  Tensor rstd = at::empty({rows, groups}, x.options().dtype(acc_type));
+  Tensor wa = w.to(acc_type).contiguous(), ba = b.to(acc_type).contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "group_norm_fwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const acc_t* wp = wa.const_data_ptr<acc_t>();
+    const acc_t* bp = ba.const_data_ptr<acc_t>();
+    acc_t* mp = mean.data_ptr<acc_t>();
+    acc_t* rp = rstd.data_ptr<acc_t>();
+    const bool read_as_is = vectorised<scalar_t>() && s % 8 == 0;  // else the scalar loops, on a widened row
+    for_rows(rows, [&](int64_t begin, int64_t end) {
+      auto groups_of = [&](int64_t i, const auto* xi) {  // xi: row i, as it is or widened
+        for (int64_t k = 0; k < groups; ++k) {
+          acc_t m, r;
+          gn_group_stats<std::remove_cv_t<std::remove_pointer_t<decltype(xi)>>, scalar_t>(
+              xi + k * s, s, static_cast<acc_t>(eps), m, r);
+          mp[i * groups + k] = m;
+          rp[i * groups + k] = r;
+          gn_fwd_row_best(xi + k * s, yp + i * d + k * s, m, r, wp + k * s, bp + k * s, s);
+        }
+      };
+      std::vector<acc_t> buf;
+      for (int64_t i = begin; i < end; ++i) {
+        if (read_as_is) groups_of(i, xp + i * d);
+        else groups_of(i, widened(xp + i * d, buf, d));
+      }
+    });
+  });
+  return {y, mean, rstd};
+}
+
+// Per group, with xhat = (x - mean) rstd and g = dy * w: dx = rstd (g - mean(g) - xhat mean(g xhat));
+// dw = sum over rows of dy xhat, db = sum over rows of dy.
+std::tuple<Tensor, Tensor, Tensor> group_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                                                  const Tensor& mean, const Tensor& rstd) {
+  TORCH_CHECK(dy.is_contiguous() && x.is_contiguous(), "normbench::group_norm_bwd: contiguous inputs");
+  const int64_t d = x.size(-1), rows = x.numel() / d, groups = mean.size(-1), s = d / groups;
+  Tensor dx = at::empty_like(x);
+  Tensor wa = w.to(mean.scalar_type()).contiguous();
+  Tensor dw, db;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "group_norm_bwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    scalar_t* dxp = dx.data_ptr<scalar_t>();
+    const acc_t* wp = wa.const_data_ptr<acc_t>();
+    const acc_t* mp = mean.const_data_ptr<acc_t>();
+    const acc_t* rp = rstd.const_data_ptr<acc_t>();
+    const bool read_as_is = vectorised<scalar_t>() && s % 8 == 0;  // else the scalar loops, on widened rows
+    // accumulators: dw (d), db (d)
+    auto sums = summed_over_rows<acc_t>(rows, 2 * d, [&](int64_t begin, int64_t end, acc_t* acc) {
+      auto groups_of = [&](int64_t i, const auto* xi, const auto* gi) {  // row i, as it is or widened
+        for (int64_t k = 0; k < groups; ++k) {
+          const int64_t c = k * s;
+          gn_bwd_row_best(xi + c, gi + c, dxp + i * d + c, mp[i * groups + k], rp[i * groups + k], wp + c, acc + c,
+                          acc + d + c, s);
+        }
+      };
+      std::vector<acc_t> xbuf, gbuf;
+      for (int64_t i = begin; i < end; ++i) {
+        if (read_as_is) groups_of(i, xp + i * d, gp + i * d);
+        else groups_of(i, widened(xp + i * d, xbuf, d), widened(gp + i * d, gbuf, d));
+      }
+    });
+    dw = as_grad_of(w, sums.data());
+    db = as_grad_of(b, sums.data() + d);
+  });
+  return {dx, dw, db};
 }
 
 // ---------------------------------------------------------------- ScaleNorm
@@ -492,6 +711,22 @@ class RMSNormFn : public torch::autograd::Function<RMSNormFn> {
   }
 };
 
+class GroupNormFn : public torch::autograd::Function<GroupNormFn> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w, const Tensor& b, int64_t groups,
+                        double eps) {
+    Tensor xc = x.contiguous();
+    auto [y, mean, rstd] = group_norm_fwd(xc, w, b, groups, eps);
+    ctx->save_for_backward({xc, w, b, mean, rstd});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dys) {
+    auto s = ctx->get_saved_variables();
+    auto [dx, dw, db] = group_norm_bwd(dys[0].contiguous(), s[0], s[1], s[2], s[3], s[4]);
+    return {dx, dw, db, Tensor(), Tensor()};
+  }
+};
+
 class ScaleNormFn : public torch::autograd::Function<ScaleNormFn> {
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& g, double eps) {
@@ -527,6 +762,9 @@ class DyTFn : public torch::autograd::Function<DyTFn> {
 };
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) { return RMSNormFn::apply(x, w, eps); }
+Tensor group_norm(const Tensor& x, const Tensor& w, const Tensor& b, int64_t groups, double eps) {
+  return GroupNormFn::apply(x, w, b, groups, eps);
+}
 Tensor scale_norm(const Tensor& x, const Tensor& g, double eps) { return ScaleNormFn::apply(x, g, eps); }
 Tensor dyt(const Tensor& x, const Tensor& alpha, const Tensor& w, const std::optional<Tensor>& b) {
   return DyTFn::apply(x, alpha, w, b);
@@ -535,6 +773,9 @@ Tensor dyt(const Tensor& x, const Tensor& alpha, const Tensor& w, const std::opt
 // Below autograd (inference mode, or called from a backward): the forward kernel alone.
 Tensor rms_norm_nograd(const Tensor& x, const Tensor& w, double eps) {
   return std::get<0>(rms_norm_fwd(x.contiguous(), w.contiguous(), eps));
+}
+Tensor group_norm_nograd(const Tensor& x, const Tensor& w, const Tensor& b, int64_t groups, double eps) {
+  return std::get<0>(group_norm_fwd(x.contiguous(), w, b, groups, eps));
 }
 Tensor scale_norm_nograd(const Tensor& x, const Tensor& g, double eps) {
   return std::get<0>(scale_norm_fwd(x.contiguous(), g, eps));
@@ -547,10 +788,13 @@ Tensor dyt_nograd(const Tensor& x, const Tensor& alpha, const Tensor& w, const s
 
 TORCH_LIBRARY(normbench, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("group_norm(Tensor x, Tensor w, Tensor b, int groups, float eps) -> Tensor");
   m.def("scale_norm(Tensor x, Tensor g, float eps) -> Tensor");
   m.def("dyt(Tensor x, Tensor alpha, Tensor w, Tensor? b) -> Tensor");
   m.def("rms_norm_fwd(Tensor x, Tensor w, float eps) -> (Tensor, Tensor)");
   m.def("rms_norm_bwd(Tensor dy, Tensor x, Tensor w, Tensor rstd, float eps) -> (Tensor, Tensor)");
+  m.def("group_norm_fwd(Tensor x, Tensor w, Tensor b, int groups, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def("group_norm_bwd(Tensor dy, Tensor x, Tensor w, Tensor b, Tensor mean, Tensor rstd) -> (Tensor, Tensor, Tensor)");
   m.def("scale_norm_fwd(Tensor x, Tensor g, float eps) -> (Tensor, Tensor)");
   m.def("scale_norm_bwd(Tensor dy, Tensor x, Tensor g, Tensor norm, float eps) -> (Tensor, Tensor)");
   m.def("dyt_fwd(Tensor x, Tensor alpha, Tensor w, Tensor? b) -> Tensor");
@@ -561,16 +805,20 @@ TORCH_LIBRARY(normbench, m) {
 // finds no kernel and gets the dispatcher's error rather than a crash.
 TORCH_LIBRARY_IMPL(normbench, AutogradCPU, m) {
   m.impl("rms_norm", rms_norm);
+  m.impl("group_norm", group_norm);
   m.impl("scale_norm", scale_norm);
   m.impl("dyt", dyt);
 }
 
 TORCH_LIBRARY_IMPL(normbench, CPU, m) {
   m.impl("rms_norm", rms_norm_nograd);
+  m.impl("group_norm", group_norm_nograd);
   m.impl("scale_norm", scale_norm_nograd);
   m.impl("dyt", dyt_nograd);
   m.impl("rms_norm_fwd", rms_norm_fwd);
   m.impl("rms_norm_bwd", rms_norm_bwd);
+  m.impl("group_norm_fwd", group_norm_fwd);
+  m.impl("group_norm_bwd", group_norm_bwd);
   m.impl("scale_norm_fwd", scale_norm_fwd);
   m.impl("scale_norm_bwd", scale_norm_bwd);
   m.impl("dyt_fwd", dyt_fwd);
