@@ -348,17 +348,29 @@ float dyt_bwd_row_vec(const T* x, const T* g, T* dx, float a, const float* w, fl
 }
 
 // One group of s channels, s a multiple of 8; X and T are float or bf16.
+// Two accumulators each: a group's sums are chains of dependent adds, whose latency (not the adds'
+// throughput) is what a short group waits on.
 template <typename X>
 void gn_group_stats_vec(const X* x, int64_t s, float eps, float& m, float& r) {
-  v8f acc = {};
-  for (int64_t j = 0; j < s; j += 8) acc += load8(x + j);
-  m = sum_of_lanes(acc) / s;
-  v8f dev = {};
-  for (int64_t j = 0; j < s; j += 8) {
-    const v8f v = load8(x + j) - m;
-    dev += v * v;
+  v8f sum0 = {}, sum1 = {};
+  int64_t j = 0;
+  for (; j + 16 <= s; j += 16) {
+    sum0 += load8(x + j);
+    sum1 += load8(x + j + 8);
   }
-  r = 1.0f / std::sqrt(sum_of_lanes(dev) / s + eps);
+  if (j < s) sum0 += load8(x + j);
+  m = sum_of_lanes(sum0 + sum1) / s;
+  v8f dev0 = {}, dev1 = {};
+  for (j = 0; j + 16 <= s; j += 16) {
+    const v8f v0 = load8(x + j) - m, v1 = load8(x + j + 8) - m;
+    dev0 += v0 * v0;
+    dev1 += v1 * v1;
+  }
+  if (j < s) {
+    const v8f v = load8(x + j) - m;
+    dev0 += v * v;
+  }
+  r = 1.0f / std::sqrt(sum_of_lanes(dev0 + dev1) / s + eps);
 }
 
 template <typename X, typename T>
@@ -517,14 +529,15 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_fwd(const Tensor& x, const Tensor&
     const bool read_as_is = vectorised<scalar_t>() && s % 8 == 0;  // else the scalar loops, on a widened row
     for_rows(rows, [&](int64_t begin, int64_t end) {
       auto groups_of = [&](int64_t i, const auto* xi) {  // xi: row i, as it is or widened
-        for (int64_t k = 0; k < groups; ++k) {
-          acc_t m, r;
+        acc_t* m = mp + i * groups;
+        acc_t* r = rp + i * groups;
+        // Every group's statistics first: their dependency chains (sums, square root) then overlap,
+        // where group by group each output loop would wait on its own group's chain.
+        for (int64_t k = 0; k < groups; ++k)
           gn_group_stats<std::remove_cv_t<std::remove_pointer_t<decltype(xi)>>, scalar_t>(
-              xi + k * s, s, static_cast<acc_t>(eps), m, r);
-          mp[i * groups + k] = m;
-          rp[i * groups + k] = r;
-          gn_fwd_row_best(xi + k * s, yp + i * d + k * s, m, r, wp + k * s, bp + k * s, s);
-        }
+              xi + k * s, s, static_cast<acc_t>(eps), m[k], r[k]);
+        for (int64_t k = 0; k < groups; ++k)
+          gn_fwd_row_best(xi + k * s, yp + i * d + k * s, m[k], r[k], wp + k * s, bp + k * s, s);
       };
       std::vector<acc_t> buf;
       for (int64_t i = begin; i < end; ++i) {
