@@ -97,6 +97,9 @@ def _legend(fig, axes) -> None:
             handles.setdefault(label, handle)
     if handles:  # as many columns as it takes for the legend to fit the figure's height
         ncols = math.ceil(len(handles) / max(4, int(fig.get_figheight() * 72 / 15)))
+        # _figure keeps room for one column; each further one widens the figure rather than
+        # squeezing the panels under the legend
+        fig.set_figwidth(fig.get_figwidth() + 2.2 * (ncols - 1))
         fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize="small", ncols=ncols)
 
 
