@@ -238,7 +238,7 @@ class GroupNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused_cpu(x):  # ATen's CPU group_norm on (tokens, C) takes 5-9x LayerNorm's time
+        if _fused_cpu(x):  # ATen's CPU group_norm on (tokens, C): 3.6-9.2x LayerNorm's time
             return _fused("group_norm")(x, self.weight, self.bias, self.groups, self.eps)
         flat = x.reshape(-1, x.shape[-1])
         weight, bias = _params_for(x, self.weight, self.bias)

@@ -1,6 +1,6 @@
 // normbench's fused CPU kernels for the norms PyTorch has no fused CPU kernel for (RMSNorm,
 // ScaleNorm, DyT) or a slow one for (GroupNorm per token: ATen's group_norm on (tokens, d) is
-// five to nine times LayerNorm's time), forward and backward, registered as torch.ops.normbench.*.
+// 3.6 to 9.2 times LayerNorm's time), forward and backward, registered as torch.ops.normbench.*.
 //
 // Each op makes the fewest full-size passes its math allows, row by row so that the
 // second pass over a row reads it from cache: a forward reads x once from memory and
