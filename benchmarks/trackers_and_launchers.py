@@ -39,7 +39,7 @@ def trackers(repeats: int) -> None:
     from hydra.core.global_hydra import GlobalHydra
 
     from normbench.config import conf_dir, parse_config
-    from normbench.runs import read_jsonl
+    from normbench.fileio import read_jsonl
     from normbench.sinks import MetricSinks
     from normbench.train import train
 

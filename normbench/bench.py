@@ -32,11 +32,11 @@ from rich.progress import Progress
 from rich.table import Table
 from torch import nn
 
+from normbench.devices import PRECISIONS, resolve_device
 from normbench.errors import ConfigError
-from normbench.runs import write_atomic
+from normbench.fileio import write_atomic
 from normbench.norms import NORMS, build_norm
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_DIMS = [128, 256, 512, 1024, 2048, 4096, 8192]
 DEFAULT_TOKENS = {"cuda": 8192, "cpu": 1024}  # CPU: a default fp32 run takes about a minute, compile included
 COLUMNS = ["norm", "impl", "dim", "dtype", "device", "pass", "tokens", "ms", "gb_per_s", "copy_gb_per_s",
@@ -203,19 +203,8 @@ def _passes(fn, leaves: list[torch.Tensor], inputs):
 
 
 def _check(device, dtypes, dims, tokens, norms, repeats, threads) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"unknown device '{device}'", allowed=["cpu", "cuda", "cuda:N"]) from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"unsupported device '{device}'", allowed=["cpu", "cuda", "cuda:N"])
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("CUDA is not available on this machine", allowed=["cpu"])
-        if (dev.index or 0) >= torch.cuda.device_count():
-            count = torch.cuda.device_count()
-            raise ConfigError(f"no device '{device}'", allowed=[f"cuda:{i}" for i in range(count)])
-    for what, given, allowed in (("dtype", dtypes, DTYPES), ("norm", norms, NORMS)):
+    dev = resolve_device(device, key="device")
+    for what, given, allowed in (("dtype", dtypes, PRECISIONS), ("norm", norms, NORMS)):
         bad = [g for g in given if g not in allowed]
         if bad or not given:
             raise ConfigError(f"unknown {what} {', '.join(map(repr, bad)) or '(none given)'}", allowed=sorted(allowed))
@@ -286,7 +275,7 @@ def _run(dev, dtypes, dims, tokens, norms, repeats, compile, console) -> pd.Data
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=len(dtypes) * len(dims) * len(norms))
         for dtype_name, dim in itertools.product(dtypes, dims):
-            dtype = DTYPES[dtype_name]
+            dtype = PRECISIONS[dtype_name]
             inputs = _rotated_inputs(tokens, dim, dtype, dev)
             for name in norms:
                 progress.update(task, description=f"{name} {dim} {dtype_name}")

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-from normbench.runs import CHECKPOINT, MODEL, PREVIOUS, write_atomic
+from normbench.errors import first_line
+from normbench.fileio import write_atomic
+from normbench.runs import CHECKPOINT, MODEL, PREVIOUS
 
 FORMAT = 1
 
@@ -79,7 +81,7 @@ def _read(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated zip, garbage, a pickle of disallowed types
-        raise ValueError(f"unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+        raise ValueError(f"unreadable ({first_line(err)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError("not a normbench checkpoint of this version")
     if state.get("sha256") != content_hash(state):

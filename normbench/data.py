@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from normbench.errors import ConfigError
-from normbench.runs import write_atomic
+from normbench.fileio import write_atomic
 
 
 @dataclass
@@ -141,7 +141,7 @@ def synthetic_transitions(vocab: int, concentration: float | None) -> torch.Tens
 class SyntheticDataset(SequenceDataset):
     """The embedded corpus: a seeded stochastic process with an exactly known loss floor."""
 
-    def __init__(self, cfg: DataConfig, block_size: int, eval_tokens: int):
+    def __init__(self, cfg: DataConfig, block_size: int):
         # A private RNG stream: the corpus depends on data.seed alone, never on the training seed.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
@@ -150,7 +150,6 @@ class SyntheticDataset(SequenceDataset):
             val, val_logprob = sample_synthetic(cfg.val_sequences, block_size + 1, self.transitions, cfg.copy_prob)
         super().__init__(train, val, cfg.vocab_size)
         self.val_logprob = val_logprob
-        self.eval_tokens = eval_tokens
 
     def floor_for(self, n_sequences: int) -> float:
         """Bayes-optimal cross-entropy (nats/token) on the first n validation sequences."""
@@ -219,7 +218,7 @@ def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):
                 f"data.val_sequences={cfg.val_sequences} is smaller than train.eval_batches x "
                 f"train.batch_size = {eval_sequences}; raise it or evaluate fewer batches"
             )
-        data = SyntheticDataset(cfg, block_size, eval_sequences)
+        data = SyntheticDataset(cfg, block_size)
         data.floor_loss = data.floor_for(eval_sequences)
         return data
     if cfg.name in ("text", "shakespeare"):
@@ -231,9 +230,7 @@ def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):
             raise ConfigError(f"data.path: {path} has a single distinct character; nothing to learn")
         if not 0.0 < cfg.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.val_fraction}")
-        data = WindowDataset(tokens, len(chars), block_size, cfg.val_fraction)
-        data.chars = chars
-        return data
+        return WindowDataset(tokens, len(chars), block_size, cfg.val_fraction)
     raise ConfigError(f"unknown data '{cfg.name}'", allowed=["synthetic", "text", "shakespeare"])
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 
 class ConfigError(ValueError):
     """Bad input from the user: what is wrong, and what would be allowed instead."""
@@ -10,3 +12,18 @@ class ConfigError(ValueError):
         self.allowed = list(allowed) if allowed is not None else None
         text = message if self.allowed is None else f"{message}; allowed: {', '.join(map(str, self.allowed))}"
         super().__init__(text)
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """An exception as one line for a terminal or a summary: its type and the first line of its message."""
+    text = (str(err).strip().splitlines() or [""])[0]
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def installed(module: str) -> bool:
+    """Whether an optional package (a launcher plugin, a tracker) can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

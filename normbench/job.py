@@ -26,66 +26,55 @@ from normbench import distributed
 from normbench.config import conf_dir, config_hash, parse_config
 from normbench.errors import ConfigError
 from normbench.preemption import exit_code
-from normbench.runs import RunDir, prepare_job, write_index
-from normbench.train import summary_table, train
+from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, write_index
+from normbench.display import summary_table
+from normbench.train import train
 
 
 def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
     """Validate, train and report one configuration into ``run_dir``.
 
     In a sweep (``multirun``) a job reuses the result its directory already holds for the
-    same config (see normbench.runs.prepare_job), and a failure of any kind is recorded
-    in the run directory and returned, never raised: one bad run must not stop the others.
+    same config (see ``RunDir.decide``), and a failure of any kind is recorded in the run
+    directory and returned, never raised: one bad run must not stop the others.
     """
     console = Console(stderr=True)
     main = distributed.is_main()
     run_dir_ = RunDir(run_dir)
     cfg_hash = config_hash(cfg)
-    if multirun:
-        result = prepare_job(run_dir_.path, cfg_hash)
-        if result is not None:
-            console.print(f"already {result.get('status')} with this config: {run_dir_.path} (skipped)")
-            return result
-    if main and cfg.train.get("resume") != "never" and run_dir_.holds_checkpoint_of_another(cfg_hash):
-        # Refused before anything is written: the other config's run stays resumable as it was.
-        console.print(f"[bold red]error:[/bold red] {run_dir_.path} holds a checkpoint of another config: give this "
-                      "run its own directory (hydra.run.dir=...) or start it over there with train.resume=never",
-                      soft_wrap=True, highlight=False)
-        if not multirun:
-            sys.exit(2)
-        return None
     if main:
+        decision = run_dir_.decide(cfg_hash, sweep=multirun, retry=os.environ.get(RETRY_ENV) == "1",
+                                   resume=str(cfg.train.get("resume")))
+        if decision.action == "reuse":
+            console.print(f"already {decision.result.get('status')} with this config: {run_dir_.path} (skipped)")
+            return decision.result
+        if decision.action == "refuse":
+            # Refused before anything is written: the other config's run stays resumable as it was.
+            return _fail(console, decision.reason, multirun, code=2)
+        run_dir_.prepare(decision)
         run_dir_.write_config(cfg)
     try:
-        run = parse_config(cfg)
+        run = parse_config(cfg, cfg_hash)
         if multirun:
             # The sweep command draws its own progress; parallel jobs share the cores.
             run.train.progress = False
             run.train.threads = run.train.threads or job_threads(HydraConfig.get().launcher)
             run.sweep = Path(HydraConfig.get().sweep.dir).name  # trackers group a sweep's runs by it
-        summary = train(run, run_dir_.path, console=console, config_hash=cfg_hash)
+        summary = train(run, run_dir_.path, console=console)
     except ConfigError as err:
         # Recorded as failed (never completed) so a sweep's index and a report show it.
         if main:
-            run_dir_.write_error(f"config error: {err}\n")
-            run_dir_.write_summary({"status": "failed", "error": f"config error: {err}", "config_hash": cfg_hash})
+            run_dir_.write_failure(f"config error: {err}", f"config error: {err}\n", cfg_hash)
         # Every rank says so: an error only one rank hits (its GPU, say) must not go unseen.
         rank = "" if main else f"(rank {distributed.rank()}) "
-        console.print(f"[bold red]error:[/bold red] {rank}{escape(str(err))}", soft_wrap=True, highlight=False)
-        if not multirun:
-            sys.exit(2)
-        return None
+        return _fail(console, f"{rank}{escape(str(err))}", multirun, code=2)
     except Exception as err:
         # A crash outside the training loop (building the data or the model, say) fails this
         # run only: the traceback goes to error.log, the terminal gets one line.
         if main:
-            run_dir_.write_error(traceback.format_exc())
-            run_dir_.write_summary({"status": "failed", "error": f"{type(err).__name__}: {err}", "config_hash": cfg_hash})
-        console.print(f"[bold red]run failed:[/bold red] {type(err).__name__}: {err} "
-                      f"(traceback in {run_dir_.path / 'error.log'})", soft_wrap=True, highlight=False)
-        if not multirun:
-            sys.exit(1)
-        return None
+            run_dir_.write_failure(f"{type(err).__name__}: {err}", traceback.format_exc(), cfg_hash)
+        return _fail(console, f"{type(err).__name__}: {err} (traceback in {run_dir_.path / ERROR_LOG})",
+                     multirun, code=1, label="run failed")
     if summary["status"] == "interrupted":
         # Stopped by a signal (SLURM's preemption notice, say) after saving a checkpoint: the same
         # command resumes it. Exiting, in a sweep too, keeps the launcher from starting another job.
@@ -97,10 +86,18 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
         console.print(summary_table(summary))
     if summary["status"] == "failed":
         if main:  # the other ranks printed their traceback already
-            console.print(f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / 'error.log'})")
+            console.print(f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / ERROR_LOG})")
         if not multirun:
             sys.exit(1)
     return summary
+
+
+def _fail(console: Console, message: str, multirun: bool, code: int, label: str = "error") -> None:
+    """One line on the terminal; a single run exits with ``code``, a sweep job returns (the others go on)."""
+    console.print(f"[bold red]{label}:[/bold red] {message}", soft_wrap=True, highlight=False)
+    if not multirun:
+        sys.exit(code)
+    return None
 
 
 def available_cpus() -> int:

@@ -109,7 +109,6 @@ def register_norm(name: str):
 
     def add(cls: type[nn.Module]) -> type[nn.Module]:
         NORMS[name] = cls
-        cls.norm_name = name
         return cls
 
     return add
@@ -121,8 +120,8 @@ def norm_options(name: str) -> dict[str, object]:
     return {p.name: p.default for p in params.values() if p.kind is p.KEYWORD_ONLY}
 
 
-def build_norm(name: str, dim: int, **options) -> nn.Module:
-    """Build the norm registered as ``name`` for a last dimension of size ``dim``."""
+def check_norm(name: str, options: dict) -> None:
+    """An unknown norm, or an option its class does not take, is a ConfigError."""
     if name not in NORMS:
         raise ConfigError(f"unknown norm '{name}'", allowed=sorted(NORMS))
     allowed = norm_options(name)
@@ -132,6 +131,11 @@ def build_norm(name: str, dim: int, **options) -> nn.Module:
             f"norm '{name}' has no option {', '.join(unknown)}",
             allowed=[f"norm.{k}" for k in allowed] or ["(no options)"],
         )
+
+
+def build_norm(name: str, dim: int, **options) -> nn.Module:
+    """Build the norm registered as ``name`` for a last dimension of size ``dim``."""
+    check_norm(name, options)
     return NORMS[name](dim, **options)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from normbench.runs import write_atomic
+from normbench.fileio import write_atomic
 
 
 def cache_dir() -> Path:

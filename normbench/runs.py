@@ -9,10 +9,10 @@
     model.pt        the final weights (train.save_model=true)
     error.log       the traceback of a run that failed
 
-A run directory is complete exactly when summary.json exists. This module also holds
-the rules a job applies to its directory before training (``prepare_job``: reuse a
-result, resume an interrupted run) and the index of a sweep directory's runs
-(``write_index``), which every job rebuilds.
+A run directory is complete exactly when summary.json exists. ``RunDir.decide`` is the one
+place that says what a run does with its directory (reuse a result, resume, start afresh
+or refuse); the job, the sweep's plan and training all ask it. This module also holds the
+index of a sweep directory's runs (``write_index``), which every job rebuilds.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
+from normbench.fileio import finite_or_none, read_jsonl, write_atomic
+from normbench.identity import config_hash
 
 CONFIG, METRICS, SUMMARY, ERROR_LOG = "config.yaml", "metrics.jsonl", "summary.json", "error.log"
 CHECKPOINT, PREVIOUS, MODEL = "checkpoint.pt", "checkpoint.prev.pt", "model.pt"
@@ -34,57 +36,13 @@ PLAN, INDEX = "plan.json", "index.csv"  # in a sweep directory
 RETRY_ENV = "NORMBENCH_RETRY_FAILED"  # set in every sweep job (hydra.job.env_set), so it reaches any launcher
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a file so readers see the old content or the new one, never half of it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600; results are meant to be read by colleagues on shared storage.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+@dataclass
+class Decision:
+    """``RunDir.decide``'s answer: reuse, resume, fresh or refuse (and why)."""
 
-
-def _finite_or_none(value):
-    """JSON has no NaN or infinity: a diverged loss is recorded as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(v) for v in value]
-    return value
-
-
-def to_json(record: dict) -> str:
-    return json.dumps(_finite_or_none(record), allow_nan=False)
-
-
-def read_jsonl(path: Path, on_torn_tail=None) -> list[dict]:
-    """Every record of a JSONL log. A torn last line (a kill mid-write) is dropped, and
-    reported to ``on_torn_tail(message)``; a bad line before the last means a corrupt file (ValueError)."""
-    lines = [line for line in Path(path).read_bytes().decode("utf-8", errors="replace").splitlines() if line.strip()]
-    records = []
-    for i, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            if i < len(lines) - 1:
-                raise ValueError(f"line {i + 1} of {Path(path).name} is not JSON") from None
-            if on_torn_tail:
-                on_torn_tail(f"{path}: ignored a truncated last line")
-            break
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    action: str
+    result: dict | None = None  # the stored result of this config, if any
+    reason: str | None = None  # refuse: what to do instead
 
 
 class RunDir:
@@ -96,7 +54,13 @@ class RunDir:
         write_atomic(self.path / CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
 
     def write_summary(self, summary: dict) -> None:
-        write_atomic(self.path / SUMMARY, json.dumps(_finite_or_none(summary), indent=2, allow_nan=False) + "\n")
+        write_atomic(self.path / SUMMARY, json.dumps(finite_or_none(summary), indent=2, allow_nan=False) + "\n")
+
+    def write_failure(self, error: str, details: str, cfg_hash: str | None) -> None:
+        """A run that failed before it could train: error.log holds ``details``, summary.json says failed
+        (never completed), so a sweep's index and a report show it."""
+        self.write_error(details)
+        self.write_summary({"status": "failed", "error": error, "config_hash": cfg_hash})
 
     def read_summary(self) -> dict | None:
         """The summary, or None when there is none yet (running, killed) or it is unreadable."""
@@ -117,63 +81,70 @@ class RunDir:
             path.unlink(missing_ok=True)
 
     def checkpoint_step(self) -> int | None:
-        """The step the run would resume at, read cheaply (memory-mapped, not verified): for listings."""
+        """The step the run would resume at: for listings."""
+        step = self._checkpoint_field("step")
+        return None if step is None else int(step)
+
+    def checkpoint_hash(self) -> str | None:
+        """The config hash the checkpoint here was saved for."""
+        saved_for = self._checkpoint_field("config_hash")
+        return None if saved_for is None else str(saved_for)
+
+    def _checkpoint_field(self, key: str):
+        """One field of the newest readable checkpoint, read cheaply (memory-mapped, not verified)."""
         for name in (CHECKPOINT, PREVIOUS):
             try:
-                return int(torch.load(self.path / name, map_location="cpu", weights_only=True, mmap=True)["step"])
-            except Exception:  # absent, or damaged: training would say so
+                return torch.load(self.path / name, map_location="cpu", weights_only=True, mmap=True)[key]
+            except Exception:  # absent, or damaged: loading it for real would say so
                 continue
         return None
 
-    def holds_checkpoint_of_another(self, cfg_hash: str) -> bool:
-        """A checkpoint here, of a config (its config.yaml) other than ``cfg_hash``'s."""
-        has = (self.path / CHECKPOINT).exists() or (self.path / PREVIOUS).exists()
-        return has and self.config_hash() not in (None, cfg_hash)
-
     def config_hash(self) -> str | None:
         """The hash of the config.yaml stored here; None when missing or unreadable (edited by hand)."""
-        from normbench.config import config_hash  # config imports train, which imports this module
-
         try:
             return config_hash(OmegaConf.load(self.path / CONFIG))
         except Exception:
             return None
 
+    def decide(self, cfg_hash: str, *, sweep: bool = False, retry: bool = False, resume: str = "auto") -> Decision:
+        """What a run of config ``cfg_hash`` does with this directory: the one place that says so.
 
-# ----------------------------------------------------------------------------- a job's rules for its directory
+        - ``reuse``: a sweep job (``sweep``) finds a result of this very config here: completed,
+          or diverged or failed unless ``retry`` (--retry-failed);
+        - ``refuse``: a single run finds a checkpoint of another config and ``resume`` is auto:
+          training would either mix it into this run or destroy it (a sweep job's directory is
+          named after its config, so anything else in it is stale: ``fresh``);
+        - ``resume``: this config started here and has no result: training continues from its
+          checkpoint (``resume`` auto), when a sound one is found;
+        - ``fresh``: anything else; ``prepare`` clears what is here.
 
+        ``result`` is the stored result of this config whatever the action (a sweep's plan shows it).
+        """
+        summary, stored = self.read_summary(), self.config_hash()
+        result = summary if summary is not None and stored == cfg_hash else None
+        if sweep and result is not None and (result.get("status") == "completed" or not retry):
+            return Decision("reuse", result)
+        if resume != "auto":
+            return Decision("fresh", result)
+        saved_for = self.checkpoint_hash()
+        if saved_for not in (None, cfg_hash) and not sweep:
+            return Decision("refuse", result, f"{self.path} holds a checkpoint of another config: give this run its own "
+                            "directory (hydra.run.dir=...) or start it over there with train.resume=never")
+        # a checkpoint whose hash can't be read: loading it says why, and training starts afresh
+        damaged = saved_for is None and ((self.path / CHECKPOINT).exists() or (self.path / PREVIOUS).exists())
+        if result is None and (saved_for == cfg_hash or (saved_for is None and (stored == cfg_hash or damaged))):
+            return Decision("resume", result)
+        return Decision("fresh", result)
 
-def stored_result(run_dir: Path, cfg_hash: str) -> dict | None:
-    """The summary in ``run_dir`` if it is a result of this very config (same hash), else None."""
-    run = RunDir(run_dir)
-    summary = run.read_summary()
-    # config.yaml is rewritten before a run starts and summary.json only after it ends,
-    # so the two always belong to the same attempt.
-    if summary is None or run.config_hash() != cfg_hash:
-        return None
-    return summary
-
-
-def prepare_job(run_dir: Path, cfg_hash: str) -> dict | None:
-    """Return the result to reuse (the job is skipped), or make the directory ready to train and return None.
-
-    Completed results are always reused; diverged and failed ones too, unless the sweep
-    runs with --retry-failed. A run of this config killed half-way keeps its metrics and
-    checkpoint, and training resumes from them (train.resume=auto). Anything else (a
-    retried result, the files of another config) is cleared for a fresh run.
-    """
-    run = RunDir(run_dir)
-    result = stored_result(run.path, cfg_hash)
-    retry = os.environ.get(RETRY_ENV) == "1"
-    if result is not None and (result.get("status") == "completed" or not retry):
-        return result
-    resumable = result is None and run.config_hash() == cfg_hash
-    # summary first: a kill now leaves an interrupted run, not a stale result
-    for name in (SUMMARY, ERROR_LOG) if resumable else (SUMMARY, METRICS, ERROR_LOG):
-        (run.path / name).unlink(missing_ok=True)
-    if not resumable:
-        run.remove_checkpoints()
-    return None
+    def prepare(self, decision: Decision) -> None:
+        """Make the directory ready to train after ``decide``: keep what a resume needs, clear the rest."""
+        assert decision.action in ("resume", "fresh"), decision
+        self.path.mkdir(parents=True, exist_ok=True)
+        # summary first: a kill now leaves an interrupted run, not a stale result
+        for name in (SUMMARY, ERROR_LOG) if decision.action == "resume" else (SUMMARY, METRICS, ERROR_LOG):
+            (self.path / name).unlink(missing_ok=True)
+        if decision.action == "fresh":
+            self.remove_checkpoints()
 
 
 # ----------------------------------------------------------------------------- the index of a sweep directory

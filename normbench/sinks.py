@@ -18,7 +18,6 @@ start or write fails the run: it is never recorded as completed.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import socket
 import time
@@ -26,8 +25,9 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from normbench.errors import ConfigError
-from normbench.runs import METRICS, SUMMARY, to_json
+from normbench.errors import ConfigError, first_line, installed
+from normbench.fileio import leaves, to_json
+from normbench.runs import METRICS, SUMMARY
 
 
 class JsonlSink:
@@ -55,19 +55,6 @@ class JsonlSink:
 
     def close(self) -> None:
         self.file.close()
-
-
-def leaves(record, prefix: str = "") -> dict:
-    """{"layers": [{"grad_norm": {"mlp_out": 1.0}}]} -> {"layers.0.grad_norm.mlp_out": 1.0}: every leaf value."""
-    out = {}
-    items = record.items() if isinstance(record, dict) else enumerate(record)
-    for key, value in items:
-        name = f"{prefix}{key}"
-        if isinstance(value, (dict, list)):
-            out.update(leaves(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
 
 
 def _is_number(value) -> bool:
@@ -153,12 +140,6 @@ class TensorBoardSink:
         self.close()
 
 
-def _first_line(err: Exception, limit: int = 300) -> str:
-    text = (str(err).strip().splitlines() or [""])[0]
-    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _sqlite_path(uri: str) -> Path | None:
     """The file of a sqlite:/// URI (relative to the current directory unless absolute), else None."""
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
@@ -231,7 +212,7 @@ class MlflowSink:
         except ConfigError:
             raise
         except Exception as err:
-            raise ConfigError(f"logger=mlflow: cannot use the tracking store {uri}: {_first_line(err)}") from None
+            raise ConfigError(f"logger=mlflow: cannot use the tracking store {uri}: {first_line(err)}") from None
 
     def log(self, record: dict) -> None:
         now, kind = int(time.time() * 1000), record["kind"]
@@ -295,7 +276,7 @@ class WandbSink:
                 settings=wandb.Settings(console="off", quiet=True),
             )
         except Exception as err:
-            raise ConfigError(f"logger=wandb: cannot start a W&B run ({mode}): {_first_line(err)}") from None
+            raise ConfigError(f"logger=wandb: cannot start a W&B run ({mode}): {first_line(err)}") from None
 
     def log(self, record: dict) -> None:
         metrics = {f"{record['kind']}/{k}": v for k, v in flatten(record).items()}
@@ -333,13 +314,6 @@ SINKS = {
 }
 
 
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def logger_options(names) -> dict[str, type]:
     """The options dataclass of each chosen logger; an unknown one or one whose package is missing is a ConfigError."""
     out = {}
@@ -347,7 +321,7 @@ def logger_options(names) -> dict[str, type]:
         if name not in SINKS:
             raise ConfigError(f"unknown logger '{name}'", allowed=sorted(SINKS))
         cls, modules, extra = SINKS[name]
-        missing = [m for m in modules if not _installed(m)]
+        missing = [m for m in modules if not installed(m)]
         if missing:
             raise ConfigError(f"logger={name} needs the {', '.join(missing)} package{'s' if len(missing) > 1 else ''} "
                               f"(not installed): pip install 'normbench[{extra}]'")
@@ -420,7 +394,7 @@ class MetricSinks:
                 sink.finish(summary)
             except Exception as err:
                 summary = {**summary, "status": "failed",
-                           "error": f"logger={sink.name}: {_first_line(err)}"}
+                           "error": f"logger={sink.name}: {first_line(err)}"}
         return summary
 
     def abort(self) -> None:

@@ -40,7 +40,7 @@ from rich.table import Table
 from rich.text import Text
 
 from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
-from normbench.errors import ConfigError
+from normbench.errors import ConfigError, installed
 from normbench.preemption import SIGNALS, exit_code
 from normbench.runs import (CONFIG, ERROR_LOG, INDEX, PLAN, RETRY_ENV, SUMMARY, RunDir, read_index,  # noqa: F401
                            run_status, stored_result, write_atomic, write_index)
@@ -108,20 +108,11 @@ def _check_args(parsed) -> None:
         if key == "hydra/launcher":
             name = str(o.value())
             module, extra = LAUNCHER_EXTRAS.get(name, (None, None))
-            if module and not _has_module(f"hydra_plugins.{module}"):
+            if module and not installed(f"hydra_plugins.{module}"):
                 raise ConfigError(
                     f"hydra/launcher={name} needs the Hydra launcher plugin {module.replace('_', '-')}: "
                     f"pip install 'normbench[{extra}]'"
                 )
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def _short(err: Exception) -> str:

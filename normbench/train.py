@@ -21,21 +21,20 @@ from pathlib import Path
 import torch
 from torch import nn
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from normbench import checkpoint, distributed
 from normbench.causality import causal_leak
 from normbench.data import build_dataset
-from normbench.errors import ConfigError
+from normbench.devices import PRECISIONS, resolve_device
+from normbench.errors import ConfigError, first_line
 from normbench.model import GPT, leaves_no_trace, z_loss
 from normbench.runs import METRICS, RunDir
 from normbench.preemption import StopSignals
 from normbench.perf import PeakMemory, StepTimer, flops_per_token, peak_flops
 from normbench.sinks import MetricSinks
 from normbench.diagnostics import PEAKS, LayerStats, global_grad_norm
+from normbench.display import TrainProgress
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESUME = ("auto", "never")
 DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's own choice for this process, before any run sets it
 LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
@@ -91,24 +90,6 @@ class TrainConfig:
             raise ConfigError(f"unknown train.precision '{self.precision}'", allowed=list(PRECISIONS))
 
 
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when present; an absent CUDA device is an error, not a silent CPU run."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown train.device '{name}'", allowed=["auto", "cpu", "cuda", "cuda:N"]) from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (device.index or 0) >= count:
-            have = ", ".join(f"cuda:{i}" for i in range(count)) or "no CUDA device"
-            raise ConfigError(f"train.device={name} is not available (this machine has {have})", allowed=["auto", "cpu"])
-    elif device.type != "cpu":
-        raise ConfigError(f"unsupported train.device '{name}'", allowed=["auto", "cpu", "cuda", "cuda:N"])
-    return device
-
-
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up to lr over warmup_steps, then cosine decay to min_lr at the last step.
 
@@ -147,7 +128,7 @@ def compile_model(step_model: nn.Module, model: nn.Module, x: torch.Tensor, y: t
             loss.backward()
         return compiled, None
     except Exception as err:  # no compiler, unsupported platform, an op inductor can't lower
-        return step_model, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return step_model, first_line(err)
     finally:
         model.zero_grad(set_to_none=True)
 
@@ -280,186 +261,223 @@ class Run:
             torch.manual_seed(self.cfg.seed + rank + 7919 * saved["step"])
 
 
-def resume_point(state: Run, config_hash: str | None, console: Console) -> dict | None:
-    """The checkpoint this run continues from (train.resume=auto), or None: a fresh start.
+class Loop:
+    """Where training stands besides the model and optimizer, and the cadence of each component.
 
-    Rank 0 reads the run directory and hands what it found to the other ranks. A damaged
-    checkpoint, or a metrics.jsonl shorter than the checkpoint says, means a fresh start
-    with a warning; a checkpoint of another config is an error (never mixed into this run).
+    Each component's method decides for itself whether this step is its turn: the
+    statistics (``train.stats_every``), the log window (``train.log_every``: the one host
+    sync), evaluation (``train.eval_every`` and the last step) and checkpoints
+    (``train.checkpoint_every``). A checkpoint keeps this object's history, so a resumed
+    run's summary covers the whole run.
     """
-    saved = None
-    if distributed.is_main():
-        warn = lambda message: console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True, highlight=False)  # noqa: E731
-        if state.tcfg.resume == "auto":
-            saved = checkpoint.load(state.dir.path, warn)
-        metrics = state.dir.path / METRICS
-        if saved is not None and saved["config_hash"] == config_hash:
+
+    def __init__(self, state: Run, console: Console, started: float):
+        self.state, self.tcfg, self.console = state, state.tcfg, console
+        self.started = started  # this process's start of the run, set-up included
+        self.main = distributed.is_main()
+        self.stats = LayerStats(state.model) if self.tcfg.stats_every else None
+        self.timer = StepTimer(warmup_steps=min(self.tcfg.log_every, self.tcfg.steps // 5))
+        self.tokens_per_step = self.tcfg.batch_size * state.cfg.model.block_size
+        self.val_losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.pending: list[tuple[torch.Tensor, ...]] = []  # this log window's (loss, grad norm[, z]), on the device
+        self.earlier_s, self.resumed_at = 0.0, []  # wall time and resume steps of the processes before this one
+        self.start = 0
+        saved = self.resume()
+        self.sinks = MetricSinks(state.dir.path, state.cfg, enabled=self.main, config_hash=state.cfg.config_hash,
+                                 resume_at=(saved["metrics_bytes"], saved["step"]) if saved else None)
+
+    # ------------------------------------------------------------------------- resuming and checkpoints
+
+    def resume(self) -> dict | None:
+        """Continue from the run directory's checkpoint when ``RunDir.decide`` says so and it is sound.
+
+        Rank 0 reads the run directory and hands what it found to the other ranks. A damaged
+        checkpoint, or a metrics.jsonl shorter than the checkpoint says, means a fresh start
+        with a warning; a checkpoint of another config is refused (never mixed into this run).
+        """
+        state, saved = self.state, None
+        if self.main:
+            decision = state.dir.decide(state.cfg.config_hash, resume=self.tcfg.resume)
+            if decision.action == "refuse":
+                raise ConfigError(decision.reason)
+            if decision.action == "resume":
+                saved = checkpoint.load(state.dir.path, self.warn)
+            if saved is not None and saved["config_hash"] != state.cfg.config_hash:
+                raise ConfigError(f"{state.dir.path}: the checkpoint of step {saved['step']} is of another config")
+            metrics = state.dir.path / METRICS
             have = metrics.stat().st_size if metrics.exists() else 0
-            if have < saved["metrics_bytes"]:
-                warn(f"{metrics} is shorter ({have} bytes) than at the checkpoint of step {saved['step']} "
-                     f"({saved['metrics_bytes']} bytes); starting afresh")
+            if saved is not None and have < saved["metrics_bytes"]:
+                self.warn(f"{metrics} is shorter ({have} bytes) than at the checkpoint of step {saved['step']} "
+                          f"({saved['metrics_bytes']} bytes); starting afresh")
                 saved = None
-        if saved is None:
-            state.dir.remove_checkpoints()
-    saved = distributed.broadcast(saved)
-    if saved is not None and saved["config_hash"] != config_hash:
-        raise ConfigError(
-            f"{state.dir.path} holds a checkpoint (step {saved['step']}) of another config (hash {saved['config_hash']}, "
-            f"this run's is {config_hash}): give this run its own directory (hydra.run.dir=...) or start it over "
-            "there with train.resume=never"
-        )
-    if saved is not None:
-        state.restore(saved, console)
-    return saved
+            if saved is None:
+                state.dir.remove_checkpoints()
+        saved = distributed.broadcast(saved)
+        if saved is not None:
+            state.restore(saved, self.console)
+            loop = saved["loop"]
+            self.start = saved["step"]
+            self.val_losses, self.grad_norms, self.timer.times = loop["val_losses"], loop["grad_norms"], loop["step_times"]
+            self.pending = [tuple(row.to(state.device)) for row in loop["pending"]]
+            if self.stats is not None:  # the logit peaks seen before the interruption still count
+                self.stats.peaks.update({k: v for k, v in loop.get("peaks", {}).items() if k in self.stats.peaks})
+            self.earlier_s, self.resumed_at = loop["wall_s"], [*loop["resumed_at"], self.start]
+            if self.main:
+                self.console.print(f"resuming at step {self.start} from the checkpoint in {state.dir.path}", highlight=False)
+        return saved
+
+    def warn(self, message: str) -> None:
+        self.console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True, highlight=False)
+
+    def wall_s(self) -> float:
+        return self.earlier_s + time.perf_counter() - self.started
+
+    def checkpoint(self, done: int, now: bool = False) -> None:
+        """A checkpoint after ``done`` updates when one is due (or ``now``: a stop signal came)."""
+        every = self.tcfg.eval_every if self.tcfg.checkpoint_every is None else self.tcfg.checkpoint_every
+        if not (now or (every and done > self.start and done % every == 0)):
+            return
+        loop = {
+            "val_losses": self.val_losses, "grad_norms": self.grad_norms, "step_times": self.timer.times,
+            "pending": torch.stack([torch.stack(p) for p in self.pending]) if self.pending else torch.empty(0, 2),
+            "wall_s": self.wall_s(), "resumed_at": self.resumed_at,
+            "peaks": dict(self.stats.peaks) if self.stats is not None else {},
+        }
+        saved = {**self.state.checkpoint_state(), "step": done, "config_hash": self.state.cfg.config_hash,
+                 "metrics_bytes": self.sinks.position(), "loop": loop}
+        if self.main:
+            try:
+                checkpoint.save(self.state.dir.path, saved)
+            except OSError as err:  # a full disk costs the checkpoint, not the run
+                self.warn(f"checkpoint at step {done} not written: {err}")
+        self.timer.resume()
+
+    # ------------------------------------------------------------------------- the step and its cadences
+
+    def step(self, step: int) -> None:
+        """Update ``step`` (1-based), with per-layer statistics when they are due."""
+        # The gradients of update `step` are taken after step - 1 updates: that is their label.
+        collect = self.stats is not None and (step - 1) % self.tcfg.stats_every == 0
+        self.lr = self.state.scheduler.get_last_lr()[0]
+        loss, grad_norm = self.state.train_step(self.stats if collect else None)
+        if collect:
+            self.sinks.log(self.stats.record(step - 1, grad_norm, self.tcfg.grad_clip))
+        z_term = self.state.z_term
+        self.pending.append((loss, grad_norm) if z_term is None else (loss, grad_norm, z_term))
+        self.timer.tick()
+
+    def log_window(self, step: int) -> dict | None:
+        """At the end of a log window: its train record, logged (else None). The one host sync of the
+        window, and the one all-reduce: every rank sees the same losses."""
+        if step % self.tcfg.log_every and step != self.tcfg.steps:
+            return None
+        window = distributed.all_mean(torch.stack([torch.stack(p) for p in self.pending]).float())
+        losses, norms, *z_terms = window.T.tolist()
+        self.grad_norms += norms
+        window_s = sum(self.timer.times[-len(self.pending):])
+        record = {
+            "kind": "train", "step": step, "train_loss": sum(losses) / len(losses), "lr": self.lr,
+            "grad_norm": norms[-1], "tokens_per_s": len(self.pending) * self.tokens_per_step / window_s,
+            "step_ms": 1000 * window_s / len(self.pending), "tokens": step * self.tokens_per_step,
+            **({"z_loss": sum(z_terms[0]) / len(z_terms[0])} if z_terms else {}),
+        }
+        self.sinks.log(record)
+        self.pending = []
+        self.diverged = not all(math.isfinite(v) and v < self.state.threshold for v in losses)
+        return record
+
+    def evaluate(self, step: int, due: bool = True) -> None:
+        """Validation loss at step 0, every ``eval_every`` steps and at the last step."""
+        if due or step % self.tcfg.eval_every == 0 or step == self.tcfg.steps:
+            self.val_losses.append(self.state.evaluate())
+            self.sinks.log({"kind": "eval", "step": step, "val_loss": self.val_losses[-1]})
+            self.timer.resume()
 
 
-def _progress(console: Console, enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[bold]train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[tps]} tok/s"),
-        TextColumn("|g| {task.fields[gnorm]}"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not enabled,
-        transient=False,
-    )
-
-
-def train(run, run_dir: Path, console: Console | None = None, config_hash: str | None = None) -> dict:
+def train(run, run_dir: Path, console: Console | None = None) -> dict:
     """Train one configuration; return (and write) its summary. Raises ConfigError on bad input."""
     console = console or Console(stderr=True)
     started = time.perf_counter()
     state = Run(run, run_dir)
-    tcfg = state.tcfg
     if state.compile_error:
         console.print(f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]", soft_wrap=True)
-    config_hash = config_hash or getattr(run, "config_hash", None)
-    resumed = resume_point(state, config_hash, console)
-    stats = LayerStats(state.model) if tcfg.stats_every else None
-    sinks = MetricSinks(state.dir.path, run, enabled=distributed.is_main(), config_hash=config_hash,
-                        resume_at=(resumed["metrics_bytes"], resumed["step"]) if resumed else None)
-    tokens_per_step = tcfg.batch_size * run.model.block_size
-    timer = StepTimer(warmup_steps=min(tcfg.log_every, tcfg.steps // 5))
-    status, error = "completed", None
-    val_losses: list[float] = []
-    grad_norms: list[float] = []
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-    step = start = 0
-    every = tcfg.eval_every if tcfg.checkpoint_every is None else tcfg.checkpoint_every
-    earlier_s, resumed_at = 0.0, []  # wall time and resume steps of the processes before this one
-    if resumed:
-        loop = resumed["loop"]
-        step = start = resumed["step"]
-        val_losses, grad_norms, timer.times = loop["val_losses"], loop["grad_norms"], loop["step_times"]
-        pending = [tuple(row.to(state.device)) for row in loop["pending"]]
-        if stats is not None:  # the logit peaks seen before the interruption still count
-            stats.peaks.update({k: v for k, v in loop.get("peaks", {}).items() if k in stats.peaks})
-        earlier_s, resumed_at = loop["wall_s"], [*loop["resumed_at"], start]
-        if distributed.is_main():
-            console.print(f"resuming at step {start} from the checkpoint in {state.dir.path}", highlight=False)
-
-    def save_checkpoint(done: int) -> None:
-        loop = {
-            "val_losses": val_losses, "grad_norms": grad_norms, "step_times": timer.times,
-            "pending": torch.stack([torch.stack(p) for p in pending]) if pending else torch.empty(0, 2),
-            "wall_s": earlier_s + time.perf_counter() - started, "resumed_at": resumed_at,
-            "peaks": dict(stats.peaks) if stats is not None else {},
-        }
-        saved = {**state.checkpoint_state(), "step": done, "config_hash": config_hash,
-                 "metrics_bytes": sinks.position(), "loop": loop}
-        if distributed.is_main():
-            try:
-                checkpoint.save(state.dir.path, saved)
-            except OSError as err:  # a full disk costs the checkpoint, not the run
-                console.print(f"[yellow]warning:[/yellow] checkpoint at step {done} not written: {err}", highlight=False)
-
+    loop = Loop(state, console, started)
+    tcfg, status, error, step = state.tcfg, "completed", None, loop.start
     try:
-        if resumed is None:
-            val_losses.append(state.evaluate())
-            sinks.log({"kind": "eval", "step": 0, "val_loss": val_losses[-1]})
-        timer.resume()
-        with _progress(console, tcfg.progress and distributed.is_main()) as bar, StopSignals() as stop:
-            task = bar.add_task("train", total=tcfg.steps, completed=start, loss="-", tps="-", gnorm="-")
-            for step in range(start + 1, tcfg.steps + 1):
+        if loop.start == 0:
+            loop.evaluate(0)
+        loop.timer.resume()
+        with TrainProgress(console, tcfg.progress and loop.main, tcfg.steps, loop.start) as bar, StopSignals() as stop:
+            for step in range(loop.start + 1, tcfg.steps + 1):
                 # The end of step - 1: checkpoint when due, or when a stop signal came (SLURM preemption).
-                done = step - 1
-                stopping = stop.requested(done, tcfg.log_every, state.device)
-                if stopping or (every and done > start and done % every == 0):
-                    save_checkpoint(done)
-                    if stopping:
-                        status, step = "interrupted", done
-                        break
-                    timer.resume()
-                lr = state.scheduler.get_last_lr()[0]
-                # The gradients of update `step` are taken after step - 1 updates: that is their label.
-                collect = stats is not None and (step - 1) % tcfg.stats_every == 0
-                loss, grad_norm = state.train_step(stats if collect else None)
-                if collect:
-                    sinks.log(stats.record(step - 1, grad_norm, tcfg.grad_clip))
-                pending.append((loss, grad_norm) if state.z_term is None else (loss, grad_norm, state.z_term))
-                timer.tick()
-                if step % tcfg.log_every and step != tcfg.steps:
+                if stop.requested(step - 1, tcfg.log_every, state.device):
+                    loop.checkpoint(step - 1, now=True)
+                    status, step = "interrupted", step - 1
+                    break
+                loop.checkpoint(step - 1)
+                loop.step(step)
+                record = loop.log_window(step)
+                if record is None:
                     continue
-                # The one host sync of the window (and the one all-reduce: every rank sees the same losses).
-                window = distributed.all_mean(torch.stack([torch.stack(p) for p in pending]).float())
-                losses, norms, *z_terms = window.T.tolist()
-                grad_norms += norms
-                window_s = sum(timer.times[-len(pending):])
-                train_loss = sum(losses) / len(losses)
-                tps = len(pending) * tokens_per_step / window_s
-                sinks.log({
-                    "kind": "train", "step": step, "train_loss": train_loss, "lr": lr, "grad_norm": norms[-1],
-                    "tokens_per_s": tps, "step_ms": 1000 * window_s / len(pending), "tokens": step * tokens_per_step,
-                    **({"z_loss": sum(z_terms[0]) / len(z_terms[0])} if z_terms else {}),
-                })
-                bar.update(task, completed=step, loss=f"{train_loss:.3f}", tps=f"{tps:,.0f}", gnorm=f"{norms[-1]:.2f}")
-                pending = []
-                if not all(math.isfinite(v) and v < state.threshold for v in losses):
+                bar.update(record)
+                if loop.diverged:
                     status = "diverged"
                     break
-                if step % tcfg.eval_every == 0 or step == tcfg.steps:
-                    val_losses.append(state.evaluate())
-                    sinks.log({"kind": "eval", "step": step, "val_loss": val_losses[-1]})
-                    timer.resume()
-                sinks.flush()  # trackers send the window's records in one call
+                loop.evaluate(step, due=False)
+                loop.sinks.flush()  # trackers send the window's records in one call
     except KeyboardInterrupt:
-        sinks.abort()
+        loop.sinks.abort()
         raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one
         status, error = "failed", f"{type(err).__name__}: {err}"
-        if distributed.is_main():
+        if loop.main:
             state.dir.write_error(traceback.format_exc())
         else:
             console.print(traceback.format_exc(), markup=False, highlight=False)
     finally:
-        sinks.close()
+        loop.sinks.close()
     if status == "interrupted":
-        sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
-        try:
-            stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
-        except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
-            console.print(f"[yellow]not requeued[/yellow]: {err}", highlight=False)
-        return {"status": "interrupted", "steps": step, "signal": stop.received,
-                "checkpoint": str(state.dir.path / checkpoint.CHECKPOINT)}
+        return interrupted(loop, stop, step)
+    summary = run_summary(loop, status, error, step)
+    if loop.main:
+        if tcfg.save_model and status != "failed":
+            checkpoint.save_weights(state.dir.path, state.model)
+        summary = loop.sinks.finish(summary)  # before summary.json: a tracker that fails fails the run
+        state.dir.write_summary(summary)
+        state.dir.remove_checkpoints()  # the summary is the result now
+    return summary
 
+
+def interrupted(loop: Loop, stop: StopSignals, step: int) -> dict:
+    """Stopped by a signal after its checkpoint: end the trackers' runs and pass the signal on."""
+    loop.sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
+    try:
+        stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
+    except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
+        loop.console.print(f"[yellow]not requeued[/yellow]: {err}", highlight=False)
+    return {"status": "interrupted", "steps": step, "signal": stop.received,
+            "checkpoint": str(loop.state.dir.path / checkpoint.CHECKPOINT)}
+
+
+def run_summary(loop: Loop, status: str, error: str | None, step: int) -> dict:
+    """summary.json's content: results, speed, memory, diagnostics, the causality probe and the environment."""
+    state, tcfg = loop.state, loop.tcfg
     leak = state.probe() if status != "failed" else {"train": None, "eval": None}
-    finite_vals = [v for v in val_losses if math.isfinite(v)]
-    finite_norms = [g for g in grad_norms if math.isfinite(g)]
-    speed = timer.summary(tokens_per_step)
-    dtype = PRECISIONS[tcfg.precision]
+    finite_vals = [v for v in loop.val_losses if math.isfinite(v)]
+    finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]
+    speed = loop.timer.summary(loop.tokens_per_step)
     model_flops = flops_per_token(state.model)
     mfu = peak = peak_source = None
     if speed["tokens_per_s"]:
-        peak, peak_source = peak_flops(state.device, dtype, tcfg.peak_flops)
+        peak, peak_source = peak_flops(state.device, PRECISIONS[tcfg.precision], tcfg.peak_flops)
         # tokens_per_s counts the global batch, which every rank's device shares.
         mfu = model_flops * speed["tokens_per_s"] / (peak * distributed.world_size())
-    summary = {
+    grad_norms = loop.grad_norms
+    return {
         "status": status,
         "error": error,
-        "final_val_loss": val_losses[-1] if status == "completed" else None,
+        "final_val_loss": loop.val_losses[-1] if status == "completed" else None,
         "best_val_loss": min(finite_vals) if finite_vals else None,
         "floor_loss": state.data.floor_loss,
         **speed,
@@ -469,10 +487,10 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "peak_flops": peak,  # per device
         "peak_flops_source": peak_source,
         "max_grad_norm": max(finite_norms) if finite_norms else None,
-        **(stats.peaks if stats else dict.fromkeys(PEAKS)),  # max_attn_logit, max_log_z over the statistics steps
+        **(loop.stats.peaks if loop.stats else dict.fromkeys(PEAKS)),  # max_attn_logit, max_log_z over the statistics steps
         "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms)) if grad_norms and tcfg.grad_clip > 0 else 0.0,
-        "wall_s": earlier_s + time.perf_counter() - started,
-        "resumed_at": resumed_at,
+        "wall_s": loop.wall_s(),
+        "resumed_at": loop.resumed_at,
         "steps": step,
         "params": state.model.num_params(),
         "vocab_size": state.data.vocab_size,
@@ -481,49 +499,6 @@ def train(run, run_dir: Path, console: Console | None = None, config_hash: str |
         "causal_leak": leak,
         "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
         "compiled": bool(tcfg.compile and state.compile_error is None),
-        "config_hash": config_hash,
+        "config_hash": state.cfg.config_hash,
         "env": environment(state.device),
     }
-    if distributed.is_main():
-        if tcfg.save_model and status != "failed":
-            checkpoint.save_weights(state.dir.path, state.model)
-        summary = sinks.finish(summary)  # before summary.json: a tracker that fails fails the run
-        state.dir.write_summary(summary)
-        state.dir.remove_checkpoints()  # the summary is the result now
-    return summary
-
-
-def summary_table(summary: dict) -> Table:
-    """The closing table a person reads after a run."""
-    table = Table(title=f"run {summary['status']}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-
-    def fmt(v, spec=".4f"):
-        return "-" if v is None else format(v, spec)
-
-    table.add_row("final val loss", fmt(summary["final_val_loss"]))
-    table.add_row("best val loss", fmt(summary["best_val_loss"]))
-    if summary["floor_loss"] is not None:
-        table.add_row("floor (Bayes-optimal)", fmt(summary["floor_loss"]))
-        if summary["final_val_loss"] is not None:
-            table.add_row("gap to floor", fmt(summary["final_val_loss"] - summary["floor_loss"]))
-    table.add_row("tokens/s", fmt(summary["tokens_per_s"], ",.0f"))
-    table.add_row("step time p50 / p90", f"{fmt(summary['step_ms_p50'], '.1f')} / {fmt(summary['step_ms_p90'], '.1f')} ms")
-    if summary["mfu"] is not None:
-        peak = summary.get("peak_flops")
-        unit, scale = ("TFLOP/s", 1e12) if peak and peak >= 1e12 else ("GFLOP/s", 1e9)
-        of = f" of {peak / scale:.3g} {unit}, {summary['peak_flops_source']}" if peak else ""
-        table.add_row("MFU", f"{100 * summary['mfu']:.1f}%{of}")
-    table.add_row("peak memory", f"{fmt(summary['peak_mem_mb'], ',.0f')} MB")
-    table.add_row("max grad norm / clipped", f"{fmt(summary['max_grad_norm'], '.3g')} / {100 * summary['clip_fraction']:.0f}% of steps")
-    table.add_row("wall time", f"{summary['wall_s']:.1f} s")
-    table.add_row("parameters", f"{summary['params']:,}")
-    leak = summary["causal_leak"]
-    if leak["train"] is not None:
-        flag = " [red](leaks the future in train mode)[/red]" if summary["leaks_future"] else ""
-        table.add_row("causal leak train / eval", f"{leak['train']:.1e} / {leak['eval']:.1e}{flag}")
-    if summary["error"]:
-        table.add_row("error", summary["error"])
-    return table
-

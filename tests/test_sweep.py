@@ -305,7 +305,7 @@ def test_user_mistakes_are_short_clear_errors(tmp_path, monkeypatch):
 
 def test_launcher_presets_compose(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from normbench.sweep import _has_module
+    from normbench.errors import installed as _has_module
 
     if _has_module("hydra_plugins.hydra_submitit_launcher"):
         assert len(plan_sweep(["norm=ln,rms", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"]).jobs) == 2

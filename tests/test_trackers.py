@@ -41,7 +41,8 @@ def train_logged(run_dir: Path, db: Path, *overrides: str, sweep: str | None = N
     cfg = compose_cfg(tiny(f"logger.mlflow.tracking_uri=sqlite:///{db}", "train.stats_every=10", *overrides))
     run = parse_config(cfg)
     run.sweep = sweep
-    return train(run, run_dir, config_hash="cafe")
+    run.config_hash = "cafe"
+    return train(run, run_dir)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from normbench.report.render import print_table, print_verdict, render_html, sum
 from normbench.report.tables import aggregate, config_label, display_table, resolve_group_keys, tuned_table
 from normbench.report.tuning import aggregate_statistics, resolve_tune_key, tune
 from normbench.report.verdict import verdict
-from normbench.runs import write_atomic
+from normbench.fileio import write_atomic
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 100

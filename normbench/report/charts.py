@@ -32,7 +32,6 @@ EXTRA_COLORS = ("C6", "C8", "C9", "#17becf", "#393b79", "#8c6d31")
 PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\")}
 IMPL_LINESTYLES = {"normbench": "-", "native": "--", "compiled": ":"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-DPI = 100
 
 
 def norm_color(norm) -> str:

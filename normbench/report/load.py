@@ -19,7 +19,7 @@ import pandas as pd
 import yaml
 
 from normbench.errors import ConfigError
-from normbench.runs import read_jsonl
+from normbench.fileio import leaves, read_jsonl
 
 # Metrics a report can be sorted by; the first three are losses (lower is better).
 METRICS = ("final_val_loss", "best_val_loss", "floor_gap", "tokens_per_s", "step_ms_p50", "step_ms_p90",
@@ -50,20 +50,6 @@ def find_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
                 run_dirs.append(Path(root))
     unique = {d.resolve(): d for d in run_dirs}  # overlapping input paths must not count a run twice
     return list(unique.values()), bench_csvs
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    """Nested dict -> {"a.b.c": value}; lists become JSON strings so they can be grouped on."""
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        elif isinstance(value, (list, tuple)):
-            flat[name] = json.dumps(value, default=str)
-        else:
-            flat[name] = value
-    return flat
 
 
 def _num(value) -> float:
@@ -140,14 +126,14 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
             continue
         config, summary, records = loaded
         run = len(rows)
-        flat_config = flatten(config)
+        flat_config = leaves(config, lists="json")
         config_keys.update(dict.fromkeys(flat_config))
         status = summary.get("status")
         if not status:  # runs older than the status field: a finite final loss means it finished
             status = "completed" if math.isfinite(_num(summary.get("final_val_loss"))) else "unknown"
         norm, placement = config.get("norm"), config.get("placement")
         rows.append({
-            **flatten({k: v for k, v in summary.items() if k != "status"}),
+            **leaves({k: v for k, v in summary.items() if k != "status"}, lists="json"),
             **flat_config,
             # last, so that no config or summary key can shadow the short columns
             "run_dir": str(run_dir),

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from normbench.config import NOT_HASHED
+from normbench.identity import NOT_HASHED
 from normbench.errors import ConfigError
 from normbench.report.load import ALIASES, HIGHER_IS_BETTER, LOGIT_FIELDS, LOSS_FIELDS, SPEED_FIELDS, ReportData
 
