@@ -15,8 +15,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from normbench.configtree import conf_dir, group_options
-from normbench.data import DataConfig
+from normbench.configtree import conf_dir, default_option, group_options
+from normbench.data import DATA_SCHEMAS, DataConfig
 from normbench.errors import ConfigError
 from normbench.identity import NOT_HASHED, config_hash
 from normbench.model import ModelConfig
@@ -49,6 +49,24 @@ def _typed(schema, node, group: str):
         raise ConfigError(f"{group}.{key}: {reason}" if key else f"{group}: {reason}") from None
 
 
+def _data_schema(name) -> type:
+    if name not in DATA_SCHEMAS:
+        raise ConfigError(f"unknown data '{name}'", allowed=sorted(DATA_SCHEMAS))
+    return DATA_SCHEMAS[name]
+
+
+def load_group(group: str, option: str | None = None, **overrides):
+    """One group's typed config from its YAML in conf/, as the CLI would build it, with ``overrides``.
+
+    For building parts in Python (tests, notebooks) with the same defaults as the CLI:
+    ``load_group("model", "micro", n_layer=3)``. ``option`` defaults to the root config's choice.
+    """
+    option = option or default_option(group)
+    node = OmegaConf.merge(OmegaConf.load(conf_dir() / group / f"{option}.yaml"), overrides)
+    schema = {"model": ModelConfig, "train": TrainConfig}.get(group) or _data_schema(node.get("name"))
+    return _typed(schema, node, group)
+
+
 def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
     """Validate everything that can be checked before training starts; ``cfg_hash``: its config_hash, if known."""
     norm = OmegaConf.to_container(cfg.norm, resolve=True)
@@ -65,7 +83,7 @@ def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
         norm=norm,
         placement=placement,
         model=_typed(ModelConfig, cfg.model, "model"),
-        data=_typed(DataConfig, cfg.data, "data"),
+        data=_typed(_data_schema(cfg.data.get("name")), cfg.data, "data"),
         train=_typed(TrainConfig, cfg.train, "train"),
         logger={name: _typed(options, loggers[name] or {}, f"logger.{name}")
                 for name, options in logger_options(list(loggers)).items()},

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 
 def conf_dir() -> Path:
     """The config tree: packaged into the wheel as normbench/conf, or conf/ beside the package in a checkout."""
@@ -21,3 +23,12 @@ def conf_dir() -> Path:
 def group_options(group: str) -> list[str]:
     """The names a config group offers (its YAML files), for help texts and errors."""
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def default_option(group: str) -> str:
+    """The option conf/config.yaml's defaults list chooses for ``group`` (``model`` -> ``mini``)."""
+    defaults = yaml.safe_load((conf_dir() / "config.yaml").read_text(encoding="utf-8"))["defaults"]
+    for entry in defaults:
+        if isinstance(entry, dict) and group in entry:
+            return str(entry[group])
+    raise KeyError(f"conf/config.yaml chooses no default for '{group}'")

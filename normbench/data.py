@@ -23,23 +23,36 @@ from normbench.errors import ConfigError
 from normbench.fileio import write_atomic
 
 
+# One schema per data option, its fields required: conf/data/NAME.yaml holds the values (defaults live once).
 @dataclass
-class DataConfig:
-    name: str = "synthetic"
-    # synthetic process
-    vocab_size: int = 64
-    concentration: float | None = 0.1  # Dirichlet alpha of the transition rows; None = uniform rows
-    copy_prob: float = 0.5
-    train_sequences: int = 4096
-    val_sequences: int = 256
-    seed: int = 1234  # the corpus seed: fixed across training seeds so every run sees the same data
-    # text files
-    path: str | None = None
-    val_fraction: float = 0.1
-    # shakespeare download
-    url: str = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-    sha256: str = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-    cache_dir: str = "~/.cache/normbench"
+class SyntheticData:
+    name: str
+    vocab_size: int
+    concentration: float | None  # Dirichlet alpha of the transition rows; None = uniform rows
+    copy_prob: float
+    train_sequences: int
+    val_sequences: int
+    seed: int  # the corpus seed: fixed across training seeds so every run sees the same data
+
+
+@dataclass
+class TextData:
+    name: str
+    path: str | None
+    val_fraction: float
+
+
+@dataclass
+class ShakespeareData:
+    name: str
+    url: str
+    sha256: str
+    cache_dir: str
+    val_fraction: float
+
+
+DATA_SCHEMAS = {"synthetic": SyntheticData, "text": TextData, "shakespeare": ShakespeareData}
+DataConfig = SyntheticData | TextData | ShakespeareData
 
 
 class SequenceDataset:
@@ -178,7 +191,7 @@ def char_tokens(text: str) -> tuple[torch.Tensor, list[str]]:
     return torch.tensor([index[c] for c in text], dtype=torch.long), chars
 
 
-def fetch_shakespeare(cfg: DataConfig) -> Path:
+def fetch_shakespeare(cfg: ShakespeareData) -> Path:
     """Download tiny-shakespeare once into the cache, verify its SHA-256, reuse it after.
 
     The file is written atomically (a temporary file of a unique name, then a rename), so the

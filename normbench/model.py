@@ -23,14 +23,16 @@ from normbench.placements import BlockSpec, placement_class, placement_options
 
 @dataclass
 class ModelConfig:
-    n_layer: int = 2
-    n_head: int = 2
-    d_model: int = 64
-    block_size: int = 64
-    dropout: float = 0.0
-    bias: bool = True
-    init: str = "gpt2"  # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); xavier: Xavier-uniform, no scaling
-    qk_norm: str = "none"  # a norm on q and k per head over head_dim (QK-norm), or none
+    """The model's sizes and options. No defaults here: conf/model/*.yaml hold them (one place)."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    block_size: int
+    dropout: float
+    bias: bool
+    init: str  # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); xavier: Xavier-uniform, no scaling
+    qk_norm: str  # a norm on q and k per head over head_dim (QK-norm), or none
 
     def validate(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "block_size"):

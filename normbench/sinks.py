@@ -96,18 +96,18 @@ class NoOptions:
 
 @dataclass
 class MlflowOptions:
-    tracking_uri: str = "sqlite:///results/mlflow.db"
-    experiment: str | None = None  # default: the sweep's name in a sweep, else "normbench"
-    artifact_location: str | None = None  # for a new experiment; default: mlartifacts/ beside a SQLite store
+    tracking_uri: str
+    experiment: str | None  # default: the sweep's name in a sweep, else "normbench"
+    artifact_location: str | None  # for a new experiment; default: mlartifacts/ beside a SQLite store
 
 
 @dataclass
 class WandbOptions:
-    project: str = "normbench"
-    entity: str | None = None
-    group: str | None = None  # default: the sweep's name in a sweep
-    mode: str | None = None  # default: $WANDB_MODE, else offline
-    dir: str | None = None  # default: the run directory (its wandb/ folder)
+    project: str
+    entity: str | None
+    group: str | None  # default: the sweep's name in a sweep
+    mode: str | None  # default: $WANDB_MODE, else offline
+    dir: str | None  # default: the run directory (its wandb/ folder)
 
 
 # ----------------------------------------------------------------------------- the mirrors

@@ -11,7 +11,7 @@ and ray launchers) and every job runs ``normbench.job.hydra_main`` exactly like 
   and the closing table.
 
 What a job does with its run directory (reuse a result, resume an interrupted run) is
-``normbench.runs.prepare_job``, and the index it rebuilds is ``normbench.runs.write_index``:
+``normbench.runs.RunDir.decide``, and the index it rebuilds is ``normbench.runs.write_index``:
 the jobs never import this module.
 
 ``run_sweep`` runs Hydra's multirun in a child process (its output goes to
@@ -42,8 +42,9 @@ from rich.text import Text
 from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
 from normbench.errors import ConfigError, installed
 from normbench.preemption import SIGNALS, exit_code
+from normbench.fileio import write_atomic
 from normbench.runs import (CONFIG, ERROR_LOG, INDEX, PLAN, RETRY_ENV, SUMMARY, RunDir, read_index,  # noqa: F401
-                           run_status, stored_result, write_atomic, write_index)
+                           run_status, write_index)
 
 LOG = "sweep.log"
 PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
@@ -189,7 +190,7 @@ def plan_sweep(args: list[str]) -> Plan:
                 try:
                     with open_dict(job_cfg):
                         del job_cfg["hydra"]
-                    parse_config(job_cfg)
+                    parse_config(job_cfg, job.config_hash)
                 except ConfigError as err:
                     job.invalid = str(err)
                 jobs.append(job)
@@ -215,10 +216,11 @@ def plan_sweep(args: list[str]) -> Plan:
 
 
 def _state_before(job: Job) -> str:
-    result = stored_result(job.run_dir, job.config_hash)
-    if result is not None:
-        return result.get("status", "failed")
-    return "interrupted" if (job.run_dir / CONFIG).exists() else "new"
+    """What the job's directory holds before launch, as ``RunDir.decide`` reads it for a sweep job."""
+    decision = RunDir(job.run_dir).decide(job.config_hash, sweep=True)
+    if decision.result is not None:
+        return decision.result.get("status", "failed")
+    return "interrupted" if decision.action == "resume" else "new"
 
 
 def will_run(job: Job, retry_failed: bool) -> bool:

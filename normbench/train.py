@@ -42,31 +42,33 @@ LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak
 
 @dataclass
 class TrainConfig:
-    steps: int = 300
-    batch_size: int = 32
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # 0 turns clipping off
-    eval_every: int = 100
-    eval_batches: int = 4
-    log_every: int = 10
-    stats_every: int = 50  # per-layer statistics at step 0 and every N steps; 0 turns them off
-    peak_flops: float | None = None  # FLOP/s per device for MFU; None: a listed GPU's datasheet peak, else a measured matmul peak
-    precision: str = "fp32"
-    device: str = "auto"
-    threads: int = 0  # 0 leaves PyTorch's default
-    diverge_threshold: float | None = None  # default 3 x ln(vocab size)
-    progress: bool = True
-    compile: bool = False  # torch.compile the model for training; falls back to eager with a message
-    tf32: bool = True  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
-    checkpoint_every: int | None = None  # steps between checkpoints; None: every eval_every; 0 turns them off
-    resume: str = "auto"  # auto: continue from the run directory's checkpoint of this config; never: start fresh
-    save_model: bool = False  # keep the final weights as model.pt
-    z_loss: float = 0.0  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
+    """The training loop's settings. No defaults here: conf/train/default.yaml holds them (one place)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    weight_decay: float
+    beta1: float
+    beta2: float
+    grad_clip: float  # 0 turns clipping off
+    eval_every: int
+    eval_batches: int
+    log_every: int
+    stats_every: int  # per-layer statistics at step 0 and every N steps; 0 turns them off
+    peak_flops: float | None  # FLOP/s per device for MFU; None: a listed GPU's datasheet peak, else a measured matmul peak
+    precision: str
+    device: str
+    threads: int  # 0 leaves PyTorch's default
+    diverge_threshold: float | None  # default 3 x ln(vocab size)
+    progress: bool
+    compile: bool  # torch.compile the model for training; falls back to eager with a message
+    tf32: bool  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
+    checkpoint_every: int | None  # steps between checkpoints; None: every eval_every; 0 turns them off
+    resume: str  # auto: continue from the run directory's checkpoint of this config; never: start fresh
+    save_model: bool  # keep the final weights as model.pt
+    z_loss: float  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
