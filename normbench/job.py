@@ -26,7 +26,7 @@ from normbench import distributed
 from normbench.config import conf_dir, config_hash, parse_config
 from normbench.errors import ConfigError
 from normbench.preemption import exit_code
-from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, write_index
+from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
 from normbench.display import summary_table
 from normbench.train import train
 
@@ -40,7 +40,22 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
     """
     console = Console(stderr=True)
     main = distributed.is_main()
-    run_dir_ = RunDir(run_dir)
+    lock = RunLock(run_dir)
+    if main and (holder := lock.acquire()):
+        # Another process trains this very run (a second sweep on the same directory, a SLURM
+        # array still running): never two writers in one run directory.
+        console.print(f"running elsewhere: {holder}: {run_dir} (skipped)", soft_wrap=True, highlight=False)
+        if not multirun:
+            sys.exit(2)
+        return None
+    try:
+        return _run_locked(cfg, RunDir(run_dir), multirun, console)
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Console) -> dict | None:
+    main = distributed.is_main()
     cfg_hash = config_hash(cfg)
     if main:
         decision = run_dir_.decide(cfg_hash, sweep=multirun, retry=os.environ.get(RETRY_ENV) == "1",

@@ -21,6 +21,7 @@ import csv
 import io
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +33,77 @@ from normbench.identity import config_hash
 
 CONFIG, METRICS, SUMMARY, ERROR_LOG = "config.yaml", "metrics.jsonl", "summary.json", "error.log"
 CHECKPOINT, PREVIOUS, MODEL = "checkpoint.pt", "checkpoint.prev.pt", "model.pt"
+LOCK = ".lock"  # who owns the run directory now (RunLock)
 PLAN, INDEX = "plan.json", "index.csv"  # in a sweep directory
 RETRY_ENV = "NORMBENCH_RETRY_FAILED"  # set in every sweep job (hydra.job.env_set), so it reaches any launcher
+SWEEP_ENV = "NORMBENCH_SWEEP_OWNER"  # "pid@host" of the sweep command a job belongs to (RunLock records it)
+
+
+class RunLock:
+    """One owner per run directory: an exclusive ``flock`` on RUN_DIR/.lock, held for the run's life.
+
+    The kernel drops the lock when its process dies, whatever the death (kill -9 included), so
+    a lock is never stale. ``flock`` rather than POSIX ``lockf``: a POSIX lock is per process (a
+    second open in the same process would get it too, and closing any descriptor of the file
+    drops it), a flock is per open file. On NFS the Linux client turns flock into a whole-file
+    POSIX lock the server arbitrates, so two hosts exclude each other; Lustre needs its ``flock``
+    mount option, and a filesystem mounted ``nolock`` or ``localflock`` makes it per host only
+    (docs/sweeps.md#one-owner-per-run-directory). The file holds its owner (pid, host, and the
+    sweep command it belongs to) and stays when the run ends: deleting it would race the next owner.
+    """
+
+    def __init__(self, run_dir: Path | str):
+        self.path = Path(run_dir) / LOCK
+        self.file = None
+
+    def acquire(self) -> str | None:
+        """Take the lock: None when taken, else who holds it ("pid 123 on host h")."""
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        file = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            file.seek(0)
+            holder = _owner_text(file.read())
+            file.close()
+            return holder or "another process"
+        file.seek(0)
+        file.truncate()
+        file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                               "sweep": os.environ.get(SWEEP_ENV)}) + "\n")
+        file.flush()
+        self.file = file
+        return None
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing the descriptor drops the flock
+            self.file = None
+
+    def holder(self) -> str | None:
+        """Who holds the lock now ("pid 123 on host h"), or None when nobody does (probed, not taken)."""
+        if not self.path.exists():
+            return None
+        held = self.acquire()
+        self.release()
+        return held
+
+    def last_owner(self) -> dict:
+        """The owner the lock file names: the live one, or the last one to have run here."""
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+
+
+def _owner_text(text: str) -> str | None:
+    try:
+        owner = json.loads(text)
+        return f"pid {owner['pid']} on {owner['host']}"
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass
@@ -185,8 +255,8 @@ def write_index(sweep_dir: Path, final: bool = False) -> list[dict]:
         run_dir = sweep_dir / job["run_dir"]
         summary = RunDir(run_dir).read_summary() or {}
         status = run_status(run_dir)
-        if final and status == "running":
-            status = "interrupted"
+        if final and status == "running":  # the sweep has ended: the run is someone else's, or was cut short
+            status = "running elsewhere" if RunLock(run_dir).holder() else "interrupted"
         rows.append({
             "job": job.get("job"),
             "status": status,

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,8 +44,8 @@ from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
 from normbench.errors import ConfigError, installed
 from normbench.preemption import SIGNALS, exit_code
 from normbench.fileio import write_atomic
-from normbench.runs import (CONFIG, ERROR_LOG, INDEX, PLAN, RETRY_ENV, SUMMARY, RunDir, read_index,  # noqa: F401
-                           run_status, write_index)
+from normbench.runs import (CONFIG, ERROR_LOG, INDEX, PLAN, RETRY_ENV, SUMMARY, SWEEP_ENV, RunDir,  # noqa: F401
+                           RunLock, read_index, run_status, write_index)
 
 LOG = "sweep.log"
 PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
@@ -60,7 +61,8 @@ LAUNCHER_EXTRAS = {
     "ray_cluster": ("hydra_ray_launcher", "ray"),
 }
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-STYLES = {"completed": "green", "diverged": "yellow", "failed": "red", "interrupted": "magenta", "pending": "dim"}
+STYLES = {"completed": "green", "diverged": "yellow", "failed": "red", "interrupted": "magenta", "pending": "dim",
+          "running elsewhere": "cyan"}
 
 
 # ----------------------------------------------------------------------------- the plan (runs in the sweep command)
@@ -75,6 +77,7 @@ class Job:
     state: str = "new"  # before launch: new, interrupted, completed, diverged, failed
     invalid: str | None = None  # the ConfigError the job will fail with
     resume_step: int | None = None  # an interrupted run's checkpoint: where it resumes
+    holder: str | None = None  # running elsewhere: the process that owns its run directory
 
 
 @dataclass
@@ -215,8 +218,16 @@ def plan_sweep(args: list[str]) -> Plan:
     return Plan(sweep_dir, jobs, args, varying)
 
 
+def sweep_owner() -> str:
+    """This sweep command, as its jobs' run locks record it."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
 def _state_before(job: Job) -> str:
     """What the job's directory holds before launch, as ``RunDir.decide`` reads it for a sweep job."""
+    if holder := RunLock(job.run_dir).holder():
+        job.holder = holder
+        return "running elsewhere"
     decision = RunDir(job.run_dir).decide(job.config_hash, sweep=True)
     if decision.result is not None:
         return decision.result.get("status", "failed")
@@ -246,6 +257,8 @@ def _plan_table(plan: Plan, retry_failed: bool) -> Table:
     table.add_column("state")
     for job in plan.jobs:
         action = ("fail" if job.invalid else "run") if will_run(job, retry_failed) else "keep"
+        if job.holder:
+            action = f"skip ({job.holder})"
         if job.resume_step is not None:
             action = f"resume at step {job.resume_step}"
         state = Text.assemble((job.state, STYLES.get(job.state, "")), f" → {action}")
@@ -260,7 +273,8 @@ def _runs(n: int) -> str:
 
 
 def _counts(states: list[str]) -> str:
-    parts = [f"{states.count(s)} {s}" for s in ("completed", "diverged", "failed", "interrupted") if states.count(s)]
+    parts = [f"{states.count(s)} {s}" for s in ("completed", "diverged", "failed", "interrupted", "running elsewhere")
+             if states.count(s)]
     return ", ".join(parts) or "none"
 
 
@@ -287,7 +301,7 @@ def _child_command(plan: Plan, retry_failed: bool) -> list[str]:
 
 
 def _child_env() -> dict:
-    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    env = {**os.environ, PARENT_ENV: str(os.getpid()), SWEEP_ENV: sweep_owner()}
     root = Path(__file__).resolve().parent.parent
     if conf_dir() == root / "conf":  # a source checkout: the child must import this very normbench
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
@@ -327,9 +341,12 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
         for j in plan.jobs]}, indent=1) + "\n")
     console.print(headline, soft_wrap=True)
     returncode = 0
+    # What each run directory held at launch, to tell this sweep's work from earlier results
+    # by a change of file, not by clock (a cluster's file server keeps its own time).
+    at_launch = {job.run_dir: (_mtime(job.run_dir / CONFIG), _mtime(job.run_dir / SUMMARY)) for job in plan.jobs}
     if todo:  # with nothing to run, Hydra has nothing to do either
         try:
-            returncode = _launch(plan, retry_failed, console, poll_s)
+            returncode = _launch(plan, retry_failed, console, poll_s, at_launch)
         except KeyboardInterrupt:
             write_index(plan.sweep_dir, final=True)
             console.print("[yellow]interrupted[/yellow]: run the same command again to resume")
@@ -346,6 +363,7 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
     states = [r["status"] for r in rows]
     console.print(f"{_runs(len(states))}: {_counts(states)}; index: {plan.sweep_dir / INDEX}; "
                   f"compare them with: normbench report {plan.sweep_dir}", soft_wrap=True)
+    _account_for_others(plan, by_dir, at_launch, console)
     if returncode in {exit_code(sig) for sig in SIGNALS}:
         console.print(f"[yellow]interrupted[/yellow] by signal {returncode - 128}: run the same command again to "
                       "resume (runs cut short continue from their checkpoints)", soft_wrap=True)
@@ -356,11 +374,31 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
         console.print(Text.assemble(("Hydra's multirun stopped with an error: ", "red"), lines[-1] if lines else "",
                                     f" (the whole traceback is in {plan.sweep_dir / LOG})"))
         return 1
-    unfinished = [s for s in states if s not in FINISHED]
+    unfinished = [s for s in states if s not in (*FINISHED, "running elsewhere")]
     return 1 if "failed" in states or unfinished else 0
 
 
-def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float) -> int:
+def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, console: Console) -> None:
+    """Say which runs another process trained or trains while this sweep ran (a second sweep on the
+    same directory, a SLURM array still running): this sweep skipped them."""
+    others: dict[str, list[str]] = {}
+    for job in plan.jobs:
+        status = by_dir.get(job.run_dir.name, {}).get("status")
+        lock = RunLock(job.run_dir)
+        if status == "running elsewhere":
+            others.setdefault(lock.holder() or "another process", []).append("running")
+        elif status in FINISHED and _mtime(job.run_dir / SUMMARY) != at_launch[job.run_dir][1]:
+            owner = lock.last_owner()
+            if owner and owner.get("sweep") != sweep_owner():
+                others.setdefault(f"pid {owner.get('pid')} on {owner.get('host')}", []).append(status)
+    for who, states in others.items():
+        console.print(f"[cyan]{_runs(len(states))} trained by another process ({who})[/cyan], skipped here: "
+                      f"{_counts(states).replace('running elsewhere', 'still running')}"
+                      + ("; run the same command again once it is done to see every result" if "running" in states else ""),
+                      soft_wrap=True, highlight=False)
+
+
+def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float, at_launch: dict) -> int:
     """Run Hydra's multirun in a child process, its output into sweep.log, and watch it; return its exit code."""
     console.print(f"[dim]Hydra's output: {plan.sweep_dir / LOG}[/dim]")
     command = _child_command(plan, retry_failed)
@@ -371,7 +409,7 @@ def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float) -> 
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
         previous = _forward_stop_signals(proc)
         try:
-            _watch(plan, proc, console, poll_s)
+            _watch(plan, proc, console, poll_s, at_launch)
         except KeyboardInterrupt:
             _stop(proc)
             raise
@@ -396,11 +434,8 @@ def _forward_stop_signals(proc: subprocess.Popen) -> dict:
     return {sig: signal.signal(sig, forward) for sig in SIGNALS}
 
 
-def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float) -> None:
+def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float, at_launch: dict) -> None:
     """Draw runs done / running / failed / diverged from the run directories until Hydra's process ends."""
-    # What each run directory held at launch, to tell this sweep's work from earlier results
-    # by a change of file, not by clock (a cluster's file server keeps its own time).
-    at_launch = {job.run_dir: (_mtime(job.run_dir / CONFIG), _mtime(job.run_dir / SUMMARY)) for job in plan.jobs}
     reported: set[Path] = set()
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[counts]}"), TimeElapsedColumn())

@@ -29,7 +29,11 @@ from normbench.report.tables import _fmt_value, config_label
 # Fixed colours for the registered norms so a norm looks the same in every report.
 NORM_COLORS = {"ln": "C0", "rms": "C1", "bn": "C2", "gn": "C3", "scale": "C4", "dyt": "C5", "none": "C7"}
 EXTRA_COLORS = ("C6", "C8", "C9", "#17becf", "#393b79", "#8c6d31")
-PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\")}
+# (line style, bar hatch) per placement; a placement not listed here gets one of EXTRA_STYLES by its name.
+PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\"),
+                    "lns": ((0, (5, 1)), "xx"), "mixln": ((0, (3, 1, 1, 1, 1, 1)), "++"), "reordered": ((0, (1, 1)), "--")}
+EXTRA_STYLES = (((0, (8, 2, 1, 2)), "||"), ((0, (2, 2, 6, 2)), "**"), ((0, (4, 1, 1, 1, 1, 1, 1, 1)), "OO"))
+MIXED_STYLE = ((0, (3, 1, 1, 1)), "oo")  # a configuration whose runs mix placements
 IMPL_LINESTYLES = {"normbench": "-", "native": "--", "compiled": ":"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -70,13 +74,21 @@ def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
     shared = names.groupby(["norm", "placement"], dropna=False)["norm"].transform("size")
     for label, norm, placement, n, rest in zip(agg["config"], names["norm"], names["placement"], shared, rests):
         i = seen[(norm, placement)] = seen.get((norm, placement), -1) + 1
-        linestyle, hatch = PLACEMENT_STYLES.get(str(placement), ((0, (3, 1, 1, 1)), "oo"))
+        linestyle, hatch = placement_style(placement)
         if by_rest:  # the colour's value also picks the marker, the same in every placement
             i = by_rest.index(rest)
         color = f"C{i % 10}" if by_rest else norm_color(norm)
         styles[label] = dict(color=color, linestyle=linestyle, hatch=hatch,
                              marker=MARKERS[i % len(MARKERS)] if n > 1 else None)
     return styles
+
+
+def placement_style(placement) -> tuple:
+    """The (line style, hatch) that marks a placement in every chart."""
+    name = str(placement)
+    if name in PLACEMENT_STYLES:
+        return PLACEMENT_STYLES[name]
+    return MIXED_STYLE if name == "mixed" else EXTRA_STYLES[zlib.crc32(name.encode()) % len(EXTRA_STYLES)]
 
 
 def _figure(n: int, width: float = 5.0, height: float = 3.8, ncols: int = 3):

@@ -1,0 +1,155 @@
+"""The house's shape, checked: imports flow one way, the report loads no training code, defaults live once."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import compose_cfg
+from normbench.config import conf_dir, group_options, load_group, parse_config
+from normbench.data import DATA_SCHEMAS
+from normbench.model import ModelConfig
+from normbench.norms import NORMS, norm_options
+from normbench.placements import PLACEMENTS
+from normbench.sinks import SINKS
+from normbench.train import TrainConfig
+
+PACKAGE = Path(__file__).resolve().parents[1] / "normbench"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """normbench's modules and the normbench modules each imports, wherever the import statement sits."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                targets |= {base} | {f"{base}.{a.name}" for a in node.names}
+        graph[name] = {r for t in targets if t.startswith("normbench") and (r := resolve(t))
+                       and r != name and not name.startswith(r + ".")}  # a package's own __init__ is no edge
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle, as the path that closes it (depth-first search)."""
+    found, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_the_import_graph_has_no_circle_lazy_imports_included():
+    graph = import_graph()
+    assert "normbench.train" in graph and "normbench.fileio" in graph["normbench.runs"]
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+@pytest.mark.parametrize("module", ["normbench.fileio", "normbench.identity", "normbench.errors"])
+def test_the_bottom_layer_imports_nothing_of_normbench_above_it(module):
+    assert import_graph()[module] <= {"normbench.errors"}
+
+
+def test_the_report_loads_neither_the_training_loop_nor_the_model():
+    code = ("import sys, normbench.report; "
+            "print(sorted(m for m in ('normbench.train', 'normbench.model', 'normbench.config', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------- defaults live once: in conf/
+
+
+SCHEMAS = {"model": lambda name: ModelConfig, "train": lambda name: TrainConfig, "data": DATA_SCHEMAS.get,
+           "logger": lambda name: SINKS[name][0].Options if SINKS[name][0] else None}
+
+
+def _yaml(group: str, option: str) -> dict:
+    return yaml.safe_load((conf_dir() / group / f"{option}.yaml").read_text()) or {}
+
+
+@pytest.mark.parametrize("group", ["model", "train", "data", "logger"])
+def test_a_schema_states_no_default_and_its_yaml_gives_every_field(group):
+    for option in group_options(group):
+        values = _yaml(group, option)
+        if group == "logger":
+            values = values.get(option) or {}
+        schema = SCHEMAS[group](option if group != "data" else values.get("name"))
+        if schema is None:  # jsonl: no options
+            assert values == {}
+            continue
+        fields = dataclasses.fields(schema)
+        with_default = [f.name for f in fields
+                        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+        assert with_default == [], f"{schema.__name__} states defaults that conf/{group}/ already holds"
+        assert set(values) == {f.name for f in fields}, f"conf/{group}/{option}.yaml and {schema.__name__} differ"
+
+
+def test_norm_and_placement_yaml_agree_with_the_constructors_keywords():
+    """A norm's class keywords are what build_norm uses without a config (QK-norm, the bench): they
+    must say what the YAML says."""
+    for option in group_options("norm"):
+        values = {k: v for k, v in _yaml("norm", option).items() if k not in ("name", "sync")}
+        keywords = norm_options(values.get("name", option))
+        for key, value in values.items():
+            assert keywords[key] == value, f"conf/norm/{option}.yaml: {key}={value!r}, the class says {keywords[key]!r}"
+    for option in group_options("placement"):
+        cls = PLACEMENTS[option]
+        keywords = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+                    if p.kind is p.KEYWORD_ONLY}
+        for key, value in _yaml("placement", option).items():
+            if key not in ("name", "final_norm"):
+                assert keywords[key] == value, f"conf/placement/{option}.yaml: {key}={value!r}, the class says {keywords[key]!r}"
+
+
+@pytest.mark.parametrize("group", ["norm", "placement", "model", "data", "train", "logger"])
+def test_every_option_of_every_group_composes_and_parses(group, tmp_path):
+    for option in group_options(group):
+        extra = ["data.path=README.md"] if (group, option) == ("data", "text") else []
+        run = parse_config(compose_cfg([f"{group}={option}", f"results_dir={tmp_path}", *extra]))
+        assert run.config_hash
+
+
+def test_load_group_gives_what_the_cli_composes():
+    cli = parse_config(compose_cfg(["model=micro", "model.n_layer=3"]))
+    assert load_group("model", "micro", n_layer=3) == cli.model
+    assert load_group("train") == parse_config(compose_cfg([])).train
+    assert load_group("data", train_sequences=16).train_sequences == 16
