@@ -60,7 +60,8 @@ def time_ms(fns, *, repeats: int = 25, warmup: int = 3, block_s: float = 2e-3,
     of the fns are interleaved, one block of each per round in a shuffled order (a b c,
     c a b, b c a ...): a slow spell on a shared machine then hits every fn alike instead
     of whichever was being timed, and no fn always follows the same one (a fixed order
-    biased a measured ratio: docs/benchmarks.md#how-it-times). ``clock`` defaults to wall time (``time.perf_counter``).
+    biased a measured ratio: docs/benchmarks.md#how-it-times). ``clock`` defaults to
+    wall time (``time.perf_counter``).
     Standard-library ``timeit`` rather than ``torch.utils.benchmark.Timer``: Timer's
     ``blocked_autorange`` picks power-of-ten block sizes, leaving sub-millisecond ops
     a few blocks to take a median of, its ``timeit`` re-warms on every call (tripling
@@ -97,7 +98,8 @@ def _keep_freed_memory() -> None:
     Torch's CPU allocator is plain malloc, and glibc by default serves big blocks with a
     fresh mmap and trims the heap on free, so an op's outputs land on new pages and pay
     page faults and zeroing on every call, more or less at random with heap layout.
-    What that cost: docs/benchmarks.md#how-it-times (CPU specifics). CUDA's caching allocator needs no such help.
+    What that cost: docs/benchmarks.md#how-it-times (CPU specifics). CUDA's caching
+    allocator needs no such help.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
