@@ -59,9 +59,9 @@ def time_ms(fns, *, repeats: int = 25, warmup: int = 3, block_s: float = 2e-3,
     synchronization overhead stay small); on CUDA it ends with a synchronize. Blocks
     of the fns are interleaved, one block of each per round in a shuffled order (a b c,
     c a b, b c a ...): a slow spell on a shared machine then hits every fn alike instead
-    of whichever was being timed, and no fn always follows the same one (measured: rms
-    fwd at width 128 read 1.23-1.27x native when it always ran right after the compiled
-    fwd+bwd, 1.11x shuffled). ``clock`` defaults to wall time (``time.perf_counter``).
+    of whichever was being timed, and no fn always follows the same one (a fixed order
+    biased a measured ratio: docs/benchmarks.md#how-it-times). ``clock`` defaults to
+    wall time (``time.perf_counter``).
     Standard-library ``timeit`` rather than ``torch.utils.benchmark.Timer``: Timer's
     ``blocked_autorange`` picks power-of-ten block sizes, leaving sub-millisecond ops
     a few blocks to take a median of, its ``timeit`` re-warms on every call (tripling
@@ -98,8 +98,8 @@ def _keep_freed_memory() -> None:
     Torch's CPU allocator is plain malloc, and glibc by default serves big blocks with a
     fresh mmap and trims the heap on free, so an op's outputs land on new pages and pay
     page faults and zeroing on every call, more or less at random with heap layout.
-    Measured here: ln fwd at 1024 x 8192 fp32 took 22-31 ms that way and 5.8 ms with
-    the heap kept, with no page faults. CUDA's caching allocator needs no such help.
+    What that cost: docs/benchmarks.md#how-it-times (CPU specifics). CUDA's caching
+    allocator needs no such help.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -130,7 +130,7 @@ def _rotated_inputs(tokens: int, dim: int, dtype: torch.dtype, device: torch.dev
     reports a bandwidth no training step sees. Every timed closure draws from this one
     shared cycle, so each call gets the least recently used pair: with per-closure
     cycles, whichever impl ran second in a round read inputs the first had just
-    cached (measured: bn at 2048 wide, 1.6 ms timed first vs 1.1 ms timed second).
+    cached (what that did to a timing: docs/benchmarks.md#how-it-times).
     """
     x_bytes = tokens * dim * dtype.itemsize
     budget = ROTATION_BYTES
@@ -229,7 +229,7 @@ def run_bench(device: str = "cpu", dtypes: list[str] = ("fp32",), dims: list[int
     timed blocks each median is taken over (see ``time_ms``). ``threads`` is torch's
     CPU thread count during the run (None: leave it), 1 by default as in
     ``torch.utils.benchmark``: comparable across machines and safe from
-    oversubscription (on a shared 2-vCPU VM, 2 threads cost every parallel op 8 ms);
+    oversubscription (see docs/benchmarks.md#how-it-times);
     with 1 thread, CPU ms are the thread's CPU time, not wall time (see ``_run``).
     ``none`` is timed as a floor: the harness's own cost (module call, autograd
     bookkeeping, dx = dy copy) with no norm.

@@ -72,7 +72,7 @@ def _fused_gpu(fn, x: torch.Tensor, *args):
     ScaleNorm and DyT have no fused op in PyTorch; eager CUDA runs each elementwise op as
     its own kernel. Compiled once per fn with dynamic shapes (a new width or batch needs
     no recompile); where compiling fails, one line says so and the eager math is used.
-    Not measured yet: no GPU was lent when this was written (BENCHMARKS.md).
+    Not measured yet: no GPU was lent when this was written (docs/benchmarks.md).
     """
     if fn not in _ON_GPU:
         _ON_GPU[fn] = torch.compile(fn, dynamic=True)  # lazy: compiles on the first call
@@ -242,7 +242,7 @@ class GroupNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused_cpu(x):  # ATen's CPU group_norm on (tokens, C): 3.6-9.2x LayerNorm's time
+        if _fused_cpu(x):  # ATen's CPU group_norm on (tokens, C) is slow: see docs/benchmarks.md#groupnorm
             return _fused("group_norm")(x, self.weight, self.bias, self.groups, self.eps)
         flat = x.reshape(-1, x.shape[-1])
         weight, bias = _params_for(x, self.weight, self.bias)

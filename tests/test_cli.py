@@ -46,7 +46,7 @@ def test_train_writes_the_run_directory(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
 
-# (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as the README says).
+# (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as docs/configuration.md says).
 BAD_INPUTS = [
     (["norm=foo"], 1, "Could not find 'norm/foo' Available options in 'norm': bn dyt gn ln none rms scale"),
     (["placement=sideways"], 1, "Could not find 'placement/sideways' Available options in 'placement'"),

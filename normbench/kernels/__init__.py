@@ -2,9 +2,9 @@
 
 PyTorch has a fused CPU kernel for LayerNorm but not for RMSNorm (its CPU ``rms_norm`` is
 five ops forward and five autograd nodes back), ScaleNorm or DyT, and its CPU ``group_norm``
-on (tokens, C) takes 3.6 to 9.2 times LayerNorm's time (BENCHMARKS.md §7), so on a CPU they
-cost more than LayerNorm for the same or less math. ``norms_cpu.cpp`` gives each a forward and a backward in
-the fewest full-size passes, registered as ``torch.ops.normbench.*``.
+on (tokens, C) takes several times LayerNorm's time (cost: see docs/benchmarks.md#groupnorm), so
+on a CPU they cost more than LayerNorm for the same or less math. ``norms_cpu.cpp`` gives each a
+forward and a backward in the fewest full-size passes, registered as ``torch.ops.normbench.*``.
 
 ``available()`` builds the kernels on first use with ``torch.utils.cpp_extension`` (ninja
 and g++: about half a minute, once) into torch's extension cache, under a name that hashes

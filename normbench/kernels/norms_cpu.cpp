@@ -1,6 +1,7 @@
 // normbench's fused CPU kernels for the norms PyTorch has no fused CPU kernel for (RMSNorm,
 // ScaleNorm, DyT) or a slow one for (GroupNorm per token: ATen's group_norm on (tokens, d) is
-// 3.6 to 9.2 times LayerNorm's time), forward and backward, registered as torch.ops.normbench.*.
+// several times LayerNorm's time; cost: see docs/benchmarks.md#groupnorm), forward and backward,
+// registered as torch.ops.normbench.*.
 //
 // Each op makes the fewest full-size passes its math allows, row by row so that the
 // second pass over a row reads it from cache: a forward reads x once from memory and
@@ -43,7 +44,8 @@ void for_rows(int64_t rows, F&& body) {
 
 // Parameter gradients, summed over the rows: one chunk of rows per thread, each adding into its own
 // `width` accumulators, then the chunks' sums added up. Plain loops, not ATen's zeros and sum:
-// at small sizes those ops' set-up cost more than the sums (BENCHMARKS.md §7).
+// at small sizes those ops' set-up cost more than the sums (see
+// docs/benchmarks.md#every-norm-against-layernorm-fused-cpu-kernels).
 // body(begin, end, acc) adds rows [begin, end) into acc[0 .. width).
 template <typename acc_t, typename Body>
 std::vector<acc_t> summed_over_rows(int64_t rows, int64_t width, const Body& body) {
@@ -268,7 +270,8 @@ acc_t dyt_bwd_row(const T* x, const T* g, T* dx, acc_t a, const acc_t* w, acc_t*
 // float and bf16 only; other dtypes, and the tails of rows, take the scalar loops above.
 // What sets DyT's time is its tanh: here the division is the reciprocal estimate (rcpps, 12 bits)
 // plus one Newton step, the clamp two min/max (the vectoriser's compare-and-blend takes four), and
-// bf16 comes in with one shuffle and goes out two vectors at a time (BENCHMARKS.md §7).
+// bf16 comes in with one shuffle and goes out two vectors at a time (cost: see
+// docs/benchmarks.md#every-norm-against-layernorm-fused-cpu-kernels).
 // GroupNorm's groups are short (8 to 64 channels at its usual sizes): written out, a group's loops
 // have none of the vectoriser's set-up and tail code, which there costs as much as the loop.
 #if defined(__AVX2__) && defined(__FMA__) && (defined(__GNUC__) || defined(__clang__))
