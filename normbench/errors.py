@@ -27,3 +27,16 @@ def installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
+
+
+class DiskFull(Exception):
+    """No space left on the device (or over quota) writing a run's files: the run stops where it is,
+    resumable from its last checkpoint, and the user gets one line saying so."""
+
+    def __init__(self, path, resume_step: int | None = None):
+        self.path, self.resume_step = path, resume_step
+        super().__init__(f"no space left on device writing {path}")
+
+    def advice(self) -> str:
+        where = f"from step {self.resume_step}" if self.resume_step else "from the start"
+        return f"{self}; free space and run the same command again to resume {where}"

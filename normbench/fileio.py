@@ -1,16 +1,33 @@
 """Files that a crash, a kill or a full disk never leaves half-written, and the JSON normbench writes.
 
-The lowest layer of the package: it imports nothing of normbench, so every other
+The lowest layer of the package: it imports nothing of normbench but its errors, so every other
 module (training, benchmarks, the report) may use it without pulling in the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
+
+from normbench.errors import DiskFull
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def disk_full_is(path: Path):
+    """Turn "no space left on device" (or over quota) while writing ``path`` into DiskFull: one line for the user."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno in NO_SPACE:
+            raise DiskFull(path) from None
+        raise
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -18,7 +35,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with disk_full_is(path), os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())

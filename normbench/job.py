@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from normbench import distributed
 from normbench.config import conf_dir, config_hash, parse_config
-from normbench.errors import ConfigError
+from normbench.errors import ConfigError, DiskFull
 from normbench.preemption import exit_code
 from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
 from normbench.display import summary_table
@@ -50,6 +50,8 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
         return None
     try:
         return _run_locked(cfg, RunDir(run_dir), multirun, console)
+    except DiskFull as err:  # nothing more can be written: one line, and the run stays resumable
+        return _fail(console, err.advice(), multirun, code=1)
     finally:
         lock.release()
 
@@ -76,6 +78,8 @@ def _run_locked(cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Cons
             run.train.threads = run.train.threads or job_threads(HydraConfig.get().launcher)
             run.sweep = Path(HydraConfig.get().sweep.dir).name  # trackers group a sweep's runs by it
         summary = train(run, run_dir_.path, console=console)
+    except DiskFull:
+        raise  # nothing can be written: run_job says so in one line
     except ConfigError as err:
         # Recorded as failed (never completed) so a sweep's index and a report show it.
         if main:

@@ -26,7 +26,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from normbench.errors import ConfigError, first_line, installed
-from normbench.fileio import leaves, to_json
+from normbench.fileio import NO_SPACE, disk_full_is, leaves, to_json
 from normbench.runs import METRICS, SUMMARY
 
 
@@ -38,23 +38,29 @@ class JsonlSink:
     """
 
     def __init__(self, run_dir: Path, offset: int | None = None):
-        path = Path(run_dir) / METRICS
+        self.path = Path(run_dir) / METRICS
         if offset is not None:
-            os.truncate(path, offset)
-        self.file = open(path, "w" if offset is None else "a", encoding="utf-8")
+            os.truncate(self.path, offset)
+        self.file = open(self.path, "w" if offset is None else "a", encoding="utf-8")
 
     def position(self) -> int:
         """The file's length, on disk: what a checkpoint records."""
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        with disk_full_is(self.path):
+            self.file.flush()
+            os.fsync(self.file.fileno())
         return self.file.tell()
 
     def log(self, record: dict) -> None:
-        self.file.write(to_json(record) + "\n")
-        self.file.flush()
+        with disk_full_is(self.path):
+            self.file.write(to_json(record) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError as err:  # the buffer could not be flushed: a torn last line, cut when the run resumes
+            if err.errno not in NO_SPACE:
+                raise
 
 
 def _is_number(value) -> bool:

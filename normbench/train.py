@@ -26,7 +26,7 @@ from normbench import checkpoint, distributed
 from normbench.causality import causal_leak
 from normbench.data import build_dataset
 from normbench.devices import PRECISIONS, resolve_device
-from normbench.errors import ConfigError, first_line
+from normbench.errors import ConfigError, DiskFull, first_line
 from normbench.model import GPT, leaves_no_trace, z_loss
 from normbench.runs import METRICS, RunDir
 from normbench.preemption import StopSignals
@@ -286,6 +286,7 @@ class Loop:
         self.earlier_s, self.resumed_at = 0.0, []  # wall time and resume steps of the processes before this one
         self.start = 0
         saved = self.resume()
+        self.saved_step = self.start or None  # the step the newest checkpoint on disk resumes at
         self.sinks = MetricSinks(state.dir.path, state.cfg, enabled=self.main, config_hash=state.cfg.config_hash,
                                  resume_at=(saved["metrics_bytes"], saved["step"]) if saved else None)
 
@@ -351,7 +352,8 @@ class Loop:
         if self.main:
             try:
                 checkpoint.save(self.state.dir.path, saved)
-            except OSError as err:  # a full disk costs the checkpoint, not the run
+                self.saved_step = done
+            except (OSError, DiskFull) as err:  # a full disk costs the checkpoint, not the run
                 self.warn(f"checkpoint at step {done} not written: {err}")
         self.timer.resume()
 
@@ -431,6 +433,10 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     except KeyboardInterrupt:
         loop.sinks.abort()
         raise
+    except DiskFull as err:  # the run stops where it is, resumable: nothing more can be written
+        loop.sinks.abort()
+        err.resume_step = loop.saved_step
+        raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one
         status, error = "failed", f"{type(err).__name__}: {err}"
         if loop.main:
@@ -443,10 +449,14 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         return interrupted(loop, stop, step)
     summary = run_summary(loop, status, error, step)
     if loop.main:
-        if tcfg.save_model and status != "failed":
-            checkpoint.save_weights(state.dir.path, state.model)
-        summary = loop.sinks.finish(summary)  # before summary.json: a tracker that fails fails the run
-        state.dir.write_summary(summary)
+        try:
+            if tcfg.save_model and status != "failed":
+                checkpoint.save_weights(state.dir.path, state.model)
+            summary = loop.sinks.finish(summary)  # before summary.json: a tracker that fails fails the run
+            state.dir.write_summary(summary)
+        except DiskFull as err:
+            err.resume_step = loop.saved_step
+            raise
         state.dir.remove_checkpoints()  # the summary is the result now
     return summary
 

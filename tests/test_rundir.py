@@ -1,0 +1,181 @@
+"""One owner per run directory: RunDir.decide's rules, the run lock, two sweeps on one directory, a full disk."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from normbench.job import run_job
+from normbench.runs import RunDir, RunLock, write_index
+from normbench import sinks
+
+from conftest import compose_cfg, read_metrics, run_cli, tiny, train_tiny
+
+HASH, OTHER = "a" * 16, "b" * 16
+
+
+def _dir(tmp_path, summary=None, config_hash=None, checkpoint_hash=None) -> RunDir:
+    """A run directory holding a summary, a config.yaml of some hash and a checkpoint of some hash."""
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    if summary is not None:
+        run.write_summary(summary)
+    run.config_hash = lambda: config_hash  # the hash of config.yaml, read from a real file elsewhere
+    if checkpoint_hash is not None:
+        torch.save({"step": 5, "config_hash": checkpoint_hash}, run.path / "checkpoint.pt")
+    return run
+
+
+@pytest.mark.parametrize("held, sweep, retry, resume, action", [
+    # (summary status, config.yaml hash, checkpoint hash)
+    (("completed", HASH, None), True, False, "auto", "reuse"),
+    (("diverged", HASH, None), True, False, "auto", "reuse"),
+    (("diverged", HASH, None), True, True, "auto", "fresh"),    # --retry-failed
+    (("completed", HASH, None), False, False, "auto", "fresh"),  # normbench train never reuses
+    (("completed", OTHER, None), True, False, "auto", "fresh"),  # a result of another config
+    ((None, HASH, HASH), True, False, "auto", "resume"),
+    ((None, HASH, None), True, False, "auto", "resume"),         # killed before its first checkpoint
+    ((None, HASH, HASH), False, False, "never", "fresh"),
+    ((None, None, HASH), False, False, "auto", "resume"),        # train() from Python: no config.yaml
+    ((None, OTHER, OTHER), False, False, "auto", "refuse"),
+    ((None, OTHER, OTHER), False, False, "never", "fresh"),
+    ((None, OTHER, OTHER), True, False, "auto", "fresh"),        # a sweep's directory is its config's
+    ((None, None, None), False, False, "auto", "fresh"),
+])
+def test_decide_answers_reuse_resume_fresh_or_refuse(tmp_path, held, sweep, retry, resume, action):
+    status, config_hash, checkpoint_hash = held
+    run = _dir(tmp_path, {"status": status} if status else None, config_hash, checkpoint_hash)
+    decision = run.decide(HASH, sweep=sweep, retry=retry, resume=resume)
+    assert decision.action == action
+    if action == "refuse":
+        assert "another config" in decision.reason and "train.resume=never" in decision.reason
+
+
+def test_prepare_keeps_what_a_resume_needs_and_clears_the_rest(tmp_path):
+    for action, kept in (("resume", {"metrics.jsonl", "checkpoint.pt"}), ("fresh", set())):
+        path = tmp_path / action
+        path.mkdir()
+        for name in ("summary.json", "metrics.jsonl", "error.log", "checkpoint.pt", "checkpoint.prev.pt"):
+            (path / name).write_text("x")
+        run = RunDir(path)
+        run.prepare(type("D", (), {"action": action})())
+        assert {p.name for p in path.iterdir()} == kept | ({"checkpoint.prev.pt"} if action == "resume" else set())
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+HOLD = "import sys, time; from normbench.runs import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)"
+
+
+def _holder(run_dir: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_lock_names_its_holder_and_a_kill_never_leaves_it_stale(tmp_path):
+    proc = _holder(tmp_path)
+    try:
+        assert RunLock(tmp_path).holder() == f"pid {proc.pid} on {os.uname().nodename}"
+        assert RunLock(tmp_path).acquire() is not None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert RunLock(tmp_path).holder() is None  # the kernel dropped it with the process
+    lock = RunLock(tmp_path)
+    assert lock.acquire() is None and lock.last_owner()["pid"] == os.getpid()
+    lock.release()
+
+
+def test_a_run_whose_directory_is_owned_elsewhere_is_refused_and_left_alone(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    proc = _holder(run_dir)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            run_job(compose_cfg(tiny()), str(run_dir), multirun=False)
+        assert exit_.value.code == 2
+        assert f"running elsewhere: pid {proc.pid}" in capsys.readouterr().err
+        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # nothing written
+        # A finished sweep's index counts it as running elsewhere, not as interrupted.
+        (run_dir / "config.yaml").write_text("seed: 0\n")
+        (tmp_path / "plan.json").write_text(json.dumps({"jobs": [{"job": 0, "overrides": [], "run_dir": "run"}]}))
+        assert write_index(tmp_path, final=True)[0]["status"] == "running elsewhere"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert write_index(tmp_path, final=True)[0]["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_the_same_sweep_started_twice_at_once_trains_every_run_exactly_once(tmp_path):
+    sweep_dir = tmp_path / "S"
+    args = ["sweep", "norm=ln,rms", "placement=pre,post", "seed=0,1", "model=micro", "train.steps=60",
+            "train.eval_every=20", "train.progress=false", f"hydra.sweep.dir={sweep_dir}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    procs = []
+    for _ in range(2):
+        procs.append(subprocess.Popen([sys.executable, "-m", "normbench", *args], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        time.sleep(1)
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    run_dirs = [d for d in sweep_dir.iterdir() if (d / "config.yaml").exists()]
+    assert len(run_dirs) == 8
+    owners = {}
+    for run_dir in run_dirs:
+        records = read_metrics(run_dir)  # every line parses: no torn fragment of another writer
+        assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 20, 40, 60], run_dir
+        assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+        owners[run_dir.name] = RunLock(run_dir).last_owner()["sweep"]
+    trained_by = {pid: sum(o.split("@")[0] == str(p.pid) for o in owners.values()) for pid, p in
+                  zip(("first", "second"), procs)}
+    assert sum(trained_by.values()) == 8  # each run trained once, by one of the two
+    for out, other in ((outs[0], trained_by["second"]), (outs[1], trained_by["first"])):
+        assert "8 runs: 8 completed" in out
+        if other:  # each sweep says what the other one trained
+            assert f"{other} run{'s' if other > 1 else ''} trained by another process" in out
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    overrides = tiny("train.checkpoint_every=5", "train.log_every=5", "train.eval_every=10")
+    to_json = sinks.to_json
+
+    def to_json_until_full(record):
+        # Inside JsonlSink.log's write: half a line reaches the disk, then the disk is full.
+        if record.get("kind") == "train" and record.get("step") == 15:
+            open(run_dir / "metrics.jsonl", "a").write('{"kind": "train", "st')
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return to_json(record)
+
+    with monkeypatch.context() as m, pytest.raises(SystemExit) as exit_:
+        m.setattr(sinks, "to_json", to_json_until_full)
+        run_job(compose_cfg(overrides), str(run_dir), multirun=False)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (f"error: no space left on device writing {run_dir / 'metrics.jsonl'}; free space and run the same "
+            "command again to resume from step 10") in " ".join(err.split())
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "error.log").exists()
+
+    run_job(compose_cfg(overrides), str(run_dir), multirun=False)  # space freed: the same command
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_at"] == [10]
+    steps = [(r["kind"], r["step"]) for r in read_metrics(run_dir) if r["kind"] != "stats"]
+    assert len(steps) == len(set(steps)) and ("train", 20) in steps  # the torn line cut, every record once
+    reference = tmp_path / "reference"
+    train_tiny(reference, "train.checkpoint_every=5", "train.log_every=5", "train.eval_every=10")
+    assert [r.get("val_loss") for r in read_metrics(run_dir) if r["kind"] == "eval"] == \
+           [r.get("val_loss") for r in read_metrics(reference) if r["kind"] == "eval"]
