@@ -9,6 +9,7 @@ else the best matrix-multiply rate measured on the device, kept per device, dtyp
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -124,6 +125,14 @@ def _proc_status_mb(field: str) -> float | None:
     return None
 
 
+def _release_freed_memory() -> None:
+    """glibc's malloc_trim(0): return the heap's free pages to the OS (a no-op where there is no glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakMemory:
     """This run's peak memory, measured from the start of the run, whatever ran before it in the process.
 
@@ -148,6 +157,9 @@ class PeakMemory:
             self.start_mb = torch.cuda.memory_allocated(device) / 2**20
             self.kind = "cuda_allocated"
             return
+        # The C allocator keeps what an earlier run freed mapped (the resident set does not shrink),
+        # so the high-water mark would start at the earlier run's size: hand it back to the OS first.
+        _release_freed_memory()
         try:
             _CLEAR_REFS.write_text("5")
             self.kind = "cpu_rss"

@@ -25,7 +25,6 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from normbench.fileio import finite_or_none, read_jsonl, write_atomic
@@ -162,6 +161,8 @@ class RunDir:
 
     def _checkpoint_field(self, key: str):
         """One field of the newest readable checkpoint, read cheaply (memory-mapped, not verified)."""
+        import torch  # here, not above: the report reads run directories without loading torch
+
         for name in (CHECKPOINT, PREVIOUS):
             try:
                 return torch.load(self.path / name, map_location="cpu", weights_only=True, mmap=True)[key]

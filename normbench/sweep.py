@@ -386,7 +386,7 @@ def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, co
         status = by_dir.get(job.run_dir.name, {}).get("status")
         lock = RunLock(job.run_dir)
         if status == "running elsewhere":
-            others.setdefault(lock.holder() or "another process", []).append("running")
+            others.setdefault(lock.holder() or "another process", []).append(status)
         elif status in FINISHED and _mtime(job.run_dir / SUMMARY) != at_launch[job.run_dir][1]:
             owner = lock.last_owner()
             if owner and owner.get("sweep") != sweep_owner():
@@ -394,7 +394,8 @@ def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, co
     for who, states in others.items():
         console.print(f"[cyan]{_runs(len(states))} trained by another process ({who})[/cyan], skipped here: "
                       f"{_counts(states).replace('running elsewhere', 'still running')}"
-                      + ("; run the same command again once it is done to see every result" if "running" in states else ""),
+                      + ("; run the same command again once it is done to see every result"
+                         if "running elsewhere" in states else ""),
                       soft_wrap=True, highlight=False)
 
 

@@ -17,6 +17,8 @@ from normbench.report import charts as charts_module
 from normbench.errors import ConfigError
 from normbench.report import CHARTS, default_group_keys, load_runs, run_report
 
+from conftest import run_cli
+
 RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability", "tuning", "logits"]
 
 
@@ -266,7 +268,7 @@ def test_user_mistakes_raise_config_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="no run directories found under"):
         run_report([tmp_path / "empty"], console=quiet())
-    (tmp_path / "a" / "summary.json").unlink()
+    (tmp_path / "a" / "summary.json").write_text("{torn")
     with pytest.raises(ConfigError, match="none could be read"):
         run_report([tmp_path], console=quiet())
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
@@ -487,3 +489,32 @@ def test_old_bench_csv_without_ratio_to_ln(sweep, tmp_path, monkeypatch):
     report([tmp_path / "old.csv"], out=tmp_path / "r2")
     ax = drawn["bench"].axes[0]
     assert ax.get_ylabel() == "time per call (ms)" and lines_by_label(ax)["rms (normbench)"][1] == [0.25]
+
+
+def test_a_sweep_in_progress_with_nothing_finished_is_one_line_saying_what_runs(tmp_path):
+    from normbench.runs import RunLock
+
+    sweep_dir = tmp_path / "S"
+    for name in ("running", "killed"):
+        make_run(sweep_dir, name, summary=False)
+    (sweep_dir / "plan.json").write_text(json.dumps({"jobs": [{"run_dir": d} for d in ("running", "killed", "later")]}))
+    lock = RunLock(sweep_dir / "running")
+    assert lock.acquire() is None  # a job trains it now
+    try:
+        with pytest.raises(ConfigError) as e:
+            run_report([sweep_dir], console=quiet())
+        assert str(e.value) == (f"nothing finished yet in {sweep_dir}: 1 running, 1 interrupted, 1 pending; "
+                                "run normbench report again once a run has finished")
+        result = run_cli("report", str(sweep_dir))
+        assert result.returncode == 2 and "nothing finished yet" in result.stderr
+        assert "Traceback" not in result.stderr and "warning" not in result.stderr
+    finally:
+        lock.release()
+
+
+def test_every_placement_has_its_own_chart_style():
+    from normbench.placements import PLACEMENTS
+
+    styles = [charts_module.placement_style(name) for name in PLACEMENTS]
+    assert len({str(ls) for ls, _ in styles}) == len(PLACEMENTS) and len({h for _, h in styles}) == len(PLACEMENTS)
+    assert charts_module.placement_style("a-new-placement") == charts_module.placement_style("a-new-placement")

@@ -13,6 +13,7 @@ and the files: summary.csv, aggregate.csv, tuned.csv, summary.md, report.html, t
 from __future__ import annotations
 
 import io
+import json
 import time
 from pathlib import Path
 
@@ -27,9 +28,23 @@ from normbench.report.tables import aggregate, config_label, display_table, reso
 from normbench.report.tuning import aggregate_statistics, resolve_tune_key, tune
 from normbench.report.verdict import verdict
 from normbench.fileio import write_atomic
+from normbench.runs import PLAN, SUMMARY, RunLock
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 100
+
+
+def nothing_finished(paths: list[Path], run_dirs: list[Path]) -> str:
+    """One line for a sweep in progress with no result yet: how many run, were cut short or wait."""
+    started = {run_dir.resolve() for run_dir in run_dirs}
+    running = sum(RunLock(run_dir).holder() is not None for run_dir in run_dirs)
+    planned = [path / job["run_dir"] for path in paths if (path / PLAN).is_file()
+               for job in json.loads((path / PLAN).read_text(encoding="utf-8")).get("jobs", [])]
+    pending = sum((path.resolve() not in started) for path in planned)
+    counts = [f"{running} running", *([f"{len(run_dirs) - running} interrupted"] if len(run_dirs) > running else []),
+              f"{pending} pending"]
+    return (f"nothing finished yet in {', '.join(map(str, paths))}: {', '.join(counts)}; "
+            "run normbench report again once a run has finished")
 
 
 def _check_options(paths, metric, formats) -> None:
@@ -86,6 +101,9 @@ def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] |
 
     run_dirs, bench_csvs = find_inputs(paths)
     where = ", ".join(map(str, paths))
+    planned = any((path / PLAN).is_file() for path in paths)
+    if not bench_csvs and (run_dirs or planned) and not any((run_dir / SUMMARY).exists() for run_dir in run_dirs):
+        raise ConfigError(nothing_finished(paths, run_dirs))  # a sweep in progress: one line, no warnings
     if not run_dirs and not bench_csvs:
         raise ConfigError(f"no run directories found under {where} (a run directory holds a config.yaml)")
     warnings = []
