@@ -6,6 +6,8 @@ Training (``train.device``, ``train.precision``) and ``normbench bench`` (``--de
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from normbench.errors import ConfigError
@@ -35,3 +37,11 @@ def resolve_device(name: str, key: str = "train.device") -> torch.device:
     elif device.type != "cpu":
         raise ConfigError(f"unsupported {key} '{name}'", allowed=names)
     return device
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use (cgroups, taskset, SLURM), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

@@ -24,6 +24,7 @@ from rich.markup import escape
 
 from normbench import distributed
 from normbench.config import conf_dir, config_hash, parse_config
+from normbench.devices import available_cpus
 from normbench.errors import ConfigError, DiskFull
 from normbench.preemption import exit_code
 from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
@@ -117,13 +118,6 @@ def _fail(console: Console, message: str, multirun: bool, code: int, label: str 
     if not multirun:
         sys.exit(code)
     return None
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # what this process may use (cgroups, taskset, SLURM)
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def job_threads(launcher: DictConfig | dict | None) -> int:

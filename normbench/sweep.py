@@ -41,7 +41,8 @@ from rich.table import Table
 from rich.text import Text
 
 from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
-from normbench.errors import ConfigError, installed
+from normbench.devices import available_cpus
+from normbench.errors import ConfigError, first_line, installed
 from normbench.preemption import SIGNALS, exit_code
 from normbench.fileio import write_atomic
 from normbench.runs import (CONFIG, ERROR_LOG, INDEX, PLAN, RETRY_ENV, SUMMARY, SWEEP_ENV, RunDir,  # noqa: F401
@@ -86,6 +87,7 @@ class Plan:
     jobs: list[Job]
     args: list[str]  # the overrides Hydra's multirun gets: the user's plus the sweep dir
     varying: list[str]  # the keys whose value differs between jobs
+    launcher: dict | None = None  # hydra.launcher, resolved
 
     def values(self, job: Job) -> list[str]:
         kv = dict(o.split("=", 1) for o in job.overrides if "=" in o)
@@ -179,6 +181,7 @@ def plan_sweep(args: list[str]) -> Plan:
             # Pinned for the jobs: absolute, because a launcher may run them in another working
             # directory, and resolved once, because ${now:...} would differ in every process.
             args = [*args, f"hydra.sweep.dir={_hydra_quote(str(sweep_dir.resolve()))}"]
+            launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
             params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
             overrides = OverridesParser.create(config_loader=loader).parse_overrides(
                 params + list(cfg.hydra.overrides.task))
@@ -215,7 +218,7 @@ def plan_sweep(args: list[str]) -> Plan:
             job.resume_step = RunDir(job.run_dir).checkpoint_step()
     keys = [o.split("=", 1)[0] for o in jobs[0].overrides] if jobs else []
     varying = [k for k in keys if len({dict(o.split("=", 1) for o in j.overrides).get(k) for j in jobs}) > 1]
-    return Plan(sweep_dir, jobs, args, varying)
+    return Plan(sweep_dir, jobs, args, varying, launcher)
 
 
 def sweep_owner() -> str:
@@ -319,11 +322,68 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+# ----------------------------------------------------------------------------- Ray: will a run ever start?
+
+
+RAY_LAUNCHER = "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
+RAY_REMOTE = "hydra.launcher.ray.remote"
+
+
+def ray_preflight(launcher: dict | None) -> None:
+    """Under hydra/launcher=ray or ray_cluster, refuse (ConfigError) a per-run request that no node of
+    the cluster can ever hold: Ray would keep every task pending, and the sweep would wait forever."""
+    if not launcher or launcher.get("_target_") != RAY_LAUNCHER:
+        return
+    ray_cfg = launcher.get("ray") or {}
+    remote, address = ray_cfg.get("remote") or {}, (ray_cfg.get("init") or {}).get("address")
+    refusal = too_large_for_every_node(remote, ray_nodes(address), address)
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def ray_nodes(address: str | None) -> list[dict]:
+    """The resources ({"CPU": 2.0, "GPU": 0.0}) of each live node of the cluster at ``address``;
+    None: the launcher starts a Ray of its own on this machine, whose resources are this machine's."""
+    if address is None:
+        import torch
+
+        return [{"CPU": float(available_cpus()), "GPU": float(torch.cuda.device_count())}]
+    import ray
+
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise ConfigError(f"hydra/launcher: no Ray cluster at address={address} ({first_line(err)}): start one "
+                          "(ray start --head) or let the launcher start its own with hydra.launcher.ray.init.address=null") from None
+    try:
+        return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    finally:
+        ray.shutdown()
+
+
+def too_large_for_every_node(remote: dict, nodes: list[dict], address: str | None) -> str | None:
+    """The one-line refusal when no node has the CPUs and GPUs one run asks for, else None."""
+    want = {"CPU": float(remote.get("num_cpus") or 1), "GPU": float(remote.get("num_gpus") or 0)}  # Ray's task defaults
+    if any(all(node.get(key, 0.0) >= n for key, n in want.items()) for node in nodes):
+        return None
+    largest = max(nodes, key=lambda node: (node.get("GPU", 0.0), node.get("CPU", 0.0)), default={})
+    have = {key: int(largest.get(key, 0.0)) for key in want}
+    fix = " ".join(f"{RAY_REMOTE}.num_{key.lower()}s={min(int(want[key]), have[key])}"
+                   for key in want if want[key] > have[key])
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+    where = f"the largest node of the Ray cluster at {address}" if address else "this machine (Ray started here)"
+    return (f"each run asks Ray for {count(int(want['CPU']), 'CPU')} and {count(int(want['GPU']), 'GPU')}, but {where} "
+            f"has {count(have['CPU'], 'CPU')} and {count(have['GPU'], 'GPU')}: no run could ever start; set {fix}")
+
+
 def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False,
               console: Console | None = None, poll_s: float = 0.5) -> int:
     """Plan, then run (or with dry_run only list) the sweep; return the exit code: 1 if any run failed."""
     console = console or Console()
     plan = plan_sweep(args)
+    ray_preflight(plan.launcher)
     todo = [j for j in plan.jobs if will_run(j, retry_failed)]
     done = [j.state for j in plan.jobs if not will_run(j, retry_failed)]
     have = f"{len(done)} {'has' if len(done) == 1 else 'have'} results ({_counts(done)})" if done else "none has results yet"

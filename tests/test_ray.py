@@ -59,3 +59,14 @@ def test_a_sweep_runs_on_a_local_ray_cluster_and_resumes(cluster, tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "4 have results (4 completed), 0 to run" in again.stdout
     assert {p.name: os.stat(p / "summary.json").st_mtime_ns for p in runs} == stamps  # nothing redone
+
+
+def test_a_run_no_node_can_hold_is_refused_before_anything_is_submitted(cluster, tmp_path):
+    # The preset's request (4 CPUs, 1 GPU per run) on this 2-CPU cluster without a GPU.
+    result = run_cli("sweep", "norm=ln,rms", "model=micro", f"results_dir={tmp_path}/results",
+                     "hydra/launcher=ray_cluster", f"hydra.launcher.ray.init.address={cluster}", cwd=tmp_path, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (f"each run asks Ray for 4 CPUs and 1 GPU, but the largest node of the Ray cluster at {cluster} has "
+            "2 CPUs and 0 GPUs: no run could ever start; set hydra.launcher.ray.remote.num_cpus=2 "
+            "hydra.launcher.ray.remote.num_gpus=0") in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr and not (tmp_path / "results").exists()

@@ -377,3 +377,19 @@ def compose_hydra_cfg():
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = "unused"
     return cfg
+
+
+@pytest.mark.parametrize("remote, nodes, fits", [
+    ({"num_cpus": 4, "num_gpus": 1}, [{"CPU": 2.0, "GPU": 0.0}, {"CPU": 64.0}], False),
+    ({"num_cpus": 4, "num_gpus": 1}, [{"CPU": 2.0}, {"CPU": 8.0, "GPU": 1.0}], True),
+    ({"num_cpus": 2, "num_gpus": 0}, [{"CPU": 2.0, "GPU": 0.0}], True),
+    ({"num_cpus": None, "num_gpus": None}, [{"CPU": 1.0}], True),  # Ray's defaults: 1 CPU, no GPU
+    ({"num_cpus": 1, "num_gpus": 0}, [], False),  # a cluster without a live node
+])
+def test_ray_preflight_compares_each_runs_request_with_the_largest_node(remote, nodes, fits):
+    from normbench.sweep import too_large_for_every_node
+
+    refusal = too_large_for_every_node(remote, nodes, "10.0.0.1:6379")
+    assert (refusal is None) == fits
+    if not fits:
+        assert "no run could ever start; set hydra.launcher.ray.remote.num_" in refusal
