@@ -9,6 +9,7 @@ else the best matrix-multiply rate measured on the device, kept per device, dtyp
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -79,13 +80,16 @@ def datasheet_peak(device: torch.device, dtype: torch.dtype) -> tuple[float, str
     return DATASHEET_PEAKS[name][kind], f"datasheet {kind}: {name}"
 
 
+_MEASURED_HERE: dict[str, float] = {}  # what this process measured, by device, dtype, threads and torch
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype, setting: float | None = None) -> tuple[float, str]:
     """FLOP/s that count as 100% MFU, and where the figure comes from.
 
     The setting, else the datasheet peak of a listed GPU, else the best matmul rate ever
     measured here: a peak is a maximum, and a measurement on a busy machine is only a lower
-    bound, so each run measures again (a fraction of a second) and the cache keeps the
-    highest figure seen.
+    bound, so each process measures once (a fraction of a second: not again for every run of
+    a sweep's worker) and the cache file keeps the highest figure seen.
     """
     if setting:
         return float(setting), "train.peak_flops"
@@ -98,7 +102,9 @@ def peak_flops(device: torch.device, dtype: torch.dtype, setting: float | None =
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
-    measured = _measure_matmul_flops(device, dtype, size=4096 if device.type == "cuda" else 1024)
+    if key in _MEASURED_HERE:
+        return max(cache.get(key, 0.0), _MEASURED_HERE[key]), "measured matmul"
+    measured = _MEASURED_HERE[key] = _measure_matmul_flops(device, dtype, size=4096 if device.type == "cuda" else 1024)
     if measured > cache.get(key, 0.0):
         cache[key] = measured
         try:
@@ -177,6 +183,27 @@ class PeakMemory:
 
     def summary(self) -> dict:
         return {"peak_mem_mb": self.peak_mb(), "peak_mem_kind": self.kind, "peak_mem_start_mb": self.start_mb}
+
+
+class Phases:
+    """Where a run's wall time goes: seconds per phase, summary.json's ``time_s``.
+
+    ``setup`` (data, model, resume), ``steps`` (the updates, statistics hooks included),
+    ``statistics`` (turning them into records), ``logging`` (the log windows' one host sync and
+    writes), ``eval``, ``checkpoints``, ``probe`` (causality) and ``finish`` (the summary, MFU's
+    peak, the final writes).
+    """
+
+    def __init__(self, earlier: dict | None = None):
+        self.seconds = dict(earlier or {})  # a resumed run's earlier processes count too
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
 class StepTimer:

@@ -30,7 +30,7 @@ from normbench.errors import ConfigError, DiskFull, first_line
 from normbench.model import GPT, leaves_no_trace, z_loss
 from normbench.runs import METRICS, RunDir
 from normbench.preemption import StopSignals
-from normbench.perf import PeakMemory, StepTimer, flops_per_token, peak_flops
+from normbench.perf import Phases, PeakMemory, StepTimer, flops_per_token, peak_flops
 from normbench.sinks import MetricSinks
 from normbench.diagnostics import PEAKS, LayerStats, global_grad_norm
 from normbench.display import TrainProgress
@@ -273,9 +273,10 @@ class Loop:
     run's summary covers the whole run.
     """
 
-    def __init__(self, state: Run, console: Console, started: float):
+    def __init__(self, state: Run, console: Console, started: float, phases: Phases):
         self.state, self.tcfg, self.console = state, state.tcfg, console
         self.started = started  # this process's start of the run, set-up included
+        self.phases = phases
         self.main = distributed.is_main()
         self.stats = LayerStats(state.model) if self.tcfg.stats_every else None
         self.timer = StepTimer(warmup_steps=min(self.tcfg.log_every, self.tcfg.steps // 5))
@@ -326,6 +327,8 @@ class Loop:
             if self.stats is not None:  # the logit peaks seen before the interruption still count
                 self.stats.peaks.update({k: v for k, v in loop.get("peaks", {}).items() if k in self.stats.peaks})
             self.earlier_s, self.resumed_at = loop["wall_s"], [*loop["resumed_at"], self.start]
+            for phase, seconds in loop.get("time_s", {}).items():
+                self.phases.seconds[phase] = self.phases.seconds.get(phase, 0.0) + seconds
             if self.main:
                 self.console.print(f"resuming at step {self.start} from the checkpoint in {state.dir.path}", highlight=False)
         return saved
@@ -341,11 +344,17 @@ class Loop:
         every = self.tcfg.eval_every if self.tcfg.checkpoint_every is None else self.tcfg.checkpoint_every
         if not (now or (every and done > self.start and done % every == 0)):
             return
+        with self.phases("checkpoints"):
+            self._save_checkpoint(done)
+        self.timer.resume()
+
+    def _save_checkpoint(self, done: int) -> None:
         loop = {
             "val_losses": self.val_losses, "grad_norms": self.grad_norms, "step_times": self.timer.times,
             "pending": torch.stack([torch.stack(p) for p in self.pending]) if self.pending else torch.empty(0, 2),
             "wall_s": self.wall_s(), "resumed_at": self.resumed_at,
             "peaks": dict(self.stats.peaks) if self.stats is not None else {},
+            "time_s": dict(self.phases.seconds),
         }
         saved = {**self.state.checkpoint_state(), "step": done, "config_hash": self.state.cfg.config_hash,
                  "metrics_bytes": self.sinks.position(), "loop": loop}
@@ -355,7 +364,6 @@ class Loop:
                 self.saved_step = done
             except (OSError, DiskFull) as err:  # a full disk costs the checkpoint, not the run
                 self.warn(f"checkpoint at step {done} not written: {err}")
-        self.timer.resume()
 
     # ------------------------------------------------------------------------- the step and its cadences
 
@@ -364,9 +372,11 @@ class Loop:
         # The gradients of update `step` are taken after step - 1 updates: that is their label.
         collect = self.stats is not None and (step - 1) % self.tcfg.stats_every == 0
         self.lr = self.state.scheduler.get_last_lr()[0]
-        loss, grad_norm = self.state.train_step(self.stats if collect else None)
+        with self.phases("steps"):
+            loss, grad_norm = self.state.train_step(self.stats if collect else None)
         if collect:
-            self.sinks.log(self.stats.record(step - 1, grad_norm, self.tcfg.grad_clip))
+            with self.phases("statistics"):
+                self.sinks.log(self.stats.record(step - 1, grad_norm, self.tcfg.grad_clip))
         z_term = self.state.z_term
         self.pending.append((loss, grad_norm) if z_term is None else (loss, grad_norm, z_term))
         self.timer.tick()
@@ -376,6 +386,10 @@ class Loop:
         window, and the one all-reduce: every rank sees the same losses."""
         if step % self.tcfg.log_every and step != self.tcfg.steps:
             return None
+        with self.phases("logging"):
+            return self._log_window(step)
+
+    def _log_window(self, step: int) -> dict:
         window = distributed.all_mean(torch.stack([torch.stack(p) for p in self.pending]).float())
         losses, norms, *z_terms = window.T.tolist()
         self.grad_norms += norms
@@ -394,7 +408,8 @@ class Loop:
     def evaluate(self, step: int, due: bool = True) -> None:
         """Validation loss at step 0, every ``eval_every`` steps and at the last step."""
         if due or step % self.tcfg.eval_every == 0 or step == self.tcfg.steps:
-            self.val_losses.append(self.state.evaluate())
+            with self.phases("eval"):
+                self.val_losses.append(self.state.evaluate())
             self.sinks.log({"kind": "eval", "step": step, "val_loss": self.val_losses[-1]})
             self.timer.resume()
 
@@ -402,11 +417,12 @@ class Loop:
 def train(run, run_dir: Path, console: Console | None = None) -> dict:
     """Train one configuration; return (and write) its summary. Raises ConfigError on bad input."""
     console = console or Console(stderr=True)
-    started = time.perf_counter()
-    state = Run(run, run_dir)
-    if state.compile_error:
-        console.print(f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]", soft_wrap=True)
-    loop = Loop(state, console, started)
+    started, phases = time.perf_counter(), Phases()
+    with phases("setup"):
+        state = Run(run, run_dir)
+        if state.compile_error:
+            console.print(f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]", soft_wrap=True)
+        loop = Loop(state, console, started, phases)
     tcfg, status, error, step = state.tcfg, "completed", None, loop.start
     try:
         if loop.start == 0:
@@ -447,17 +463,31 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         loop.sinks.close()
     if status == "interrupted":
         return interrupted(loop, stop, step)
-    summary = run_summary(loop, status, error, step)
+    with phases("probe"):
+        leak = state.probe() if status != "failed" else {"train": None, "eval": None}
+    with phases("finish"):
+        summary = run_summary(loop, status, error, step, leak)
+    return save_result(loop, summary)
+
+
+def save_result(loop: Loop, summary: dict) -> dict:
+    """The final weights, the trackers' summaries, then summary.json: the run is a result from here.
+    A full disk on the way leaves the run resumable from its last checkpoint."""
+    state, tcfg = loop.state, loop.tcfg
     if loop.main:
         try:
-            if tcfg.save_model and status != "failed":
+            if tcfg.save_model and summary["status"] != "failed":
                 checkpoint.save_weights(state.dir.path, state.model)
-            summary = loop.sinks.finish(summary)  # before summary.json: a tracker that fails fails the run
+            with loop.phases("finish"):
+                summary = loop.sinks.finish(summary)  # before summary.json: a tracker that fails fails the run
+            summary["time_s"] = loop.phases.seconds
             state.dir.write_summary(summary)
         except DiskFull as err:
             err.resume_step = loop.saved_step
             raise
         state.dir.remove_checkpoints()  # the summary is the result now
+    else:
+        summary["time_s"] = loop.phases.seconds
     return summary
 
 
@@ -472,10 +502,9 @@ def interrupted(loop: Loop, stop: StopSignals, step: int) -> dict:
             "checkpoint": str(loop.state.dir.path / checkpoint.CHECKPOINT)}
 
 
-def run_summary(loop: Loop, status: str, error: str | None, step: int) -> dict:
+def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dict) -> dict:
     """summary.json's content: results, speed, memory, diagnostics, the causality probe and the environment."""
     state, tcfg = loop.state, loop.tcfg
-    leak = state.probe() if status != "failed" else {"train": None, "eval": None}
     finite_vals = [v for v in loop.val_losses if math.isfinite(v)]
     finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]
     speed = loop.timer.summary(loop.tokens_per_step)
