@@ -45,3 +45,14 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def local_parallel_jobs(launcher: dict | None) -> int | None:
+    """How many jobs a launcher runs at once on this machine: joblib's n_jobs (-1 one per CPU,
+    -2 all but one, as in joblib), 1 for Hydra's basic launcher, None for launchers whose jobs
+    run elsewhere (SLURM, Ray)."""
+    launcher = launcher or {}
+    n_jobs = launcher.get("n_jobs")
+    if isinstance(n_jobs, int) and n_jobs != 0:
+        return n_jobs if n_jobs > 0 else max(1, available_cpus() + 1 + n_jobs)
+    return 1 if str(launcher.get("_target_", "")).endswith("BasicLauncher") else None

@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from normbench import distributed
 from normbench.config import conf_dir, config_hash, parse_config
-from normbench.devices import available_cpus
+from normbench.devices import available_cpus, local_parallel_jobs
 from normbench.errors import ConfigError, DiskFull
 from normbench.preemption import exit_code
 from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
@@ -130,11 +130,8 @@ def job_threads(launcher: DictConfig | dict | None) -> int:
     checks that).
     """
     launcher = launcher or {}
-    cpus = available_cpus()
-    n_jobs = launcher.get("n_jobs")
-    if isinstance(n_jobs, int) and n_jobs != 0:
-        parallel = n_jobs if n_jobs > 0 else max(1, cpus + 1 + n_jobs)
-        return max(1, cpus // parallel)
+    if launcher.get("n_jobs"):
+        return max(1, available_cpus() // local_parallel_jobs(launcher))
     ray_cpus = ((launcher.get("ray") or {}).get("remote") or {}).get("num_cpus")
     per_task = launcher.get("cpus_per_task") or ray_cpus
     return int(per_task) if per_task else 0

@@ -21,6 +21,7 @@ launcher runs the jobs and wherever they run, as long as they write to this file
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ from rich.table import Table
 from rich.text import Text
 
 from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
-from normbench.devices import available_cpus
+from normbench.devices import available_cpus, local_parallel_jobs
 from normbench.errors import ConfigError, first_line, installed
 from normbench.preemption import SIGNALS, exit_code
 from normbench.fileio import write_atomic
@@ -185,9 +186,9 @@ def plan_sweep(args: list[str]) -> Plan:
             params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
             overrides = OverridesParser.create(config_loader=loader).parse_overrides(
                 params + list(cfg.hydra.overrides.task))
-            jobs = []
+            jobs, compose = [], _JobComposer(loader, cfg)
             for num, job_overrides in enumerate(BasicSweeper.split_arguments(overrides, None)[0]):
-                job_cfg = loader.load_sweep_config(cfg, list(job_overrides))
+                job_cfg = compose(list(job_overrides))
                 with open_dict(job_cfg.hydra.job):
                     job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"plan_{num}"
                 HydraConfig.instance().set_config(job_cfg)
@@ -224,6 +225,46 @@ def plan_sweep(args: list[str]) -> Plan:
 def sweep_owner() -> str:
     """This sweep command, as its jobs' run locks record it."""
     return f"{os.getpid()}@{socket.gethostname()}"
+
+
+class _JobComposer:
+    """Each job's config as Hydra's launcher will compose it, fast: Hydra composes once per choice of
+    config groups (norm=rms, model=micro, ...) and the job's plain key changes (train.lr=0.01,
+    seed=2) are applied to a copy, as Hydra applies them after composing. Anything else (+key,
+    ~key, a key the config lacks, a subdir naming hydra.*) goes through Hydra whole, as before."""
+
+    def __init__(self, loader, cfg: DictConfig):
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        self.loader, self.cfg, self.bases, self.groups = loader, cfg, {}, {}
+        self.parser = OverridesParser.create(config_loader=loader)
+        self.simple_subdir = "hydra" not in str(OmegaConf.to_container(cfg.hydra.sweep)["subdir"])
+
+    def _is_group(self, name: str) -> bool:
+        if name not in self.groups:
+            self.groups[name] = bool(self.loader.get_group_options(name))
+        return self.groups[name]
+
+    def __call__(self, job_overrides: list[str]) -> DictConfig:
+        from hydra.core.override_parser.types import OverrideType
+
+        parsed = self.parser.parse_overrides(job_overrides)
+        groups = [o.input_line for o in parsed if self._is_group(o.key_or_group)]
+        keys = [o for o in parsed if not self._is_group(o.key_or_group)]
+        plain = self.simple_subdir and all(o.type == OverrideType.CHANGE and not (o.is_add() or o.is_force_add())
+                                           and not o.is_hydra_override() for o in keys)
+        if plain:
+            if tuple(groups) not in self.bases:
+                self.bases[tuple(groups)] = self.loader.load_sweep_config(self.cfg, groups)
+            job_cfg = copy.deepcopy(self.bases[tuple(groups)])
+            if all(OmegaConf.select(job_cfg, o.key_or_group, default=_ABSENT) is not _ABSENT for o in keys):
+                for o in keys:
+                    OmegaConf.update(job_cfg, o.key_or_group, o.value(), merge=True)
+                return job_cfg
+        return self.loader.load_sweep_config(self.cfg, job_overrides)
+
+
+_ABSENT = object()
 
 
 def _state_before(job: Job) -> str:
@@ -382,6 +423,7 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
               console: Console | None = None, poll_s: float = 0.5) -> int:
     """Plan, then run (or with dry_run only list) the sweep; return the exit code: 1 if any run failed."""
     console = console or Console()
+    started = time.perf_counter()
     plan = plan_sweep(args)
     ray_preflight(plan.launcher)
     todo = [j for j in plan.jobs if will_run(j, retry_failed)]
@@ -421,8 +463,8 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
             what = " ".join(plan.values(job)) or job.run_dir.name
             console.print(Text.assemble(("failed", "red"), f" {what}: {row.get('error')} ({job.run_dir / ERROR_LOG})"))
     states = [r["status"] for r in rows]
-    console.print(f"{_runs(len(states))}: {_counts(states)}; index: {plan.sweep_dir / INDEX}; "
-                  f"compare them with: normbench report {plan.sweep_dir}", soft_wrap=True)
+    console.print(f"{_runs(len(states))}: {_counts(states)}{_efficiency(plan, at_launch, started)}; "
+                  f"index: {plan.sweep_dir / INDEX}; compare them with: normbench report {plan.sweep_dir}", soft_wrap=True)
     _account_for_others(plan, by_dir, at_launch, console)
     if returncode in {exit_code(sig) for sig in SIGNALS}:
         console.print(f"[yellow]interrupted[/yellow] by signal {returncode - 128}: run the same command again to "
@@ -436,6 +478,19 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
         return 1
     unfinished = [s for s in states if s not in (*FINISHED, "running elsewhere")]
     return 1 if "failed" in states or unfinished else 0
+
+
+def _efficiency(plan: Plan, at_launch: dict, started: float) -> str:
+    """", training steps 87% of 2 workers x 183 s": the share of the workers' time this sweep spent
+    in the updates of the runs it trained (summary.json's time_s), start-up and waiting included.
+    Empty for launchers whose workers are elsewhere, or when this sweep trained nothing."""
+    workers = local_parallel_jobs(plan.launcher)
+    steps = [(RunDir(job.run_dir).read_summary() or {}).get("time_s", {}).get("steps", 0.0) for job in plan.jobs
+             if _mtime(job.run_dir / SUMMARY) != at_launch[job.run_dir][1]]
+    wall = time.perf_counter() - started
+    if not workers or not any(steps):
+        return ""
+    return f", training steps {100 * sum(steps) / (workers * wall):.0f}% of {workers} worker{'s' if workers > 1 else ''} x {wall:.0f} s"
 
 
 def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, console: Console) -> None:

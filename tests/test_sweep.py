@@ -393,3 +393,20 @@ def test_ray_preflight_compares_each_runs_request_with_the_largest_node(remote, 
     assert (refusal is None) == fits
     if not fits:
         assert "no run could ever start; set hydra.launcher.ray.remote.num_" in refusal
+
+
+def test_the_plans_fast_composition_is_hydras_own(monkeypatch, tmp_path):
+    """The plan composes once per choice of groups and applies key changes itself: every job's
+    config, hash and directory must be what Hydra composes for that job."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    monkeypatch.chdir(tmp_path)
+    args = ["norm=ln,gn", "placement=pre,mixln", "train.lr=1e-3,0.01", "seed=0,1", "model=micro",
+            "model.qk_norm=rms", "train.steps=7"]
+    fast = plan_sweep(args)
+    monkeypatch.setattr("normbench.sweep._JobComposer.__call__",
+                        lambda self, overrides: ConfigLoaderImpl.load_sweep_config(self.loader, self.cfg, overrides))
+    slow = plan_sweep(args)
+    assert [(j.run_dir, j.config_hash, j.invalid) for j in fast.jobs] == \
+           [(j.run_dir, j.config_hash, j.invalid) for j in slow.jobs]
+    assert len({j.config_hash for j in fast.jobs}) == 16
