@@ -80,6 +80,25 @@ def test_bad_input_is_a_short_clear_error(tmp_path, overrides, code, message):
     assert not (tmp_path / "metrics.jsonl").exists(), "nothing trained, so nothing logged"
 
 
+BAD = [
+    (["model.qk_norm=foo"], "unknown model.qk_norm 'foo'; allowed: none, gn, ln, rms, scale"),
+    (["model.qk_norm=bn"], "model.qk_norm=bn cannot normalize queries and keys (batch statistics, which mix tokens); allowed: none, gn, ln, rms, scale"),
+    (["placement=mixln", "placement.post_fraction=1.5"], "placement.post_fraction must be a number in [0, 1], got 1.5"),
+    (["placement=mixln", "placement.post_fraction=-0.1"], "placement.post_fraction must be a number in [0, 1], got -0.1"),
+    (["+placement.post_fraction=0.5"], "placement 'pre' has no option post_fraction; allowed: placement.final_norm"),
+    (["train.z_loss=-1"], "train.z_loss must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD)
+def test_bad_input_is_one_line(tmp_path, overrides, message):
+    result = CliRunner().invoke(app, ["train", *tiny(*overrides), f"hydra.run.dir={tmp_path}"])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_help_imports_no_torch():
     """normbench --help must stay fast: importing the CLI and printing help loads neither torch nor Hydra's app."""
     code = ("import sys\n"

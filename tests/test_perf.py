@@ -1,4 +1,5 @@
-"""Step-time percentiles, and process-wide state that must not leak from one run into the next."""
+"""Step-time percentiles, the summary's performance fields and peak FLOPs, and process-wide state that must
+not leak from one run into the next."""
 
 from __future__ import annotations
 
@@ -26,6 +27,56 @@ def test_step_time_percentiles_match_numpy(n):
     assert speed["step_ms_p50"] == pytest.approx(np.percentile(ms, 50), rel=1e-12)
     assert speed["step_ms_p90"] == pytest.approx(np.percentile(ms, 90), rel=1e-12)
     assert speed["tokens_per_s"] == pytest.approx(100 / (np.median(ms) / 1000), rel=1e-12)
+
+
+def test_step_timer_excludes_warmup():
+    timer = StepTimer(warmup_steps=2)
+    timer.times = [1.0, 1.0, 0.01, 0.02, 0.03]
+    out = timer.summary(tokens_per_step=100)
+    assert out["step_ms_p50"] == pytest.approx(20.0)
+    assert out["tokens_per_s"] == pytest.approx(100 / 0.02)
+    assert out["step_ms_p90"] == pytest.approx(28.0)  # 0.9 of the way from 10 to 30: 20 + 0.8 x 10
+
+
+def test_summary_performance_fields(tmp_path):
+    summary = train_tiny(tmp_path, "train.peak_flops=1e12")
+    for key in ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "mfu", "max_grad_norm", "clip_fraction"):
+        assert summary[key] is not None and summary[key] >= 0, key
+    assert summary["step_ms_p90"] >= summary["step_ms_p50"]
+    # MFU is model FLOPs per second over the given peak.
+    assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * summary["flops_per_token"] / 1e12, rel=1e-6)
+    assert (summary["peak_flops"], summary["peak_flops_source"]) == (1e12, "train.peak_flops")
+
+
+def test_peak_flops_on_a_listed_gpu_is_its_datasheet_figure(monkeypatch):
+    """No GPU needed: the name decides, and nothing is measured."""
+    import normbench.perf as perf
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(perf, "_measure_matmul_flops", lambda *a, **k: pytest.fail("a listed GPU is not measured"))
+    cuda = torch.device("cuda")
+    assert perf.peak_flops(cuda, torch.bfloat16) == (989.4e12, "datasheet bf16: NVIDIA H100 80GB HBM3")
+    assert perf.peak_flops(cuda, torch.float16)[0] == 989.4e12
+    precision = torch.get_float32_matmul_precision()  # what allow_tf32 sets (not monkeypatch-able)
+    try:
+        for tf32, peak in ((True, 494.7e12), (False, 66.9e12)):  # fp32 matmuls on tensor cores only with TF32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            assert perf.peak_flops(cuda, torch.float32)[0] == peak
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert perf.peak_flops(cuda, torch.bfloat16, setting=5e14) == (5e14, "train.peak_flops")
+
+
+def test_measured_peak_keeps_the_highest_figure(monkeypatch, tmp_path):
+    """A measurement on a busy machine is a lower bound: a slower one never replaces a faster one."""
+    import normbench.perf as perf
+
+    monkeypatch.setenv("NORMBENCH_CACHE_DIR", str(tmp_path))
+    readings = iter([5e9, 3e9, 7e9])
+    monkeypatch.setattr(perf, "_measure_matmul_flops", lambda *a, **k: next(readings))
+    cpu = torch.device("cpu")
+    assert [perf.peak_flops(cpu, torch.float32) for _ in range(3)] == [(5e9, "measured matmul"), (5e9, "measured matmul"), (7e9, "measured matmul")]
+    assert (tmp_path / "peak_flops.json").exists()
 
 
 LINUX_RSS = Path("/proc/self/clear_refs").exists()
