@@ -98,6 +98,7 @@ print(json.dumps([large, small]))
 """
 
 
+@pytest.mark.slow  # two runs in a fresh process, one with a 4096-token corpus
 @pytest.mark.skipif(not LINUX_RSS, reason="resetting the peak resident set needs Linux's /proc/self/clear_refs")
 def test_a_small_run_after_a_large_one_reports_its_own_peak(tmp_path):
     """The second of two runs in one process must not inherit the first's peak."""

@@ -162,6 +162,7 @@ def test_a_sweeps_runs_share_one_experiment_named_after_it(tmp_path):
     assert (tmp_path / "mlartifacts").is_dir()
 
 
+@pytest.mark.slow  # the CLI in a fresh interpreter
 def test_a_missing_tracker_package_is_one_line_before_anything_trains(tmp_path):
     import subprocess
 
@@ -178,6 +179,7 @@ def test_a_missing_tracker_package_is_one_line_before_anything_trains(tmp_path):
     assert summary["status"] == "failed"
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_an_unreachable_tracking_server_fails_the_run_clearly(tmp_path):
     proc = run_cli("train", *tiny("logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9",
                                   f"hydra.run.dir={tmp_path}/run"), cwd=tmp_path)
