@@ -67,6 +67,7 @@ def one_mlflow_run(db: Path, experiment: str = "normbench"):
     return client, runs
 
 
+@pytest.mark.slow  # W&B's service process and MLflow's SQLite store (its schema migrations): about 10 s of set-up
 def test_mlflow_holds_the_params_history_and_summary(both):
     run_dir, summary, db = both
     assert summary["status"] == "completed"
@@ -128,6 +129,7 @@ def items(entries) -> dict:
     return {e.key or "/".join(e.nested_key): json.loads(e.value_json) for e in entries}
 
 
+@pytest.mark.slow  # W&B's service process and MLflow's SQLite store (its schema migrations): about 10 s of set-up
 def test_wandb_offline_run_holds_the_same_numbers(both):
     run_dir, summary, _ = both
     files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -151,6 +153,7 @@ def test_wandb_offline_run_holds_the_same_numbers(both):
     assert final["status"] == "completed" and final["leaks_future"] == "false"
 
 
+@pytest.mark.slow  # MLflow's SQLite store (its schema migrations): seconds of set-up
 def test_a_sweeps_runs_share_one_experiment_named_after_it(tmp_path):
     for seed in (0, 1):
         train_logged(tmp_path / f"s{seed}", tmp_path / "mlflow.db", "logger=mlflow", f"seed={seed}",

@@ -51,6 +51,7 @@ def test_run_directory_contract(tmp_path):
     assert on_disk["best_val_loss"] == min(r["val_loss"] for r in evals)
 
 
+@pytest.mark.slow  # a 60-step training
 def test_loss_falls(tmp_path):
     train_tiny(tmp_path, "train.steps=60", "train.lr=1e-2")
     evals = [r["val_loss"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
@@ -58,6 +59,7 @@ def test_loss_falls(tmp_path):
     assert evals[-1] < evals[0] - 0.5
 
 
+@pytest.mark.slow  # three trainings (the fast tier's test_checkpoint compares seeded runs bit for bit)
 def test_same_seed_same_curve_bit_for_bit(tmp_path):
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_ms")} for r in rs]  # noqa: E731
     train_tiny(tmp_path / "a", "model.dropout=0.1", "seed=3")
