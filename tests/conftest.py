@@ -1,4 +1,4 @@
-"""Shared test helpers: compose configs the way the CLI does, train tiny models, run the CLI."""
+"""Shared test helpers: compose configs the way the CLI does, train tiny models, run the CLI, build small models."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from pathlib import Path
 from hypothesis import settings
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+import torch
 
 from normbench.config import conf_dir, parse_config
-from normbench.train import train
+from normbench.diagnostics import LayerStats
+from normbench.model import GPT, ModelConfig
+from normbench.train import Run, train
 
 # CI replays the same examples every time; locally hypothesis keeps exploring new ones.
 settings.register_profile("ci", derandomize=True)
@@ -68,3 +71,38 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     )
 
 
+# A small model built directly, without a config: test_model's QK-norm and test_placements' hand-built blocks.
+SMALL_MODEL = ModelConfig(n_layer=4, n_head=2, d_model=32, block_size=16)
+
+
+def build(placement: str, norm: str = "ln", qk_norm: str = "none", **options) -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**SMALL_MODEL.__dict__, "qk_norm": qk_norm})
+    return GPT(cfg, 16, {"name": norm}, {"name": placement, "final_norm": True, **options}).eval()
+
+
+def randomize_norms(model: torch.nn.Module) -> None:
+    """Gains and biases away from their 1/0 init, so a wrong wiring cannot hide behind them."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand_like(p) + 0.5)
+
+
+def stats_step(tmp_path, *overrides):
+    """One statistics step of a tiny run, and the model and batch it ran on (rebuilt by hand).
+
+    test_diagnostics' logit statistics and test_train's z-loss check it by hand."""
+    cfg = parse_config(compose_cfg(tiny("train.grad_clip=0", "model.n_layer=2", *overrides)))
+    state = Run(cfg, tmp_path / "run")
+    stats = LayerStats(state.model)
+    record_gen = state.batch_gen.get_state()
+    attn_inputs = []
+    hooks = [b.attn.register_forward_pre_hook(lambda m, args: attn_inputs.append(args[0].detach())) for b in state.model.blocks]
+    weights = {n: t.detach().clone() for n, t in state.model.state_dict().items()}
+    _, grad_norm = state.train_step(stats)
+    for h in hooks:
+        h.remove()
+    state.batch_gen.set_state(record_gen)
+    x, y = state.data.train_batch(state.tcfg.batch_size, state.batch_gen)
+    return stats.record(0, grad_norm, 0.0), weights, attn_inputs, x, y, state

@@ -235,6 +235,7 @@ def _last_step(run_dir: Path) -> int:
         return -1
 
 
+@pytest.mark.slow  # kill -9 and SIGTERM of CLI processes
 def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp_path):
     ref = tmp_path / "ref"
     train_tiny(ref, *CLI_RUN, "train.checkpoint_every=0")  # in this process: the same computation
@@ -271,6 +272,7 @@ def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp
     assert_same_run(run_dir, ref)
 
 
+@pytest.mark.slow  # a sweep's job processes
 def test_a_sweep_stopped_by_sigterm_lists_the_run_as_interrupted_and_resumes_it(tmp_path, monkeypatch):
     """SIGTERM to the sweep command (SLURM preempting the job that runs it, say) goes on to the job,
     which checkpoints; the index says where it will resume, and the same command resumes it there."""
@@ -308,6 +310,7 @@ def test_a_sweep_stopped_by_sigterm_lists_the_run_as_interrupted_and_resumes_it(
     assert_same_run(run_dir, tmp_path / "ref")
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_the_cli_refuses_another_configs_checkpoint_before_writing_anything(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         signal_at(m, 5)

@@ -80,6 +80,26 @@ def test_bad_input_is_a_short_clear_error(tmp_path, overrides, code, message):
     assert not (tmp_path / "metrics.jsonl").exists(), "nothing trained, so nothing logged"
 
 
+BAD = [
+    (["model.qk_norm=foo"], "unknown model.qk_norm 'foo'; allowed: none, gn, ln, rms, scale"),
+    (["model.qk_norm=bn"], "model.qk_norm=bn cannot normalize queries and keys (batch statistics, which mix tokens); allowed: none, gn, ln, rms, scale"),
+    (["placement=mixln", "placement.post_fraction=1.5"], "placement.post_fraction must be a number in [0, 1], got 1.5"),
+    (["placement=mixln", "placement.post_fraction=-0.1"], "placement.post_fraction must be a number in [0, 1], got -0.1"),
+    (["+placement.post_fraction=0.5"], "placement 'pre' has no option post_fraction; allowed: placement.final_norm"),
+    (["train.z_loss=-1"], "train.z_loss must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD)
+def test_bad_input_is_one_line(tmp_path, overrides, message):
+    result = CliRunner().invoke(app, ["train", *tiny(*overrides), f"hydra.run.dir={tmp_path}"])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow  # a fresh interpreter
 def test_help_imports_no_torch():
     """normbench --help must stay fast: importing the CLI and printing help loads neither torch nor Hydra's app."""
     code = ("import sys\n"
@@ -101,6 +121,7 @@ def test_bad_text_file_through_the_cli(tmp_path, content):
     assert result.exit_code == 2 and ("is empty" in result.output or "is not UTF-8" in result.output)
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_real_process_exit_codes_and_no_traceback(tmp_path):
     bad = run_cli("train", *tiny("model.n_head=3"), f"hydra.run.dir={tmp_path / 'bad'}")
     assert bad.returncode == 2
@@ -111,6 +132,7 @@ def test_real_process_exit_codes_and_no_traceback(tmp_path):
     assert json.loads((tmp_path / "div" / "summary.json").read_text())["status"] == "diverged"
 
 
+@pytest.mark.slow  # builds and installs a wheel
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_wheel_ships_the_configs_and_runs_from_elsewhere(tmp_path):
     """pip install . must carry conf/ inside the package: run the installed wheel from another directory."""

@@ -80,6 +80,7 @@ def test_corpus_depends_on_data_seed_not_training_seed():
     assert not torch.equal(a.train, c.train)
 
 
+@pytest.mark.slow  # a 60-step training
 def test_trained_model_does_not_beat_the_floor(tmp_path):
     summary = train_tiny(tmp_path, "train.steps=60", "train.lr=1e-2")
     assert summary["status"] == "completed"

@@ -1,18 +1,20 @@
-"""Training diagnostics: the step-0 record, per-layer norms against a direct computation, no side effects."""
+"""Training diagnostics: the step-0 record, per-layer norms and the attention and output logits against a
+direct computation, no side effects."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from normbench.config import parse_config
-from normbench.perf import StepTimer
 from normbench.diagnostics import PARTS, LayerStats
 from normbench.train import Run
 
-from conftest import compose_cfg, read_metrics, tiny, train_tiny
+from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
 
 
 def stats_records(run_dir):
@@ -104,73 +106,6 @@ def test_clipping_is_recorded(tmp_path):
     assert all(r["clipped"] for r in stats_records(tmp_path))
 
 
-def test_summary_performance_fields(tmp_path):
-    summary = train_tiny(tmp_path, "train.peak_flops=1e12")
-    for key in ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "mfu", "max_grad_norm", "clip_fraction"):
-        assert summary[key] is not None and summary[key] >= 0, key
-    assert summary["step_ms_p90"] >= summary["step_ms_p50"]
-    # MFU is model FLOPs per second over the given peak.
-    assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * summary["flops_per_token"] / 1e12, rel=1e-6)
-    assert (summary["peak_flops"], summary["peak_flops_source"]) == (1e12, "train.peak_flops")
-
-
-def test_peak_flops_on_a_listed_gpu_is_its_datasheet_figure(monkeypatch):
-    """No GPU needed: the name decides, and nothing is measured."""
-    import normbench.perf as perf
-
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(perf, "_measure_matmul_flops", lambda *a, **k: pytest.fail("a listed GPU is not measured"))
-    cuda = torch.device("cuda")
-    assert perf.peak_flops(cuda, torch.bfloat16) == (989.4e12, "datasheet bf16: NVIDIA H100 80GB HBM3")
-    assert perf.peak_flops(cuda, torch.float16)[0] == 989.4e12
-    precision = torch.get_float32_matmul_precision()  # what allow_tf32 sets (not monkeypatch-able)
-    try:
-        for tf32, peak in ((True, 494.7e12), (False, 66.9e12)):  # fp32 matmuls on tensor cores only with TF32
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            assert perf.peak_flops(cuda, torch.float32)[0] == peak
-    finally:
-        torch.set_float32_matmul_precision(precision)
-    assert perf.peak_flops(cuda, torch.bfloat16, setting=5e14) == (5e14, "train.peak_flops")
-
-
-def test_measured_peak_keeps_the_highest_figure(monkeypatch, tmp_path):
-    """A measurement on a busy machine is a lower bound: a slower one never replaces a faster one."""
-    import normbench.perf as perf
-
-    monkeypatch.setenv("NORMBENCH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(perf, "_MEASURED_HERE", {})
-    readings = iter([5e9, 3e9, 7e9])
-    monkeypatch.setattr(perf, "_measure_matmul_flops", lambda *a, **k: next(readings))
-    cpu = torch.device("cpu")
-    # A process measures once, for its first run (a sweep worker's later runs reuse it) ...
-    assert [perf.peak_flops(cpu, torch.float32) for _ in range(3)] == [(5e9, "measured matmul")] * 3
-    # ... and each new process measures again: the cache keeps the highest figure.
-    peaks = []
-    for _ in range(2):
-        perf._MEASURED_HERE.clear()
-        peaks.append(perf.peak_flops(cpu, torch.float32))
-    assert peaks == [(5e9, "measured matmul"), (7e9, "measured matmul")]
-    assert (tmp_path / "peak_flops.json").exists()
-
-
-def test_step_timer_excludes_warmup():
-    timer = StepTimer(warmup_steps=2)
-    timer.times = [1.0, 1.0, 0.01, 0.02, 0.03]
-    out = timer.summary(tokens_per_step=100)
-    assert out["step_ms_p50"] == pytest.approx(20.0)
-    assert out["tokens_per_s"] == pytest.approx(100 / 0.02)
-    assert out["step_ms_p90"] == pytest.approx(28.0)  # 0.9 of the way from 10 to 30: 20 + 0.8 x 10
-
-
-def test_xavier_init_option(tmp_path):
-    torch.manual_seed(0)
-    state = Run(parse_config(compose_cfg(tiny("model.init=xavier", "model.d_model=64", "model.n_layer=4"))), tmp_path)
-    fc = state.model.blocks[0].mlp.fc.weight
-    proj = state.model.blocks[0].mlp.proj.weight
-    assert fc.abs().max().item() <= math.sqrt(6 / (64 + 256)) + 1e-6
-    assert proj.std().item() == pytest.approx(math.sqrt(2 / (64 + 256)), rel=0.05)  # no residual scaling
-
-
 def test_tensorboard_mirror_matches_the_jsonl(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -184,3 +119,60 @@ def test_tensorboard_mirror_matches_the_jsonl(tmp_path):
     board = {e.step: e.value for e in events.Scalars("train_loss")}
     assert board.keys() == jsonl.keys()
     assert all(board[s] == pytest.approx(jsonl[s], rel=1e-6) for s in jsonl)
+
+
+# ---------------------------------------------------------------- logit statistics
+
+
+@pytest.mark.parametrize("qk_norm", ["none", "rms"])
+def test_attention_logit_statistics_match_a_hand_computation(tmp_path, qk_norm):
+    record, weights, attn_inputs, _, _, state = stats_step(tmp_path, f"model.qk_norm={qk_norm}")
+    n_head, d = state.cfg.model.n_head, state.cfg.model.d_model
+    hd = d // n_head
+    for i, x in enumerate(attn_inputs):
+        prefix = f"blocks.{i}.attn."
+        qkv = x @ weights[prefix + "qkv.weight"].T + weights[prefix + "qkv.bias"]
+        q, k, v = (t.reshape(*x.shape[:2], n_head, hd).transpose(1, 2) for t in qkv.split(d, -1))
+        if qk_norm == "rms":
+            q = q / q.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * weights[prefix + "q_norm.weight"]
+            k = k / k.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * weights[prefix + "k_norm.weight"]
+        T = x.shape[1]
+        logits = torch.einsum("bhid,bhjd->bhij", q.double(), k.double()) / math.sqrt(hd)
+        allowed = torch.tensor([[j <= t for j in range(T)] for t in range(T)])
+        assert record["layers"][i]["max_attn_logit"] == pytest.approx(float(logits[..., allowed].max()), rel=1e-5)
+        p = logits.masked_fill(~allowed, -math.inf).softmax(-1)
+        entropy = -(p * p.clamp_min(1e-300).log()).sum(-1).mean()
+        assert record["layers"][i]["attn_entropy"] == pytest.approx(float(entropy), rel=1e-5)
+        # These are the logits SDPA softmaxes: the same weights on v give the same output.
+        sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert torch.allclose(p.float() @ v, sdpa, atol=1e-5)
+    assert record["max_attn_logit"] == max(layer["max_attn_logit"] for layer in record["layers"])
+
+
+def test_output_logit_statistics_match_a_hand_computation(tmp_path):
+    record, weights, _, x, _, state = stats_step(tmp_path)
+    with torch.no_grad():
+        state.model.load_state_dict(weights)  # the weights the statistics step saw
+        logits = state.model(x)[0].double()
+    log_z = torch.log(torch.exp(logits).sum(-1))
+    assert record["mean_log_z"] == pytest.approx(float(log_z.mean()), rel=1e-5)
+    assert record["max_log_z"] == pytest.approx(float(log_z.max()), rel=1e-5)
+    assert record["max_output_logit"] == pytest.approx(float(logits.max()), rel=1e-5)
+
+
+def test_logit_diagnostics_in_metrics_and_summary(tmp_path):
+    summary = train_tiny(tmp_path, "train.stats_every=5", "train.lr=3e-2")
+    records = [r for r in read_metrics(tmp_path) if r["kind"] == "stats"]
+    assert [r["step"] for r in records] == [0, 5, 10, 15]
+    for r in records:
+        assert math.isfinite(r["max_attn_logit"]) and math.isfinite(r["max_log_z"])
+        assert r["max_log_z"] >= r["mean_log_z"]
+        assert all(0 <= layer["attn_entropy"] <= math.log(32) for layer in r["layers"])
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["max_attn_logit"] == summary["max_attn_logit"] == max(r["max_attn_logit"] for r in records)
+    assert on_disk["max_log_z"] == max(r["max_log_z"] for r in records)
+
+
+def test_logit_diagnostics_off_with_the_statistics(tmp_path):
+    summary = train_tiny(tmp_path, "train.stats_every=0")
+    assert summary["max_attn_logit"] is None and summary["max_log_z"] is None

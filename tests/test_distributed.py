@@ -80,6 +80,7 @@ def curve(run_dir: Path, kind: str, key: str) -> list[float]:
     return [r[key] for r in read_metrics(run_dir) if r["kind"] == kind]
 
 
+@pytest.mark.slow  # torchrun
 @pytest.mark.parametrize("norm", ["ln", "bn"])
 def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
     one = train_tiny(tmp_path / "one", *CORPUS, f"norm={norm}")
@@ -110,6 +111,7 @@ def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
         assert two["causal_leak"]["train"] == pytest.approx(one["causal_leak"]["train"], rel=1e-2)
 
 
+@pytest.mark.slow  # torchrun
 def test_unsynchronized_batchnorm_keeps_per_rank_statistics(tmp_path):
     short = ["train.steps=5", "train.eval_every=5"]  # one logged window shows the difference
     train_tiny(tmp_path / "one", *CORPUS, "norm=bn", *short)
@@ -123,6 +125,7 @@ def test_unsynchronized_batchnorm_keeps_per_rank_statistics(tmp_path):
     assert two != pytest.approx(one, rel=1e-4)
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_a_sweep_under_torchrun_is_refused_with_a_pointer_to_the_launchers(tmp_path):
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PYTHONPATH": str(REPO)}
     result = run_cli("train", "-m", *TINY, *CORPUS, "seed=0,1", cwd=tmp_path, env=env, timeout=120)
@@ -164,6 +167,7 @@ def test_sync_is_a_batchnorm_option_only():
     assert compose_cfg(["norm=bn"]).norm.sync is True
 
 
+@pytest.mark.slow  # torchrun
 def test_two_ranks_stopped_by_sigterm_resume_exactly(tmp_path):
     """torchrun passes SIGTERM to both ranks; they agree on a step, checkpoint (every rank's dropout RNG)
     and exit; the same command resumes both ranks from rank 0's file and ends as an uninterrupted run."""

@@ -1,4 +1,4 @@
-"""The model's initialisation, parameter by parameter, and its FLOPs against PyTorch's own counter."""
+"""The model's initialisation, parameter by parameter, its FLOPs against PyTorch's own counter, and QK-norm."""
 
 from __future__ import annotations
 
@@ -9,8 +9,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from normbench.model import GPT, ModelConfig
+from normbench.config import parse_config
+from normbench.diagnostics import attention_logits
+from normbench.model import GPT, ModelConfig, qk_norms
 from normbench.perf import flops_per_token
+from normbench.train import Run
+
+from conftest import SMALL_MODEL as CFG, build, compose_cfg, randomize_norms, tiny
 
 N_LAYER, D, VOCAB = 2, 128, 64
 
@@ -63,6 +68,23 @@ def test_every_parameter_starts_with_its_intended_std(init, placement):
     assert checked >= 2 + 3 * N_LAYER  # the embeddings and every block's matrices
 
 
+def test_gpt2_init_scales_residual_projections():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=8, d_model=256, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "pre"})
+    assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
+    assert model.head.weight is model.tok_emb.weight
+
+
+def test_xavier_init_option(tmp_path):
+    torch.manual_seed(0)
+    state = Run(parse_config(compose_cfg(tiny("model.init=xavier", "model.d_model=64", "model.n_layer=4"))), tmp_path)
+    fc = state.model.blocks[0].mlp.fc.weight
+    proj = state.model.blocks[0].mlp.proj.weight
+    assert fc.abs().max().item() <= math.sqrt(6 / (64 + 256)) + 1e-6
+    assert proj.std().item() == pytest.approx(math.sqrt(2 / (64 + 256)), rel=0.05)  # no residual scaling
+
+
 def test_flops_per_token_against_torch_flop_counter():
     """6N + 12 L d T against the matmul FLOPs PyTorch counts in one forward and backward pass.
 
@@ -93,3 +115,60 @@ def test_flops_per_token_against_torch_flop_counter():
     vectors = sum(p.numel() for p in model.parameters() if p.dim() < 2)
     assert flops_per_token(model) == pytest.approx(counter.get_total_flops() / tokens + 6 * vectors, rel=1e-9)
     assert counter.get_total_flops() / tokens / flops_per_token(model) == pytest.approx(1.0, abs=0.02)
+
+
+# ---------------------------------------------------------------- QK-norm
+
+
+def test_qk_norm_choices_are_the_per_vector_norms():
+    assert qk_norms() == ["gn", "ln", "rms", "scale"]
+
+
+@pytest.mark.parametrize("qk_norm", ["rms", "ln"])
+def test_qk_norm_normalizes_each_head_over_head_dim(qk_norm):
+    """Per head and token, q and k divided by their gain have RMS 1 (and mean 0 for LayerNorm)."""
+    model = build("pre", qk_norm=qk_norm)
+    randomize_norms(model)
+    attn = model.blocks[1].attn
+    head_dim = CFG.d_model // CFG.n_head
+    assert attn.q_norm.weight.shape == (head_dim,), "one gain vector shared by all heads"
+    assert getattr(attn.q_norm, "bias", None) is None, "QK-norm has no bias"
+    x = torch.randn(3, 8, CFG.d_model) * 5
+    q, k, _ = attn.heads(x)
+    for t, norm in ((q, attn.q_norm), (k, attn.k_norm)):
+        unscaled = t / norm.weight
+        assert torch.allclose(unscaled.pow(2).mean(-1) if qk_norm == "rms" else unscaled.var(-1, unbiased=False),
+                              torch.ones(3, CFG.n_head, 8), atol=1e-3)
+        if qk_norm == "ln":
+            assert torch.allclose(unscaled.mean(-1), torch.zeros(3, CFG.n_head, 8), atol=1e-4)
+
+
+@pytest.mark.parametrize("qk_norm", ["rms", "ln"])
+def test_qk_norm_bounds_the_attention_logit(qk_norm):
+    """|q·k| / sqrt(d) <= ||q|| ||k|| / sqrt(d) <= sqrt(d) max|g_q| max|g_k|, however large the weights."""
+    head_dim = CFG.d_model // CFG.n_head
+    x = torch.randn(2, 16, CFG.d_model)
+    largest = {}
+    for which in ("none", qk_norm):
+        model = build("pre", qk_norm=which)
+        randomize_norms(model)
+        attn = model.blocks[0].attn
+        with torch.no_grad():
+            attn.qkv.weight.mul_(100)
+            q, k, _ = attn.heads(x)
+        largest[which] = float(attention_logits(q, k).max())
+        if which != "none":
+            bound = math.sqrt(head_dim) * float(attn.q_norm.weight.detach().abs().max() * attn.k_norm.weight.detach().abs().max())
+    assert largest[qk_norm] <= bound * (1 + 1e-5)
+    assert largest["none"] > 10 * bound, "without QK-norm the same weights must break the bound"
+
+
+def test_qk_norm_and_placement_options_are_checked():
+    from normbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.qk_norm=bn cannot normalize queries and keys.*allowed: none, gn, ln, rms, scale"):
+        ModelConfig(qk_norm="bn").validate()
+    with pytest.raises(ConfigError, match="model.qk_norm=dyt cannot"):
+        ModelConfig(qk_norm="dyt").validate()
+    with pytest.raises(ConfigError, match="unknown model.qk_norm 'foo'"):
+        ModelConfig(qk_norm="foo").validate()

@@ -375,6 +375,7 @@ def test_fused_kernels_are_not_traced_by_torch_compile(monkeypatch):
     assert seen and not ran_fused(out)
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_no_compiler_still_trains_with_one_line_saying_so(tmp_path):
     """A user's machine without a C++ compiler: `normbench train norm=rms` works on the eager path."""
     from conftest import run_cli, tiny

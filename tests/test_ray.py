@@ -21,6 +21,8 @@ LOOPBACK = {
 # Ray reads these when it is imported; the sweep's processes inherit them.
 os.environ.update(LOOPBACK)
 
+pytestmark = pytest.mark.slow  # a local Ray cluster and the CLI in subprocesses
+
 ray = pytest.importorskip("ray", reason="the Ray launcher needs ray: pip install 'normbench[ray]'")
 pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install 'normbench[ray]'")
 

@@ -307,6 +307,7 @@ def test_200_runs(tmp_path):
     assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | {"bench"}
 
 
+@pytest.mark.slow  # a sweep's job processes
 def test_report_of_a_sweep_with_an_invalid_job_counts_it_as_the_index_does(tmp_path, monkeypatch):
     """A job whose config does not validate fails before training (no metrics.jsonl): still counted."""
     from normbench.sweep import read_index, run_sweep

@@ -44,6 +44,7 @@ def mtimes(run_dirs) -> dict:
     return {Path(d).name: (Path(d) / "summary.json").stat().st_mtime_ns for d in run_dirs}
 
 
+@pytest.mark.slow  # sweeps through joblib's and the basic launcher's job processes
 def test_grid_failures_index_and_resume(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sweep_dir = tmp_path / "sw"
@@ -146,6 +147,7 @@ def _wait_until_training(tmp_path: Path, proc: subprocess.Popen, finished: int) 
 JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 
 
+@pytest.mark.slow  # kill -9 of a sweep's processes
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
 @pytest.mark.parametrize("launcher", [[], JOBLIB], ids=["basic", "joblib"])
 def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_path, launcher):
@@ -178,6 +180,7 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
         assert f"{len(cut_short)} interrupted among them" in " ".join(result.stdout.split())
 
 
+@pytest.mark.slow  # SIGINT to a sweep process
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
 def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
     args = ["sweep", "seed=0,1", *TINY, "train.steps=2000", "train.threads=1", *JOBLIB]
@@ -202,6 +205,7 @@ def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
     assert not list(sweep_dir.glob("*/summary.json")), "an interrupted run is not a result"
 
 
+@pytest.mark.slow  # a sweep's job processes
 def test_a_range_sweep_runs_one_job_per_value(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out = sweep(["seed=range(3,5)", *TINY, "train.steps=4", "train.log_every=2", "train.eval_every=4",
@@ -214,6 +218,7 @@ def test_a_range_sweep_runs_one_job_per_value(tmp_path, monkeypatch):
     assert [OmegaConf.load(sweep_dir / r["run_dir"] / "config.yaml").seed for r in rows] == [3, 4]
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_dry_run_lists_runs_and_their_results(tmp_path, monkeypatch):
     args = ["norm=ln,rms", "seed=0,1", *TINY]
     result = run_cli("sweep", "--dry-run", *args, cwd=tmp_path)
@@ -282,6 +287,7 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
     assert {j.overrides[0] for j in zoo.jobs} == {f"norm={n}" for n in group_options("norm")}  # glob(*)
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_user_mistakes_are_short_clear_errors(tmp_path, monkeypatch):
     result = run_cli("sweep", "experiment=nope", cwd=tmp_path)
     assert result.returncode == 2
@@ -316,6 +322,7 @@ def test_launcher_presets_compose(tmp_path, monkeypatch):
             plan_sweep(["norm=ln,rms", "hydra/launcher=ray_cluster"])
 
 
+@pytest.mark.slow  # submitit's local (SLURM-like) executor processes
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("hydra_plugins.hydra_submitit_launcher"),
                     reason="hydra-submitit-launcher is not installed (pip install 'normbench[slurm]')")
 def test_submitit_local_launcher(tmp_path, monkeypatch):

@@ -68,6 +68,7 @@ def one_mlflow_run(db: Path, experiment: str = "normbench"):
     return client, runs
 
 
+@pytest.mark.slow  # W&B's service process and MLflow's SQLite store (its schema migrations): about 10 s of set-up
 def test_mlflow_holds_the_params_history_and_summary(both):
     run_dir, summary, db = both
     assert summary["status"] == "completed"
@@ -129,6 +130,7 @@ def items(entries) -> dict:
     return {e.key or "/".join(e.nested_key): json.loads(e.value_json) for e in entries}
 
 
+@pytest.mark.slow  # W&B's service process and MLflow's SQLite store (its schema migrations): about 10 s of set-up
 def test_wandb_offline_run_holds_the_same_numbers(both):
     run_dir, summary, _ = both
     files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -152,6 +154,7 @@ def test_wandb_offline_run_holds_the_same_numbers(both):
     assert final["status"] == "completed" and final["leaks_future"] == "false"
 
 
+@pytest.mark.slow  # MLflow's SQLite store (its schema migrations): seconds of set-up
 def test_a_sweeps_runs_share_one_experiment_named_after_it(tmp_path):
     for seed in (0, 1):
         train_logged(tmp_path / f"s{seed}", tmp_path / "mlflow.db", "logger=mlflow", f"seed={seed}",
@@ -163,6 +166,7 @@ def test_a_sweeps_runs_share_one_experiment_named_after_it(tmp_path):
     assert (tmp_path / "mlartifacts").is_dir()
 
 
+@pytest.mark.slow  # the CLI in a fresh interpreter
 def test_a_missing_tracker_package_is_one_line_before_anything_trains(tmp_path):
     import subprocess
 
@@ -179,6 +183,7 @@ def test_a_missing_tracker_package_is_one_line_before_anything_trains(tmp_path):
     assert summary["status"] == "failed"
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_an_unreachable_tracking_server_fails_the_run_clearly(tmp_path):
     proc = run_cli("train", *tiny("logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9",
                                   f"hydra.run.dir={tmp_path}/run"), cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""The training loop, the model's wiring and the run directory contract, on tiny models."""
+"""The training loop, the run directory contract and z-loss, on tiny models."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from normbench.config import group_options, parse_config
-from normbench.model import GPT, ModelConfig
+from normbench.model import GPT, ModelConfig, qk_norms
 from normbench.norms import NORMS
 from normbench.placements import PLACEMENTS
 from normbench.train import LEAK_TOLERANCE, TrainConfig, build_optimizer, lr_factor
 
-from conftest import compose_cfg, read_metrics, tiny, train_tiny
+from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
 
 
 def test_every_group_option_composes_and_validates():
@@ -51,6 +51,7 @@ def test_run_directory_contract(tmp_path):
     assert on_disk["best_val_loss"] == min(r["val_loss"] for r in evals)
 
 
+@pytest.mark.slow  # a 60-step training
 def test_loss_falls(tmp_path):
     train_tiny(tmp_path, "train.steps=60", "train.lr=1e-2")
     evals = [r["val_loss"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
@@ -58,6 +59,7 @@ def test_loss_falls(tmp_path):
     assert evals[-1] < evals[0] - 0.5
 
 
+@pytest.mark.slow  # three trainings (the fast tier's test_checkpoint compares seeded runs bit for bit)
 def test_same_seed_same_curve_bit_for_bit(tmp_path):
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_ms")} for r in rs]  # noqa: E731
     train_tiny(tmp_path / "a", "model.dropout=0.1", "seed=3")
@@ -111,51 +113,11 @@ def test_weight_decay_skips_norms_biases_and_embeddings():
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
 
 
-def test_gpt2_init_scales_residual_projections():
-    torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=8, d_model=256, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "pre"})
-    assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
-    assert model.head.weight is model.tok_emb.weight
-
-
-def test_deepnorm_alpha_and_beta_init():
-    torch.manual_seed(0)
-    n_layer, d = 6, 256
-    model = GPT(ModelConfig(n_layer=n_layer, d_model=d, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "deepnorm", "final_norm": False})
-    block = model.blocks[0]
-    assert block.alpha == pytest.approx((2 * n_layer) ** 0.25)
-    beta = (8 * n_layer) ** -0.25
-    xavier = lambda fan_in, fan_out, gain: gain * math.sqrt(2.0 / (fan_in + fan_out))  # noqa: E731
-    q, k, v = block.attn.qkv.weight.split(d)
-    assert q.std().item() == pytest.approx(xavier(d, d, 1.0), rel=0.05)
-    assert v.std().item() == pytest.approx(xavier(d, d, beta), rel=0.05)
-    assert block.mlp.fc.weight.std().item() == pytest.approx(xavier(d, 4 * d, beta), rel=0.05)
-    assert isinstance(model.norm_final, torch.nn.Identity)
-
-
-def test_final_norm_can_be_turned_off(tmp_path):
-    on = GPT(ModelConfig(), 16, {"name": "rms"}, {"name": "pre", "final_norm": True})
-    off = GPT(ModelConfig(), 16, {"name": "rms"}, {"name": "pre", "final_norm": False})
-    assert on.num_params() - off.num_params() == ModelConfig().d_model
-
-
-def test_post_placement_normalizes_the_residual_stream():
-    """Post-LN: every block's output is a norm's output; Pre-LN's stream is left alone."""
-    torch.manual_seed(0)
-    idx = torch.randint(16, (2, 8))
-    for placement, normalized in (("post", True), ("pre", False)):
-        model = GPT(ModelConfig(n_layer=2, d_model=32, n_head=2, block_size=8), 16, {"name": "ln", "bias": False},
-                    {"name": placement, "final_norm": False})
-        outs = []
-        model.blocks[-1].register_forward_hook(lambda m, i, o: outs.append(o))
-        model(idx)
-        per_token = outs[0].std(-1, unbiased=False)
-        assert torch.allclose(per_token, torch.ones_like(per_token), atol=1e-3) == normalized
-
-
-@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
-@pytest.mark.parametrize("norm", sorted(NORMS))
+# The fast tier trains every norm in pre and every placement with ln (13 pairs); the other 36 are slow.
+@pytest.mark.parametrize("norm, placement", [
+    pytest.param(norm, placement, marks=() if norm == "ln" or placement == "pre" else pytest.mark.slow)
+    for norm in sorted(NORMS) for placement in sorted(PLACEMENTS)
+])
 def test_every_norm_in_every_placement_trains_and_probes(tmp_path, norm, placement):
     summary = train_tiny(tmp_path, f"norm={norm}", f"placement={placement}", "train.steps=6", "train.log_every=3",
                          "train.eval_every=6")
@@ -167,6 +129,18 @@ def test_every_norm_in_every_placement_trains_and_probes(tmp_path, norm, placeme
         assert leak["train"] > 1e-2 and summary["leaks_future"], "BatchNorm's train-mode leak must show"
     else:
         assert leak["train"] < LEAK_TOLERANCE and not summary["leaks_future"]
+
+
+@pytest.mark.parametrize("overrides", [
+    *([f"model.qk_norm={n}", "placement=reordered"] for n in qk_norms()),
+    ["model.qk_norm=rms", "norm=bn", "placement=post"],
+    ["model.qk_norm=ln", "placement=mixln", "placement.post_fraction=0.5", "model.n_layer=4"],
+    ["train.z_loss=1e-4", "placement=lns"],
+])
+def test_new_options_train_and_eval_mode_is_causal(tmp_path, overrides):
+    summary = train_tiny(tmp_path, *overrides, "train.steps=6", "train.log_every=3", "train.eval_every=6")
+    assert summary["status"] == "completed" and math.isfinite(summary["final_val_loss"])
+    assert summary["causal_leak"]["eval"] < LEAK_TOLERANCE
 
 
 def test_batchnorm_validation_uses_running_statistics(tmp_path):
@@ -188,6 +162,7 @@ def test_batchnorm_validation_uses_running_statistics(tmp_path):
     assert val == pytest.approx(by_hand, rel=1e-6)
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_model_trains_to_the_eager_loss(tmp_path):
     compiled = train_tiny(tmp_path / "compiled", "train.compile=true")
     if not compiled["compiled"]:
@@ -240,6 +215,7 @@ def test_training_step_runs_the_ops_of_a_bare_loop_and_its_trajectory():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow  # two 40-step trainings
 def test_bf16_trains_end_to_end_close_to_fp32(tmp_path):
     """bf16 autocast on the CPU: a finite loss curve that follows fp32's on the same seed and data."""
     fp32 = train_tiny(tmp_path / "fp32", "train.steps=40", "train.lr=1e-2", "train.eval_every=20", "seed=5")
@@ -253,3 +229,38 @@ def test_bf16_trains_end_to_end_close_to_fp32(tmp_path):
     for a, b in zip(curves["fp32"], curves["bf16"], strict=True):
         assert b == pytest.approx(a, abs=0.02)  # 0.003 apart here
     assert curves["bf16"] != curves["fp32"], "bf16 must actually compute in bf16"
+
+
+# ---------------------------------------------------------------- z-loss
+
+
+def test_z_loss_adds_exactly_its_term(tmp_path):
+    coef = 0.05
+    record, weights, _, x, y, state = stats_step(tmp_path, f"train.z_loss={coef}")
+    with torch.no_grad():
+        state.model.load_state_dict(weights)
+    state.model.zero_grad(set_to_none=True)
+    logits = state.model(x)[0]
+    log_z = torch.log(torch.exp(logits.double()).sum(-1))
+    ce = (log_z - logits.double().gather(-1, y.unsqueeze(-1)).squeeze(-1)).mean()
+    z_term = coef * log_z.pow(2).mean()
+    assert float(state.z_term) == pytest.approx(z_term.item(), rel=1e-5)
+    (ce + z_term).backward(retain_graph=True)
+    with_z = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in state.model.parameters()))
+    assert record["grad_norm"] == pytest.approx(with_z, rel=1e-4), "the gradient is that of CE + z-loss"
+    state.model.zero_grad(set_to_none=True)
+    ce.backward()
+    without = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in state.model.parameters()))
+    assert abs(with_z - without) > 1e-3 * without, "the z term must change the gradient"
+
+
+def test_z_loss_is_logged_apart_and_train_loss_stays_cross_entropy(tmp_path):
+    train_tiny(tmp_path / "z", "train.z_loss=0.01", "train.log_every=1", "train.steps=2")
+    train_tiny(tmp_path / "plain", "train.log_every=1", "train.steps=2")
+    z_run = [r for r in read_metrics(tmp_path / "z") if r["kind"] == "train"]
+    plain = [r for r in read_metrics(tmp_path / "plain") if r["kind"] == "train"]
+    assert all(r["z_loss"] > 0 for r in z_run) and all("z_loss" not in r for r in plain)
+    # The first step's loss is taken before any update: the same cross-entropy with and without z-loss.
+    assert z_run[0]["train_loss"] == pytest.approx(plain[0]["train_loss"], rel=1e-6)
+    # At init the logits are about 0, so Z is about the vocabulary size: z = coef * ln(64)^2.
+    assert z_run[0]["z_loss"] == pytest.approx(0.01 * math.log(64) ** 2, rel=0.02)
