@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,7 +16,8 @@ import torch
 
 from normbench.config import conf_dir, parse_config
 from normbench.diagnostics import LayerStats
-from normbench.model import GPT, ModelConfig
+from normbench.config import load_group
+from normbench.model import GPT
 from normbench.train import Run, train
 
 # CI replays the same examples every time; locally hypothesis keeps exploring new ones.
@@ -72,12 +74,12 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
 
 
 # A small model built directly, without a config: test_model's QK-norm and test_placements' hand-built blocks.
-SMALL_MODEL = ModelConfig(n_layer=4, n_head=2, d_model=32, block_size=16)
+SMALL_MODEL = load_group("model", n_layer=4, n_head=2, d_model=32, block_size=16)
 
 
 def build(placement: str, norm: str = "ln", qk_norm: str = "none", **options) -> GPT:
     torch.manual_seed(0)
-    cfg = ModelConfig(**{**SMALL_MODEL.__dict__, "qk_norm": qk_norm})
+    cfg = dataclasses.replace(SMALL_MODEL, qk_norm=qk_norm)
     return GPT(cfg, 16, {"name": norm}, {"name": placement, "final_norm": True, **options}).eval()
 
 

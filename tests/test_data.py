@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from normbench.data import (
-    DataConfig,
     build_dataset,
     fetch_shakespeare,
     sample_synthetic,
     synthetic_transitions,
     uniform_floor,
 )
+from normbench.config import load_group
 from normbench.errors import ConfigError
 
 from conftest import SHARED_DATA, train_tiny
@@ -45,7 +45,7 @@ def test_synthetic_logprob_matches_the_process_definition():
 
 
 def test_uniform_iid_process_has_floor_ln_vocab():
-    data = build_dataset(DataConfig(vocab_size=50, concentration=None, copy_prob=0.0, train_sequences=8, val_sequences=8), 16, 8)
+    data = build_dataset(load_group("data", vocab_size=50, concentration=None, copy_prob=0.0, train_sequences=8, val_sequences=8), 16, 8)
     assert data.floor_loss == pytest.approx(math.log(50), abs=1e-12) == pytest.approx(uniform_floor(50))
 
 
@@ -62,7 +62,7 @@ def test_copy_always_makes_repeated_contexts_deterministic():
 
 
 def test_markov_floor_is_the_empirical_transition_entropy():
-    cfg = DataConfig(vocab_size=16, concentration=0.2, copy_prob=0.0, train_sequences=8, val_sequences=64)
+    cfg = load_group("data", vocab_size=16, concentration=0.2, copy_prob=0.0, train_sequences=8, val_sequences=64)
     data = build_dataset(cfg, 32, 64)
     val = data.val[:64]
     by_hand = -data.transitions[val[:, :-1], val[:, 1:]].log().mean().item()
@@ -70,13 +70,13 @@ def test_markov_floor_is_the_empirical_transition_entropy():
 
 
 def test_corpus_depends_on_data_seed_not_training_seed():
-    cfg = DataConfig(train_sequences=16, val_sequences=16)
+    cfg = load_group("data", train_sequences=16, val_sequences=16)
     torch.manual_seed(0)
     a = build_dataset(cfg, 16, 16)
     torch.manual_seed(99)
     b = build_dataset(cfg, 16, 16)
     assert torch.equal(a.train, b.train) and a.floor_loss == b.floor_loss
-    c = build_dataset(DataConfig(train_sequences=16, val_sequences=16, seed=7), 16, 16)
+    c = build_dataset(load_group("data", train_sequences=16, val_sequences=16, seed=7), 16, 16)
     assert not torch.equal(a.train, c.train)
 
 
@@ -91,7 +91,7 @@ def test_trained_model_does_not_beat_the_floor(tmp_path):
 def test_text_dataset_is_character_level(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text("hello world, héllo wörld\n" * 20, encoding="utf-8")
-    data = build_dataset(DataConfig(name="text", path=str(path)), 8, 4)
+    data = build_dataset(load_group("data", "text", path=str(path)), 8, 4)
     assert data.vocab_size == len(set(path.read_text(encoding="utf-8")))
     x, y = data.train_batch(3, torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (3, 8) and torch.equal(x[:, 1:], y[:, :-1])
@@ -107,14 +107,14 @@ def test_bad_text_files(tmp_path, content, message):
     if content is not None:
         path.write_bytes(content)
     with pytest.raises(ConfigError, match=message):
-        build_dataset(DataConfig(name="text", path=str(path)), 8, 4)
+        build_dataset(load_group("data", "text", path=str(path)), 8, 4)
 
 
 def test_shakespeare_downloads_verifies_and_reuses_cache(tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 30)
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
-    cfg = DataConfig(name="shakespeare", url=source.as_uri(), sha256=digest, cache_dir=str(tmp_path / "cache"))
+    cfg = load_group("data", "shakespeare", url=source.as_uri(), sha256=digest, cache_dir=str(tmp_path / "cache"))
     cached = fetch_shakespeare(cfg)
     assert cached.read_bytes() == source.read_bytes()
     source.unlink()  # the second call must not touch the "network"
@@ -134,7 +134,7 @@ def test_parallel_first_downloads_do_not_race(tmp_path, monkeypatch):
 
     source = tmp_path / "input.txt"
     source.write_text("Before we proceed any further, hear me speak.\n" * 100)
-    cfg = DataConfig(name="shakespeare", url=source.as_uri(), sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
+    cfg = load_group("data", "shakespeare", url=source.as_uri(), sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
                      cache_dir=str(tmp_path / "cache"))
     jobs = 4
     barrier = threading.Barrier(jobs, timeout=30)
@@ -167,14 +167,14 @@ def test_parallel_first_downloads_do_not_race(tmp_path, monkeypatch):
 def test_shakespeare_checksum_mismatch_is_refused(tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("tampered")
-    cfg = DataConfig(name="shakespeare", url=source.as_uri(), sha256="0" * 64, cache_dir=str(tmp_path / "cache"))
+    cfg = load_group("data", "shakespeare", url=source.as_uri(), sha256="0" * 64, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match="SHA-256"):
         fetch_shakespeare(cfg)
     assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
 
 
 def test_shakespeare_offline_names_the_local_alternative(tmp_path):
-    cfg = DataConfig(name="shakespeare", url=(tmp_path / "missing.txt").as_uri(), cache_dir=str(tmp_path / "cache"))
+    cfg = load_group("data", "shakespeare", url=(tmp_path / "missing.txt").as_uri(), cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match=r"data=text data.path="):
         fetch_shakespeare(cfg)
 
@@ -182,6 +182,6 @@ def test_shakespeare_offline_names_the_local_alternative(tmp_path):
 @pytest.mark.skipif(not (SHARED_DATA / "tinyshakespeare.txt").exists(), reason="../shared/data not present")
 def test_real_shakespeare_matches_the_published_checksum():
     text = (SHARED_DATA / "tinyshakespeare.txt").read_bytes()
-    assert hashlib.sha256(text).hexdigest() == DataConfig().sha256
-    data = build_dataset(DataConfig(name="text", path=str(SHARED_DATA / "tinyshakespeare.txt")), 64, 4)
+    assert hashlib.sha256(text).hexdigest() == load_group("data", "shakespeare").sha256
+    data = build_dataset(load_group("data", "text", path=str(SHARED_DATA / "tinyshakespeare.txt")), 64, 4)
     assert data.vocab_size == 65  # nanoGPT's shakespeare_char vocabulary

@@ -11,7 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from normbench.config import parse_config
 from normbench.diagnostics import attention_logits
-from normbench.model import GPT, ModelConfig, qk_norms
+from normbench.config import load_group
+from normbench.model import GPT, qk_norms
 from normbench.perf import flops_per_token
 from normbench.train import Run
 
@@ -45,7 +46,7 @@ def intended_std(name: str, shape: torch.Size, init: str, placement: str) -> flo
 @pytest.mark.parametrize("init, placement", [("gpt2", "pre"), ("xavier", "pre"), ("gpt2", "deepnorm"), ("xavier", "deepnorm")])
 def test_every_parameter_starts_with_its_intended_std(init, placement):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=N_LAYER, n_head=4, d_model=D, block_size=32, init=init), VOCAB,
+    model = GPT(load_group("model", n_layer=N_LAYER, n_head=4, d_model=D, block_size=32, init=init), VOCAB,
                 {"name": "ln"}, {"name": placement, "final_norm": placement != "deepnorm"})
     assert model.head.weight is model.tok_emb.weight
     checked = 0
@@ -70,7 +71,7 @@ def test_every_parameter_starts_with_its_intended_std(init, placement):
 
 def test_gpt2_init_scales_residual_projections():
     torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=8, d_model=256, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "pre"})
+    model = GPT(load_group("model", n_layer=8, d_model=256, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "pre"})
     assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
     assert model.head.weight is model.tok_emb.weight
@@ -96,7 +97,7 @@ def test_flops_per_token_against_torch_flop_counter():
     total is lower by exactly 6 x (biases and norm gains) per token, 1.6% here.
     """
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layer=3, n_head=4, d_model=64, block_size=32)
+    cfg = load_group("model", n_layer=3, n_head=4, d_model=64, block_size=32)
     model = GPT(cfg, VOCAB, {"name": "ln"}, {"name": "pre"})
     batch = 4
     idx = torch.randint(VOCAB, (batch, cfg.block_size))
@@ -167,8 +168,8 @@ def test_qk_norm_and_placement_options_are_checked():
     from normbench.errors import ConfigError
 
     with pytest.raises(ConfigError, match="model.qk_norm=bn cannot normalize queries and keys.*allowed: none, gn, ln, rms, scale"):
-        ModelConfig(qk_norm="bn").validate()
+        load_group("model", qk_norm="bn").validate()
     with pytest.raises(ConfigError, match="model.qk_norm=dyt cannot"):
-        ModelConfig(qk_norm="dyt").validate()
+        load_group("model", qk_norm="dyt").validate()
     with pytest.raises(ConfigError, match="unknown model.qk_norm 'foo'"):
-        ModelConfig(qk_norm="foo").validate()
+        load_group("model", qk_norm="foo").validate()

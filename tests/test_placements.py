@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from normbench.model import GPT, ModelConfig
+from normbench.config import load_group
+from normbench.model import GPT
 from normbench.placements import PLACEMENTS
 
 from conftest import build, randomize_norms
@@ -65,7 +66,7 @@ def test_every_placement_is_in_the_registry():
 def test_deepnorm_alpha_and_beta_init():
     torch.manual_seed(0)
     n_layer, d = 6, 256
-    model = GPT(ModelConfig(n_layer=n_layer, d_model=d, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "deepnorm", "final_norm": False})
+    model = GPT(load_group("model", n_layer=n_layer, d_model=d, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "deepnorm", "final_norm": False})
     block = model.blocks[0]
     assert block.alpha == pytest.approx((2 * n_layer) ** 0.25)
     beta = (8 * n_layer) ** -0.25
@@ -78,9 +79,9 @@ def test_deepnorm_alpha_and_beta_init():
 
 
 def test_final_norm_can_be_turned_off(tmp_path):
-    on = GPT(ModelConfig(), 16, {"name": "rms"}, {"name": "pre", "final_norm": True})
-    off = GPT(ModelConfig(), 16, {"name": "rms"}, {"name": "pre", "final_norm": False})
-    assert on.num_params() - off.num_params() == ModelConfig().d_model
+    on = GPT(load_group("model"), 16, {"name": "rms"}, {"name": "pre", "final_norm": True})
+    off = GPT(load_group("model"), 16, {"name": "rms"}, {"name": "pre", "final_norm": False})
+    assert on.num_params() - off.num_params() == load_group("model").d_model
 
 
 def test_post_placement_normalizes_the_residual_stream():
@@ -88,7 +89,7 @@ def test_post_placement_normalizes_the_residual_stream():
     torch.manual_seed(0)
     idx = torch.randint(16, (2, 8))
     for placement, normalized in (("post", True), ("pre", False)):
-        model = GPT(ModelConfig(n_layer=2, d_model=32, n_head=2, block_size=8), 16, {"name": "ln", "bias": False},
+        model = GPT(load_group("model", n_layer=2, d_model=32, n_head=2, block_size=8), 16, {"name": "ln", "bias": False},
                     {"name": placement, "final_norm": False})
         outs = []
         model.blocks[-1].register_forward_hook(lambda m, i, o: outs.append(o))

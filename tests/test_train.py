@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from normbench.config import group_options, parse_config
-from normbench.model import GPT, ModelConfig, qk_norms
+from normbench.config import load_group
+from normbench.model import GPT, qk_norms
 from normbench.norms import NORMS
 from normbench.placements import PLACEMENTS
-from normbench.train import LEAK_TOLERANCE, TrainConfig, build_optimizer, lr_factor
+from normbench.train import LEAK_TOLERANCE, build_optimizer, lr_factor
 
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
 
@@ -98,13 +99,13 @@ def test_lr_schedule_at_the_updates_training_makes(tmp_path):
     assert sorted(logged) == list(range(1, 22))
     for update, lr in LR_TABLE.items():
         assert logged[update] == pytest.approx(lr, rel=1e-12), update
-    cfg = TrainConfig(steps=21, lr=0.01, min_lr=0.001, warmup_steps=4)
+    cfg = load_group("train", steps=21, lr=0.01, min_lr=0.001, warmup_steps=4)
     assert all(logged[u] == pytest.approx(0.01 * lr_factor(u - 1, cfg), rel=1e-12) for u in logged)
 
 
 def test_weight_decay_skips_norms_biases_and_embeddings():
-    model = GPT(ModelConfig(n_layer=2, d_model=16, n_head=2, block_size=8), 11, {"name": "ln"}, {"name": "pre"})
-    opt = build_optimizer(model, TrainConfig(weight_decay=0.3), torch.device("cpu"))
+    model = GPT(load_group("model", n_layer=2, d_model=16, n_head=2, block_size=8), 11, {"name": "ln"}, {"name": "pre"})
+    opt = build_optimizer(model, load_group("train", weight_decay=0.3), torch.device("cpu"))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     names = {id(p): n for n, p in model.named_parameters()}
     assert {names[i] for i in decayed} == {
