@@ -338,6 +338,7 @@ def test_submitit_local_launcher(tmp_path, monkeypatch):
 
 def test_job_threads_rule(monkeypatch):
     monkeypatch.setattr("normbench.job.available_cpus", lambda: 16)
+    monkeypatch.setattr("normbench.devices.available_cpus", lambda: 16)
     assert job_threads({"n_jobs": 4}) == 4
     assert job_threads({"n_jobs": 32}) == 1
     assert job_threads({"n_jobs": -1}) == 1
