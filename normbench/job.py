@@ -50,14 +50,14 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
             sys.exit(2)
         return None
     try:
-        return _run_locked(cfg, RunDir(run_dir), multirun, console)
+        return _run_locked(cfg, RunDir(run_dir), multirun, console, lock)
     except DiskFull as err:  # nothing more can be written: one line, and the run stays resumable
         return _fail(console, err.advice(), multirun, code=1)
     finally:
         lock.release()
 
 
-def _run_locked(cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Console) -> dict | None:
+def _run_locked(cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Console, lock: RunLock) -> dict | None:
     main = distributed.is_main()
     cfg_hash = config_hash(cfg)
     if main:
@@ -69,6 +69,7 @@ def _run_locked(cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Cons
         if decision.action == "refuse":
             # Refused before anything is written: the other config's run stays resumable as it was.
             return _fail(console, decision.reason, multirun, code=2)
+        lock.claim()
         run_dir_.prepare(decision)
         run_dir_.write_config(cfg)
     try:

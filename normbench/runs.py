@@ -56,7 +56,8 @@ class RunLock:
         self.file = None
 
     def acquire(self) -> str | None:
-        """Take the lock: None when taken, else who holds it ("pid 123 on host h")."""
+        """Take the lock: None when taken, else who holds it ("pid 123 on host h", or "another process"
+        before the holder has claimed the run)."""
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,13 +69,17 @@ class RunLock:
             holder = _owner_text(file.read())
             file.close()
             return holder or "another process"
-        file.seek(0)
-        file.truncate()
-        file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                               "sweep": os.environ.get(SWEEP_ENV)}) + "\n")
-        file.flush()
         self.file = file
         return None
+
+    def claim(self) -> None:
+        """Name this process as the owner in the lock file: once it is going to train here (a run that is
+        refused or reuses a result leaves the file as it was)."""
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                    "sweep": os.environ.get(SWEEP_ENV)}) + "\n")
+        self.file.flush()
 
     def release(self) -> None:
         if self.file is not None:

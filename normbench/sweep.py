@@ -486,7 +486,8 @@ def _efficiency(plan: Plan, at_launch: dict, started: float) -> str:
     Empty for launchers whose workers are elsewhere, or when this sweep trained nothing."""
     workers = local_parallel_jobs(plan.launcher)
     steps = [(RunDir(job.run_dir).read_summary() or {}).get("time_s", {}).get("steps", 0.0) for job in plan.jobs
-             if _mtime(job.run_dir / SUMMARY) != at_launch[job.run_dir][1]]
+             if _mtime(job.run_dir / SUMMARY) != at_launch[job.run_dir][1]
+             and RunLock(job.run_dir).last_owner().get("sweep") == sweep_owner()]
     wall = time.perf_counter() - started
     if not workers or not any(steps):
         return ""

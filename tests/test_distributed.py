@@ -91,7 +91,7 @@ def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
     runs = list((cwd / "results" / "runs").iterdir())
     assert len(runs) == 1, runs
     two_dir = runs[0]
-    assert {p.name for p in two_dir.iterdir()} == {".hydra", "config.yaml", "metrics.jsonl", "summary.json", "normbench.log"}
+    assert {p.name for p in two_dir.iterdir()} == {".hydra", ".lock", "config.yaml", "metrics.jsonl", "summary.json", "normbench.log"}
     assert out.count("run completed") == 1 and out.count("20/20") == 1, out  # one summary table, one progress bar
 
     two = json.loads((two_dir / "summary.json").read_text())

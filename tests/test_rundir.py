@@ -74,7 +74,7 @@ def test_prepare_keeps_what_a_resume_needs_and_clears_the_rest(tmp_path):
 # ----------------------------------------------------------------------------- the lock
 
 
-HOLD = "import sys, time; from normbench.runs import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)"
+HOLD = "import sys, time; from normbench.runs import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); lock.claim(); print('held', flush=True); time.sleep(60)"
 
 
 def _holder(run_dir: Path) -> subprocess.Popen:
@@ -93,7 +93,9 @@ def test_a_lock_names_its_holder_and_a_kill_never_leaves_it_stale(tmp_path):
         proc.wait()
     assert RunLock(tmp_path).holder() is None  # the kernel dropped it with the process
     lock = RunLock(tmp_path)
-    assert lock.acquire() is None and lock.last_owner()["pid"] == os.getpid()
+    assert lock.acquire() is None
+    lock.claim()
+    assert lock.last_owner()["pid"] == os.getpid()
     lock.release()
 
 
@@ -142,7 +144,7 @@ def test_the_same_sweep_started_twice_at_once_trains_every_run_exactly_once(tmp_
     assert sum(trained_by.values()) == 8  # each run trained once, by one of the two
     for out, other in ((outs[0], trained_by["second"]), (outs[1], trained_by["first"])):
         # What a sweep saw at its end: the other one may still be training its last run.
-        counts = re.search(r"8 runs: (\d+) completed(?:, (\d+) running elsewhere)?;", out)
+        counts = re.search(r"8 runs: (\d+) completed(?:, (\d+) running elsewhere)?[,;]", out)
         assert counts and int(counts[1]) + int(counts[2] or 0) == 8, out
         if other:  # each sweep says what the other one trained (or trains still, when it ended first)
             said = re.search(r"(\d+) runs? trained by another process \(pid \d+ on ", out)
