@@ -10,6 +10,8 @@ Bayes-optimal cross-entropy of its validation tokens: ``floor_loss``.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import math
 import os
@@ -216,6 +218,20 @@ def fetch_shakespeare(cfg: ShakespeareData) -> Path:
     return cache
 
 
+_CORPORA: dict[tuple, SyntheticDataset] = {}
+
+
+def _synthetic(cfg: SyntheticData, block_size: int) -> SyntheticDataset:
+    """The corpus of one data config, drawn once per process: the runs of a sweep's worker share it.
+    It depends on data.seed alone (its own RNG stream), so sharing it changes no run."""
+    key = (*dataclasses.astuple(cfg), block_size)
+    if key not in _CORPORA:
+        if len(_CORPORA) >= 2:  # a few MB each; a sweep over data configs keeps the last two
+            _CORPORA.pop(next(iter(_CORPORA)))
+        _CORPORA[key] = SyntheticDataset(cfg, block_size)
+    return _CORPORA[key]
+
+
 def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):
     """The dataset named by ``data.name``."""
     if cfg.name == "synthetic":
@@ -231,7 +247,7 @@ def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):
                 f"data.val_sequences={cfg.val_sequences} is smaller than train.eval_batches x "
                 f"train.batch_size = {eval_sequences}; raise it or evaluate fewer batches"
             )
-        data = SyntheticDataset(cfg, block_size)
+        data = copy.copy(_synthetic(cfg, block_size))  # the corpus's tensors shared, never written to
         data.floor_loss = data.floor_for(eval_sequences)
         return data
     if cfg.name in ("text", "shakespeare"):

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from normbench import distributed
+from normbench import composing, distributed
 from normbench.config import conf_dir, config_hash, parse_config
 from normbench.devices import available_cpus, local_parallel_jobs
 from normbench.errors import ConfigError, DiskFull
@@ -30,6 +30,11 @@ from normbench.preemption import exit_code
 from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
 from normbench.display import summary_table
 from normbench.train import train
+
+
+# Every launcher's worker imports this module to run a job: Hydra's per-job composition goes
+# the fast way there too (normbench.composing).
+composing.install()
 
 
 def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:

@@ -131,6 +131,17 @@ def _proc_status_mb(field: str) -> float | None:
     return None
 
 
+def free_earlier_runs() -> None:
+    """Before a run starts, free what earlier runs in this process left: the objects they hold in
+    reference cycles (torch's optimizer and the LR scheduler's closure make some), which only a
+    full collection finds, so that this run's memory figures are its own (PeakMemory). It costs
+    a tenth of a second with torch and Hydra loaded (docs/benchmarks.md#sweep-efficiency); freezing
+    the libraries' objects out of it (gc.freeze) made it cheaper but left the heap fragmented
+    enough to move a small run's peak by up to 12% after a large one.
+    """
+    gc.collect()
+
+
 def _release_freed_memory() -> None:
     """glibc's malloc_trim(0): return the heap's free pages to the OS (a no-op where there is no glibc)."""
     try:
@@ -140,7 +151,8 @@ def _release_freed_memory() -> None:
 
 
 class PeakMemory:
-    """This run's peak memory, measured from the start of the run, whatever ran before it in the process.
+    """This run's peak memory, measured from the start of the run, whatever ran before it in the process
+    (once ``free_earlier_runs`` has run).
 
     ``kind`` says what the figure is (summary.json's ``peak_mem_kind``):
     ``cuda_allocated``: the most memory PyTorch's allocator held for tensors on the GPU during the run
@@ -155,9 +167,6 @@ class PeakMemory:
 
     def __init__(self, device: torch.device):
         self.device = device
-        # An earlier run in this process may still hold its model and data in reference cycles
-        # (the LR scheduler's closure): free them before the start is measured.
-        gc.collect()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             self.start_mb = torch.cuda.memory_allocated(device) / 2**20

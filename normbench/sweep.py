@@ -21,7 +21,6 @@ launcher runs the jobs and wherever they run, as long as they write to this file
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -42,6 +41,7 @@ from rich.table import Table
 from rich.text import Text
 
 from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
+from normbench import composing
 from normbench.devices import available_cpus, local_parallel_jobs
 from normbench.errors import ConfigError, first_line, installed
 from normbench.preemption import SIGNALS, exit_code
@@ -161,6 +161,7 @@ def plan_sweep(args: list[str]) -> Plan:
 
     from normbench.config import parse_config
 
+    composing.install()  # every job's config composed as Hydra does, once per choice of groups
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except OverrideParseException as err:
@@ -186,9 +187,9 @@ def plan_sweep(args: list[str]) -> Plan:
             params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
             overrides = OverridesParser.create(config_loader=loader).parse_overrides(
                 params + list(cfg.hydra.overrides.task))
-            jobs, compose = [], _JobComposer(loader, cfg)
+            jobs = []
             for num, job_overrides in enumerate(BasicSweeper.split_arguments(overrides, None)[0]):
-                job_cfg = compose(list(job_overrides))
+                job_cfg = loader.load_sweep_config(cfg, list(job_overrides))
                 with open_dict(job_cfg.hydra.job):
                     job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"plan_{num}"
                 HydraConfig.instance().set_config(job_cfg)
@@ -225,46 +226,6 @@ def plan_sweep(args: list[str]) -> Plan:
 def sweep_owner() -> str:
     """This sweep command, as its jobs' run locks record it."""
     return f"{os.getpid()}@{socket.gethostname()}"
-
-
-class _JobComposer:
-    """Each job's config as Hydra's launcher will compose it, fast: Hydra composes once per choice of
-    config groups (norm=rms, model=micro, ...) and the job's plain key changes (train.lr=0.01,
-    seed=2) are applied to a copy, as Hydra applies them after composing. Anything else (+key,
-    ~key, a key the config lacks, a subdir naming hydra.*) goes through Hydra whole, as before."""
-
-    def __init__(self, loader, cfg: DictConfig):
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        self.loader, self.cfg, self.bases, self.groups = loader, cfg, {}, {}
-        self.parser = OverridesParser.create(config_loader=loader)
-        self.simple_subdir = "hydra" not in str(OmegaConf.to_container(cfg.hydra.sweep)["subdir"])
-
-    def _is_group(self, name: str) -> bool:
-        if name not in self.groups:
-            self.groups[name] = bool(self.loader.get_group_options(name))
-        return self.groups[name]
-
-    def __call__(self, job_overrides: list[str]) -> DictConfig:
-        from hydra.core.override_parser.types import OverrideType
-
-        parsed = self.parser.parse_overrides(job_overrides)
-        groups = [o.input_line for o in parsed if self._is_group(o.key_or_group)]
-        keys = [o for o in parsed if not self._is_group(o.key_or_group)]
-        plain = self.simple_subdir and all(o.type == OverrideType.CHANGE and not (o.is_add() or o.is_force_add())
-                                           and not o.is_hydra_override() for o in keys)
-        if plain:
-            if tuple(groups) not in self.bases:
-                self.bases[tuple(groups)] = self.loader.load_sweep_config(self.cfg, groups)
-            job_cfg = copy.deepcopy(self.bases[tuple(groups)])
-            if all(OmegaConf.select(job_cfg, o.key_or_group, default=_ABSENT) is not _ABSENT for o in keys):
-                for o in keys:
-                    OmegaConf.update(job_cfg, o.key_or_group, o.value(), merge=True)
-                return job_cfg
-        return self.loader.load_sweep_config(self.cfg, job_overrides)
-
-
-_ABSENT = object()
 
 
 def _state_before(job: Job) -> str:
@@ -594,7 +555,7 @@ def multirun_child() -> None:
     parent = int(os.environ.get(PARENT_ENV) or 0)
     if parent:
         threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    from normbench.job import hydra_main
+    from normbench.job import hydra_main  # installs normbench.composing, for the sweeper's check and the launcher
 
     hydra_main()
 

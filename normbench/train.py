@@ -30,7 +30,7 @@ from normbench.errors import ConfigError, DiskFull, first_line
 from normbench.model import GPT, leaves_no_trace, z_loss
 from normbench.runs import METRICS, RunDir
 from normbench.preemption import StopSignals
-from normbench.perf import Phases, PeakMemory, StepTimer, flops_per_token, peak_flops
+from normbench.perf import Phases, PeakMemory, StepTimer, flops_per_token, free_earlier_runs, peak_flops
 from normbench.sinks import MetricSinks
 from normbench.diagnostics import PEAKS, LayerStats, global_grad_norm
 from normbench.display import TrainProgress
@@ -419,6 +419,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     console = console or Console(stderr=True)
     started, phases = time.perf_counter(), Phases()
     with phases("setup"):
+        free_earlier_runs()  # before anything of this run exists
         state = Run(run, run_dir)
         if state.compile_error:
             console.print(f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]", soft_wrap=True)

@@ -403,18 +403,36 @@ def test_ray_preflight_compares_each_runs_request_with_the_largest_node(remote, 
         assert "no run could ever start; set hydra.launcher.ray.remote.num_" in refusal
 
 
-def test_the_plans_fast_composition_is_hydras_own(monkeypatch, tmp_path):
-    """The plan composes once per choice of groups and applies key changes itself: every job's
-    config, hash and directory must be what Hydra composes for that job."""
+def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_job(monkeypatch, tmp_path):
+    """normbench.composing composes once per choice of groups and applies key changes itself: every
+    job's whole config (the hydra node included) must be what Hydra composes for that job."""
+    from hydra import initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    from normbench import composing
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(composing, "_bases", {})
+    composing.install()
+    hydras_own = ConfigLoaderImpl.load_sweep_config.hydras_own
     args = ["norm=ln,gn", "placement=pre,mixln", "train.lr=1e-3,0.01", "seed=0,1", "model=micro",
-            "model.qk_norm=rms", "train.steps=7"]
-    fast = plan_sweep(args)
-    monkeypatch.setattr("normbench.sweep._JobComposer.__call__",
-                        lambda self, overrides: ConfigLoaderImpl.load_sweep_config(self.loader, self.cfg, overrides))
-    slow = plan_sweep(args)
-    assert [(j.run_dir, j.config_hash, j.invalid) for j in fast.jobs] == \
-           [(j.run_dir, j.config_hash, j.invalid) for j in slow.jobs]
-    assert len({j.config_hash for j in fast.jobs}) == 16
+            "model.qk_norm=rms", "train.steps=7", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("config", args, RunMode.MULTIRUN)
+        overrides = OverridesParser.create(config_loader=loader).parse_overrides(list(master.hydra.overrides.task))
+        jobs = BasicSweeper.split_arguments(overrides, None)[0]
+        assert len(jobs) == 16
+        # The grid's jobs (the fast way), one with a + override and one with a key the config lacks (Hydra's way).
+        for job in [*map(list, jobs), [*jobs[0], "+train.extra=1"]]:
+            fast, slow = loader.load_sweep_config(master, job), hydras_own(loader, master, job)
+            assert OmegaConf.to_container(fast) == OmegaConf.to_container(slow)
+        with pytest.raises(Exception, match="Could not override 'train.extra'"):
+            loader.load_sweep_config(master, [*jobs[0], "train.extra=1"])
+    GlobalHydra.instance().clear()
+    assert len(composing._bases) == 4  # 2 norms x 2 placements: each choice of groups composed once
