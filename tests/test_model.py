@@ -382,3 +382,37 @@ def test_softcap_zero_is_bit_identical_to_no_cap_code(arch):
             x = x + a.proj(y.transpose(1, 2).reshape(2, 16, -1))
             x = x + block.mlp(block.norm_mlp(x))
         assert torch.equal(logits, model.head(model.norm_final(x)))
+
+
+# ---------------------------------------------------------------- the new keys keep old runs' identity
+
+
+def test_new_model_keys_at_their_old_values_leave_the_config_hash_as_before(tmp_path):
+    """A config composed before model.arch and the soft-caps existed (the keys deleted) hashes as the
+    same config with arch=gpt2 and caps 0; a report fills them into such a run's config."""
+    import json
+
+    import yaml
+    from omegaconf import OmegaConf, open_dict
+
+    from normbench.identity import ADDED_KEYS, config_hash
+    from normbench.report.load import load_runs
+
+    cfg = compose_cfg(["model=micro", "norm=rms"])
+    assert {k: cfg.model[k.split(".")[1]] for k in ADDED_KEYS} == ADDED_KEYS  # conf/ says the old values
+    old = cfg.copy()
+    with open_dict(old):
+        for key in ADDED_KEYS:
+            del old.model[key.split(".")[1]]
+    assert config_hash(old) == config_hash(cfg)
+    for change in ("model.arch=llama", "model.attn_softcap=30", "model.logit_softcap=15.0"):
+        assert config_hash(compose_cfg(["model=micro", "norm=rms", change])) != config_hash(cfg), change
+    for name, conf in (("old", old), ("new", cfg)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(yaml.safe_dump(OmegaConf.to_container(conf, resolve=True)))
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "final_val_loss": 3.0}))
+        (run / "metrics.jsonl").write_text('{"kind": "eval", "step": 0, "val_loss": 4.0}\n')
+    runs = load_runs([tmp_path / "old", tmp_path / "new"], warn=print).runs
+    for key, value in ADDED_KEYS.items():
+        assert runs[key].tolist() == [value, value], key
