@@ -24,6 +24,8 @@ import math
 import torch
 from torch import nn
 
+from normbench.layers import softcap
+
 # The sub-layer parts every block has, by the key used in metrics.jsonl.
 PARTS = {"attn_in": "attn.qkv", "attn_out": "attn.proj", "mlp_in": "mlp.fc", "mlp_out": "mlp.proj"}
 
@@ -49,17 +51,20 @@ def _norm_modules(module: nn.Module) -> dict[str, nn.Module]:
     return norms
 
 
-def attention_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The logits SDPA would softmax, q·kᵀ / sqrt(head_dim) in float32, the future at -inf."""
+def attention_logits(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> torch.Tensor:
+    """The logits SDPA would softmax, q·kᵀ / sqrt(head_dim) in float32, the future at -inf;
+    soft-capped, cap * tanh(logits / cap), where ``cap`` > 0 (model.attn_softcap)."""
     T = q.shape[-2]
     logits = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
+    if cap > 0:
+        logits = softcap(logits, cap)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     return logits.masked_fill(future, float("-inf"))
 
 
-def attention_stats(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(largest attention logit, mean entropy in nats of each query's attention distribution)."""
-    logits = attention_logits(q, k)
+    logits = attention_logits(q, k, cap)
     entropy = torch.special.entr(logits.softmax(-1)).sum(-1).mean()
     return logits.amax(), entropy
 
@@ -90,7 +95,8 @@ class LayerStats:
                 self.groups[f"{i}.{key}"] = list(block.get_submodule(path).parameters())
             self.groups[f"{i}.norm"] = [p for n in _norm_modules(block).values() for p in n.parameters()]
         self.groups["embedding.tok"] = [model.tok_emb.weight]
-        self.groups["embedding.pos"] = [model.pos_emb.weight]
+        if model.pos_emb is not None:  # model.arch=llama has none (rotary embeddings)
+            self.groups["embedding.pos"] = [model.pos_emb.weight]
         self.groups["final_norm"] = list(model.norm_final.parameters())
         self._resid: list[torch.Tensor | None] = [None] * len(model.blocks)
         self._attn: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(model.blocks)
@@ -111,12 +117,13 @@ class LayerStats:
         @torch.no_grad()
         def store(module, inputs, output):
             q, k, _ = module.heads(inputs[0])
-            self._attn[index] = attention_stats(q, k)
+            self._attn[index] = attention_stats(q, k, module.softcap)
 
         return store
 
     def _head_hook(self, module, inputs, output):
-        self._head = output_logit_stats(output)
+        cap = self.model.cfg.logit_softcap  # the logits the loss sees: capped where model.logit_softcap > 0
+        self._head = output_logit_stats(softcap(output, cap) if cap > 0 else output)
 
     def begin(self) -> None:
         # Hooked only for this one forward: on the other steps the blocks run hook-free,

@@ -19,6 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 NOT_HASHED = ("results_dir", "train.progress", "train.threads", "logger",
               "train.checkpoint_every", "train.resume", "train.save_model")
 
+# Keys added after runs were stored, each with the value that computes what a config computed
+# before the key existed. At that value a key is left out of the hash, so the runs and sweep
+# directories stored before it keep their identity (a gpt2 model without soft-capping is the model
+# of before), and a report fills it into an older run's config (normbench.report.load).
+ADDED_KEYS = {"model.arch": "gpt2", "model.attn_softcap": 0.0, "model.logit_softcap": 0.0}
+
 
 def config_hash(cfg: DictConfig) -> str:
     """A stable fingerprint of what a run computes: the resolved config without Hydra's node and NOT_HASHED."""
@@ -31,6 +37,13 @@ def config_hash(cfg: DictConfig) -> str:
             node = node.get(key) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(leaf, None)
+    for dotted, value in ADDED_KEYS.items():
+        *parents, leaf = dotted.split(".")
+        node = plain
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and node[leaf] == value and type(node[leaf]) is not bool:
+            del node[leaf]
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,4 +1,5 @@
-"""The two sub-layers every block wraps: causal self-attention and the GELU MLP.
+"""The two sub-layers every block wraps: causal self-attention and the MLP (GELU, or SwiGLU under
+``model.arch=llama``), plus rotary position embeddings.
 
 The projections are named so the diagnostics can find them: ``attn.qkv`` (input),
 ``attn.proj`` (output), ``mlp.fc`` (input), ``mlp.proj`` (output); QK-norm's two norms
@@ -9,9 +10,57 @@ which the initialisation scales.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def softcap(z: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(z / cap): z squashed smoothly into (-cap, cap) (Gemma 2's soft-capping)."""
+    return torch.tanh(z / cap) * cap
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings (RoFormer, Su et al. 2021, arXiv 2104.09864), the rotate-half form.
+
+    Channel i of a head is paired with channel i + head_dim/2, and the pair at position m is
+    rotated by the angle m * base^(-2i/head_dim): q·k then depends on the positions only
+    through their difference. No parameters; cos and sin are cached per length and device.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}")
+        self.head_dim, self.base = head_dim, base
+        self._cache: dict = {}
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of each position's angles, (len(positions), head_dim), in float32."""
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=positions.device) / self.head_dim)
+        angles = positions.float()[:, None] * inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos(), angles.sin()
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., T, head_dim) rotated by positions 0..T-1 (or the given ``positions``, length T)."""
+        if positions is None:
+            key = (x.shape[-2], x.device)
+            if key not in self._cache:
+                self._cache = {key: self.cos_sin(torch.arange(x.shape[-2], device=x.device))}
+            cos, sin = self._cache[key]
+        else:
+            cos, sin = self.cos_sin(positions)
+        xf = x.float()
+        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -19,11 +68,15 @@ class CausalSelfAttention(nn.Module):
 
     ``make_qk_norm`` (optional) builds QK-norm: one norm for the queries and one for the
     keys, each over ``head_dim`` and shared by all heads, applied before the logits
-    q·k/sqrt(head_dim) (ViT-22B, Gemma 3, Qwen3). ``heads(x)`` gives the q, k, v the
-    attention uses, so the diagnostics can compute the logits that SDPA keeps to itself.
+    q·k/sqrt(head_dim) (ViT-22B, Gemma 3, Qwen3). ``rotary`` applies rotary embeddings to
+    q and k after QK-norm (OLMo 2, Qwen3). ``heads(x)`` gives the q, k, v the attention
+    uses, so the diagnostics can compute the logits that SDPA keeps to itself.
+    ``softcap`` > 0 caps the logits, cap * tanh(logits / cap), before the softmax (Gemma 2):
+    SDPA takes no such cap, so then the softmax is computed explicitly.
     """
 
-    def __init__(self, d_model: int, n_head: int, dropout: float, bias: bool, make_qk_norm=None):
+    def __init__(self, d_model: int, n_head: int, dropout: float, bias: bool, make_qk_norm=None,
+                 rotary: bool = False, softcap: float = 0.0):
         super().__init__()
         self.n_head = n_head
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
@@ -34,22 +87,33 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = make_qk_norm is not None
         if self.qk_norm:
             self.q_norm, self.k_norm = make_qk_norm(), make_qk_norm()
+        self.rotary = Rotary(d_model // n_head) if rotary else None
+        self.softcap = float(softcap)
+        self.attn_dropout = nn.Dropout(dropout)
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v as (B, n_head, T, head_dim), QK-norm applied."""
+        """q, k, v as (B, n_head, T, head_dim), QK-norm then rotary embeddings applied."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
         return q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads(x)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        if self.softcap > 0:
+            logits = softcap((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5, self.softcap)
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            weights = self.attn_dropout(logits.masked_fill(future, float("-inf")).softmax(-1))
+            y = weights @ v
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
@@ -63,3 +127,41 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+def swiglu_hidden(d_model: int) -> int:
+    """8/3 d rounded up to a multiple of 8: SwiGLU's hidden width at about the GELU MLP's parameters."""
+    return 8 * math.ceil(8 * d_model / 3 / 8)
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x), no biases (Shazeer 2020, arXiv 2002.05202; LLaMA).
+
+    The gate w1 and the up projection w3 are one matrix, ``fc`` (w1's rows first, then w3's),
+    and w2 is ``proj``: the names the diagnostics, DeepNorm's init and weight decay look for.
+    ``w1``, ``w3`` and ``w2`` give the three weights as views.
+    """
+
+    def __init__(self, d_model: int, dropout: float):
+        super().__init__()
+        self.hidden = swiglu_hidden(d_model)
+        self.fc = nn.Linear(d_model, 2 * self.hidden, bias=False)
+        self.proj = nn.Linear(self.hidden, d_model, bias=False)
+        self.proj.residual_proj = True
+        self.dropout = nn.Dropout(dropout)
+
+    @property
+    def w1(self) -> torch.Tensor:
+        return self.fc.weight[: self.hidden]
+
+    @property
+    def w3(self) -> torch.Tensor:
+        return self.fc.weight[self.hidden :]
+
+    @property
+    def w2(self) -> torch.Tensor:
+        return self.proj.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.dropout(self.proj(F.silu(gate) * up))

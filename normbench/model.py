@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normbench.errors import ConfigError
+from normbench.layers import softcap
 from normbench.norms import NORMS, build_norm, norm_options
 from normbench.placements import BlockSpec, placement_class, placement_options
 
@@ -33,6 +34,9 @@ class ModelConfig:
     bias: bool
     init: str  # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); xavier: Xavier-uniform, no scaling
     qk_norm: str  # a norm on q and k per head over head_dim (QK-norm), or none
+    arch: str  # gpt2: learned positions, GELU MLP; llama: rotary embeddings, SwiGLU MLP, no biases
+    attn_softcap: float  # c * tanh(z / c) on the attention logits before the softmax; 0 = off
+    logit_softcap: float  # c * tanh(z / c) on the output logits before the loss; 0 = off
 
     def validate(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "block_size"):
@@ -48,6 +52,15 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.init not in INITS:
             raise ConfigError(f"unknown model.init '{self.init}'", allowed=sorted(INITS))
+        if self.arch not in ARCHS:
+            raise ConfigError(f"unknown model.arch '{self.arch}'", allowed=list(ARCHS))
+        if self.arch == "llama" and (self.d_model // self.n_head) % 2:
+            raise ConfigError(f"model.arch=llama rotates pairs of channels: head_dim = d_model / n_head = "
+                              f"{self.d_model // self.n_head} must be even")
+        for key in ("attn_softcap", "logit_softcap"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ConfigError(f"model.{key} must be a number >= 0 (0 = off), got {value!r}", allowed=["0.0 (off)", "a cap > 0, e.g. 30.0"])
         self.qk_norm_factory()  # a refused or unbuildable QK-norm fails here, in the config's words
 
     def qk_norm_factory(self):
@@ -69,6 +82,11 @@ class ModelConfig:
         except ConfigError as err:
             raise ConfigError(f"model.qk_norm={self.qk_norm} over head_dim={head_dim}: {err}") from None
         return make
+
+
+# gpt2: GPT-2's block (learned position embedding, GELU MLP, biases as model.bias says);
+# llama: LLaMA's (rotary embeddings, SwiGLU MLP, no biases in any linear layer).
+ARCHS = ("gpt2", "llama")
 
 
 def qk_norms() -> list[str]:
@@ -108,10 +126,12 @@ class GPT(nn.Module):
         options = placement_options(placement)
         make_qk_norm = cfg.qk_norm_factory()
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        # llama has no learned positions: rotary embeddings rotate q and k in every attention layer.
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.arch == "gpt2" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
-            block_cls(BlockSpec(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.n_layer, layer, make_qk_norm), make_norm, **options)
+            block_cls(BlockSpec(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.n_layer, layer, make_qk_norm,
+                                cfg.arch, float(cfg.attn_softcap)), make_norm, **options)
             for layer in range(1, cfg.n_layer + 1)
         )
         self.norm_final = make_norm() if placement.get("final_norm", True) else nn.Identity()
@@ -132,12 +152,15 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        T = idx.shape[1]
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        x = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.norm_final(x))
+        if self.cfg.logit_softcap > 0:  # Gemma 2: the logits squashed into (-cap, cap) before the loss
+            logits = softcap(logits, self.cfg.logit_softcap)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -341,6 +341,40 @@ class DynamicTanh(nn.Module):
         return torch.addcmul(self.bias.to(x.dtype), squashed, weight)  # one fused multiply-add
 
 
+def _derf_math(x: torch.Tensor, alpha: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """Derf as plain ops, in float32 for a half input (erf's argument and the sum), back in x's dtype."""
+    xf = _at_least_float32(x)
+    squashed = torch.special.erf(alpha * xf + shift)
+    y = squashed * weight if bias is None else torch.addcmul(bias, squashed, weight)
+    return y.to(x.dtype)
+
+
+@register_norm("derf")
+class DynamicErf(nn.Module):
+    """weight * erf(alpha * x + shift) + bias, learned scalars alpha and shift: no statistics.
+
+    Derf ("Stronger Normalization-Free Transformers", arXiv 2512.10938): DyT's point-wise squashing
+    with erf in place of tanh and a learned shift s (s0 = 0); alpha0 = 0.5 as in x-transformers' Derf.
+    A half input is computed in float32 and rounded once (PyTorch has no fused op for it); on a GPU
+    the math is torch.compile'd into one kernel per pass, as DyT's is.
+    """
+
+    statistics = None
+
+    def __init__(self, dim: int, *, alpha_init: float = 0.5, bias: bool = True):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.shift = nn.Parameter(torch.tensor(0.0))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _on_gpu(x):
+            return _fused_gpu(_derf_math, x, self.alpha, self.shift, self.weight, self.bias)
+        return _derf_math(x, self.alpha, self.shift, self.weight, self.bias)
+
+
 @register_norm("none")
 class NoNorm(nn.Identity):
     """The identity: what training looks like with no normalization at all."""

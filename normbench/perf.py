@@ -31,7 +31,7 @@ def cache_dir() -> Path:
 
 def flops_per_token(model) -> float:
     cfg = model.cfg
-    n = model.num_params() - model.pos_emb.weight.numel()
+    n = model.num_params() - (model.pos_emb.weight.numel() if model.pos_emb is not None else 0)
     return 6 * n + 12 * cfg.n_layer * cfg.d_model * cfg.block_size
 
 

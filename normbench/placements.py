@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from normbench.errors import ConfigError
-from normbench.layers import MLP, CausalSelfAttention
+from normbench.layers import MLP, CausalSelfAttention, SwiGLU
 
 PLACEMENTS: dict[str, type["Block"]] = {}
 
@@ -65,6 +65,8 @@ class BlockSpec:
     n_layer: int  # L, the model's depth
     layer: int  # l, this block's 1-based index
     make_qk_norm: Callable[[], nn.Module] | None = None  # QK-norm, or None
+    arch: str = "gpt2"  # gpt2: GELU MLP, biases as ``bias`` says; llama: rotary q and k, SwiGLU MLP, no biases
+    attn_softcap: float = 0.0  # cap * tanh(logits / cap) on the attention logits; 0 = off
 
 
 class Block(nn.Module):
@@ -72,8 +74,11 @@ class Block(nn.Module):
 
     def __init__(self, spec: BlockSpec, make_norm: Callable[[], nn.Module]):
         super().__init__()
-        self.attn = CausalSelfAttention(spec.d_model, spec.n_head, spec.dropout, spec.bias, spec.make_qk_norm)
-        self.mlp = MLP(spec.d_model, spec.dropout, spec.bias)
+        llama = spec.arch == "llama"
+        bias = spec.bias and not llama
+        self.attn = CausalSelfAttention(spec.d_model, spec.n_head, spec.dropout, bias, spec.make_qk_norm,
+                                        rotary=llama, softcap=spec.attn_softcap)
+        self.mlp = SwiGLU(spec.d_model, spec.dropout) if llama else MLP(spec.d_model, spec.dropout, bias)
 
     @classmethod
     def check_options(cls, **options) -> None:

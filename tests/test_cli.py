@@ -28,7 +28,7 @@ def test_help_lists_commands_groups_and_examples():
     assert top.exit_code == 0 and "train" in top.output
     train = invoke("train", "--help")
     assert train.exit_code == 0
-    for text in ("norm", "bn, dyt, gn, ln, none, rms, scale", "deepnorm, lns, mixln, peri, post, pre, reordered", "normbench train norm=rms placement=pre"):
+    for text in ("norm", "bn, derf, dyt, gn, ln, none, rms, scale", "deepnorm, lns, mixln, peri, post, pre, reordered", "normbench train norm=rms placement=pre"):
         assert text in train.output
 
 
@@ -48,10 +48,10 @@ def test_train_writes_the_run_directory(tmp_path):
 
 # (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as docs/configuration.md says).
 BAD_INPUTS = [
-    (["norm=foo"], 1, "Could not find 'norm/foo' Available options in 'norm': bn dyt gn ln none rms scale"),
+    (["norm=foo"], 1, "Could not find 'norm/foo' Available options in 'norm': bn derf dyt gn ln none rms scale"),
     (["placement=sideways"], 1, "Could not find 'placement/sideways' Available options in 'placement'"),
     (["train.nokey=1"], 1, "Could not override 'train.nokey'"),
-    (["norm.name=foo"], 2, "unknown norm 'foo'; allowed: bn, dyt, gn, ln, none, rms, scale"),
+    (["norm.name=foo"], 2, "unknown norm 'foo'; allowed: bn, derf, dyt, gn, ln, none, rms, scale"),
     (["model.d_model=30", "model.n_head=4"], 2, "model.d_model=30 is not divisible by model.n_head=4; allowed: n_head=1, n_head=2"),
     (["train.steps=0"], 2, "train.steps must be a positive integer, got 0"),
     (["train.batch_size=-2"], 2, "train.batch_size must be a positive integer, got -2"),

@@ -12,9 +12,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from normbench.config import parse_config
 from normbench.diagnostics import attention_logits
 from normbench.config import load_group
+from normbench.causality import causal_leak
 from normbench.model import GPT, qk_norms
+from normbench.norms import NORMS
 from normbench.perf import flops_per_token
-from normbench.train import Run
+from normbench.placements import PLACEMENTS
+from normbench.train import LEAK_TOLERANCE, Run
 
 from conftest import SMALL_MODEL as CFG, build, compose_cfg, randomize_norms, tiny
 
@@ -173,3 +176,243 @@ def test_qk_norm_and_placement_options_are_checked():
         load_group("model", qk_norm="dyt").validate()
     with pytest.raises(ConfigError, match="unknown model.qk_norm 'foo'"):
         load_group("model", qk_norm="foo").validate()
+
+
+# ---------------------------------------------------------------- model.arch=llama: rotary embeddings, SwiGLU, no biases
+
+
+def llama(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(load_group("model", "micro", arch="llama", **overrides), VOCAB, {"name": "rms"}, {"name": "pre"})
+
+
+def rope_by_hand(x: torch.Tensor, m: float, base: float = 10000.0) -> torch.Tensor:
+    """x (head_dim,) at position m: channel i paired with i + d/2, the pair rotated by m * base^(-2i/d)."""
+    d = x.shape[-1]
+    out = torch.empty_like(x)
+    for i in range(d // 2):
+        theta = m * base ** (-2 * i / d)
+        a, b = x[i], x[i + d // 2]
+        out[i] = a * math.cos(theta) - b * math.sin(theta)
+        out[i + d // 2] = a * math.sin(theta) + b * math.cos(theta)
+    return out
+
+
+def test_rotary_matches_the_hand_rotation():
+    from normbench.layers import Rotary
+
+    torch.manual_seed(0)
+    x = torch.randn(7, 16, dtype=torch.float64)
+    rotated = Rotary(16)(x.float()).double()  # positions 0..6
+    for m in range(7):
+        assert torch.allclose(rotated[m], rope_by_hand(x[m], m), atol=1e-5), m
+
+
+def test_rotary_dot_product_depends_on_the_offset_only():
+    from normbench.layers import Rotary
+
+    torch.manual_seed(0)
+    rope = Rotary(32)
+    q, k = torch.randn(32), torch.randn(32)
+    at = lambda x, pos: rope(x[None, :], torch.tensor([float(pos)]))[0]  # noqa: E731
+    for m, n in ((5, 2), (0, 9), (13, 13)):
+        dot = at(q, m) @ at(k, n)
+        for t in (1, 7, 100):
+            assert torch.allclose(at(q, m + t) @ at(k, n + t), dot, atol=1e-4), (m, n, t)
+    assert not torch.allclose(at(q, 5) @ at(k, 2), at(q, 5) @ at(k, 3), atol=1e-3), "the offset itself must matter"
+
+
+def test_rotary_at_position_zero_is_the_identity_and_keeps_each_pair_norm():
+    from normbench.layers import Rotary
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 10, 8)  # (B, heads, T, head_dim)
+    rotated = Rotary(8)(x)
+    assert torch.equal(rotated[..., 0, :], x[..., 0, :])
+    pairs = lambda t: t[..., :4].pow(2) + t[..., 4:].pow(2)  # noqa: E731  # pair i = (i, i + d/2)
+    assert torch.allclose(pairs(rotated), pairs(x), atol=1e-5)
+
+
+def test_llama_parameter_count_by_formula_and_no_biases():
+    from normbench.layers import swiglu_hidden
+
+    cfg = load_group("model", "micro", arch="llama")
+    model = llama()
+    d, L = cfg.d_model, cfg.n_layer
+    hidden = 8 * math.ceil(8 * d / 3 / 8)
+    assert hidden == swiglu_hidden(d) == 176 and hidden % 8 == 0 and hidden >= 8 * d / 3
+    # Tied embedding (the head's weight), no position embedding; per block q, k, v, o (4 d^2), w1 and
+    # w3 (2 d hidden), w2 (hidden d), two RMSNorm gains; the final norm's gain.
+    expected = VOCAB * d + L * (4 * d * d + 3 * d * hidden + 2 * d) + d
+    assert model.num_params() == expected
+    assert model.head.weight is model.tok_emb.weight and model.pos_emb is None
+    names = [n for n, _ in model.named_parameters()]
+    assert not [n for n in names if "bias" in n]
+    assert all(m.bias is None for m in model.modules() if isinstance(m, torch.nn.Linear))
+    # model.bias=true is for gpt2: llama has none, and a norm's own bias option is its own.
+    ln_model = GPT(load_group("model", "micro", arch="llama", bias=True), VOCAB, {"name": "ln"}, {"name": "pre"})
+    assert all(m.bias is None for m in ln_model.modules() if isinstance(m, torch.nn.Linear))
+    assert ln_model.blocks[0].norm_attn.bias is not None
+
+
+def test_swiglu_matches_the_hand_formula():
+    import torch.nn.functional as F
+
+    mlp = llama().blocks[0].mlp
+    x = torch.randn(3, 5, mlp.fc.in_features)
+    assert mlp.w1.shape == mlp.w3.shape == (mlp.hidden, x.shape[-1]) and mlp.w2.shape == (x.shape[-1], mlp.hidden)
+    expected = (F.silu(x @ mlp.w1.T) * (x @ mlp.w3.T)) @ mlp.w2.T
+    assert torch.allclose(mlp(x), expected, atol=1e-6)
+
+
+def test_llama_attention_applies_rotary_after_qk_norm():
+    from normbench.layers import Rotary
+
+    attn = llama(qk_norm="rms").blocks[0].attn
+    randomize_norms(attn)
+    x = torch.randn(2, 9, attn.qkv.in_features)
+    q, k, _ = attn.heads(x)
+    B, T, C = x.shape
+    raw = [t.view(B, T, attn.n_head, -1).transpose(1, 2) for t in attn.qkv(x).split(C, dim=2)]
+    rope = Rotary(C // attn.n_head)
+    assert torch.allclose(q, rope(attn.q_norm(raw[0])), atol=1e-6)
+    assert torch.allclose(k, rope(attn.k_norm(raw[1])), atol=1e-6)
+    # The rotation keeps each head's vector norm, which QK-norm set.
+    assert torch.allclose(q.norm(dim=-1), attn.q_norm(raw[0]).norm(dim=-1), atol=1e-5)
+
+
+def test_arch_is_validated():
+    from normbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown model.arch 'gpt3'; allowed: gpt2, llama"):
+        load_group("model", arch="gpt3").validate()
+    with pytest.raises(ConfigError, match="head_dim .* 5 must be even"):
+        load_group("model", arch="llama", d_model=20, n_head=4).validate()
+    for key in ("attn_softcap", "logit_softcap"):
+        with pytest.raises(ConfigError, match=f"model.{key} must be a number >= 0"):
+            load_group("model", **{key: -1.0}).validate()
+
+
+@pytest.mark.parametrize("norm", sorted(NORMS))
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_every_norm_in_every_placement_trains_and_is_causal_in_llama(norm, placement):
+    """A few Adam steps on random tokens: the loss stays finite and falls, and eval mode is causal
+    (train mode too, except BatchNorm's, whose batch statistics leak by design)."""
+    torch.manual_seed(0)
+    cfg = load_group("model", "tiny", arch="llama", n_layer=2, qk_norm="rms" if placement == "reordered" else "none")
+    model = GPT(cfg, VOCAB, {"name": norm}, {"name": placement, "final_norm": placement != "deepnorm"})
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    idx = torch.randint(VOCAB, (8, cfg.block_size))
+    losses = []
+    for _ in range(5):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+    assert causal_leak(model, idx, VOCAB, train_mode=False) < LEAK_TOLERANCE
+    if norm != "bn":
+        assert causal_leak(model, idx, VOCAB, train_mode=True) < LEAK_TOLERANCE
+
+
+# ---------------------------------------------------------------- soft-capping
+
+
+def test_attention_softcap_caps_the_logits_and_matches_the_hand_computation():
+    import torch.nn.functional as F
+
+    cap = 2.0
+    attn = GPT(load_group("model", "micro", attn_softcap=cap), VOCAB, {"name": "ln"}, {"name": "pre"}).blocks[0].attn
+    with torch.no_grad():
+        attn.qkv.weight.mul_(30)  # logits far beyond the cap
+    x = torch.randn(2, 10, attn.qkv.in_features)
+    q, k, v = attn.heads(x)
+    raw = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    assert raw.abs().max() > 5 * cap
+    capped = cap * torch.tanh(raw / cap)
+    future = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    assert capped.masked_fill(future, 0).abs().max() <= cap
+    by_hand = capped.masked_fill(future, float("-inf")).softmax(-1) @ v
+    B, T, C = x.shape
+    with torch.no_grad():
+        assert torch.allclose(attn(x), attn.proj(by_hand.transpose(1, 2).reshape(B, T, C)), atol=1e-5)
+        # The diagnostics read the capped logits, the ones the softmax sees.
+        assert attention_logits(q, k, cap).amax() <= cap
+        assert torch.allclose(attention_logits(q, k, cap).masked_fill(future, 0), capped.masked_fill(future, 0), atol=1e-5)
+    # Without the cap the attention is SDPA's, which the same weights make very different.
+    uncapped = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(uncapped, by_hand, atol=1e-2)
+
+
+def test_logit_softcap_caps_the_output_logits():
+    cap = 0.5
+    idx = torch.randint(VOCAB, (2, 16))
+    outputs = {}
+    for c in (0.0, cap):
+        torch.manual_seed(0)
+        model = GPT(load_group("model", "micro", logit_softcap=c), VOCAB, {"name": "ln"}, {"name": "pre"})
+        with torch.no_grad():
+            outputs[c] = model(idx, idx)
+    (plain, _), (capped, loss) = outputs[0.0], outputs[cap]
+    assert plain.abs().max() > cap
+    assert capped.abs().max() <= cap
+    assert torch.allclose(capped, cap * torch.tanh(plain / cap), atol=1e-6)
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(capped.flatten(0, 1), idx.flatten()))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_softcap_zero_is_bit_identical_to_no_cap_code(arch):
+    """Cap 0 takes today's path: SDPA, logits untouched. The same numbers as the module computed by hand."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = GPT(load_group("model", "micro", arch=arch, attn_softcap=0.0, logit_softcap=0.0), VOCAB, {"name": "ln"}, {"name": "pre"})
+    idx = torch.randint(VOCAB, (2, 16))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        x = model.tok_emb(idx)
+        if model.pos_emb is not None:
+            x = x + model.pos_emb(torch.arange(16))
+        for block in model.blocks:
+            a = block.attn
+            h = block.norm_attn(x)
+            q, k, v = a.heads(h)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + a.proj(y.transpose(1, 2).reshape(2, 16, -1))
+            x = x + block.mlp(block.norm_mlp(x))
+        assert torch.equal(logits, model.head(model.norm_final(x)))
+
+
+# ---------------------------------------------------------------- the new keys keep old runs' identity
+
+
+def test_new_model_keys_at_their_old_values_leave_the_config_hash_as_before(tmp_path):
+    """A config composed before model.arch and the soft-caps existed (the keys deleted) hashes as the
+    same config with arch=gpt2 and caps 0; a report fills them into such a run's config."""
+    import json
+
+    import yaml
+    from omegaconf import OmegaConf, open_dict
+
+    from normbench.identity import ADDED_KEYS, config_hash
+    from normbench.report.load import load_runs
+
+    cfg = compose_cfg(["model=micro", "norm=rms"])
+    assert {k: cfg.model[k.split(".")[1]] for k in ADDED_KEYS} == ADDED_KEYS  # conf/ says the old values
+    old = cfg.copy()
+    with open_dict(old):
+        for key in ADDED_KEYS:
+            del old.model[key.split(".")[1]]
+    assert config_hash(old) == config_hash(cfg)
+    for change in ("model.arch=llama", "model.attn_softcap=30", "model.logit_softcap=15.0"):
+        assert config_hash(compose_cfg(["model=micro", "norm=rms", change])) != config_hash(cfg), change
+    for name, conf in (("old", old), ("new", cfg)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(yaml.safe_dump(OmegaConf.to_container(conf, resolve=True)))
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "final_val_loss": 3.0}))
+        (run / "metrics.jsonl").write_text('{"kind": "eval", "step": 0, "val_loss": 4.0}\n')
+    runs = load_runs([tmp_path / "old", tmp_path / "new"], warn=print).runs
+    for key, value in ADDED_KEYS.items():
+        assert runs[key].tolist() == [value, value], key

@@ -56,6 +56,9 @@ def reference(name: str, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if name == "dyt":
         out = p["weight"] * torch.tanh(p["alpha"] * x)
         return out + p["bias"] if "bias" in p else out
+    if name == "derf":
+        out = p["weight"] * torch.special.erf(p["alpha"] * x + p["shift"])
+        return out + p["bias"] if "bias" in p else out
     if name == "none":
         return x
     raise AssertionError(f"no reference for {name}")
@@ -209,6 +212,32 @@ def test_dyt_alpha_init_and_shape():
     assert torch.allclose(norm(x), torch.tanh(0.25 * x), atol=1e-6)
 
 
+def test_derf_by_hand_and_its_gradients():
+    """y = gamma * erf(alpha x + s) + beta: alpha0 = 0.5, s0 = 0, gamma ones, beta zeros; then random
+    values against torch.special.erf written out, and every gradient against finite differences."""
+    norm = build_norm("derf", 6)
+    assert norm.alpha.shape == norm.shift.shape == () and norm.alpha.item() == 0.5 and norm.shift.item() == 0.0
+    assert torch.equal(norm.weight, torch.ones(6)) and torch.equal(norm.bias, torch.zeros(6))
+    assert norm.statistics is None and build_norm("derf", 6, alpha_init=0.3).alpha.item() == pytest.approx(0.3)
+    assert build_norm("derf", 6, bias=False).bias is None
+    x = torch.tensor([[-3.0, -1.0, 0.0, 0.5, 2.0, 10.0]])
+    assert torch.allclose(norm(x), torch.special.erf(0.5 * x), atol=1e-7)
+    norm = build_norm("derf", 6).double()
+    with torch.no_grad():
+        norm.alpha.fill_(0.7), norm.shift.fill_(-0.2)
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 6, dtype=torch.float64))
+        norm.bias.copy_(torch.linspace(-1.0, 1.0, 6, dtype=torch.float64))
+    x = x.double()
+    by_hand = [[norm.weight[j].item() * math.erf(0.7 * x[0, j].item() - 0.2) + norm.bias[j].item() for j in range(6)]]
+    assert torch.allclose(norm(x), torch.tensor(by_hand, dtype=torch.float64), atol=1e-12)
+    names = [n for n, _ in norm.named_parameters()]
+    assert names == ["alpha", "shift", "weight", "bias"]
+    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))  # noqa: E731
+    x = (torch.randn(2, 3, 6, dtype=torch.float64) * 2).requires_grad_()
+    params = [p.detach().clone().requires_grad_() for p in norm.parameters()]
+    assert torch.autograd.gradcheck(call, (x, *params))
+
+
 @pytest.mark.parametrize("name", sorted(NORMS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_statistics_in_float32(name, dtype):
@@ -220,7 +249,7 @@ def test_half_precision_statistics_in_float32(name, dtype):
     torch.manual_seed(0)
     dim = 256
     norm = randomize(build_norm(name, dim)).train()
-    x = (torch.randn(4, 8, dim) + (40.0 if name not in ("dyt", "scale") else 0.0)).to(dtype)
+    x = (torch.randn(4, 8, dim) + (40.0 if name not in ("dyt", "derf", "scale") else 0.0)).to(dtype)
     out = norm(x)
     assert out.dtype == dtype
     expected = reference(name, norm, x.double())
@@ -231,7 +260,7 @@ def test_half_precision_statistics_in_float32(name, dtype):
 
 
 def test_bad_norm_name_and_options_are_clear():
-    with pytest.raises(ConfigError, match="unknown norm 'foo'; allowed: bn, dyt, gn, ln, none, rms, scale"):
+    with pytest.raises(ConfigError, match="unknown norm 'foo'; allowed: bn, derf, dyt, gn, ln, none, rms, scale"):
         build_norm("foo", 8)
     with pytest.raises(ConfigError, match="norm 'rms' has no option bias; allowed: norm.eps"):
         build_norm("rms", 8, bias=False)
@@ -388,13 +417,14 @@ def test_no_compiler_still_trains_with_one_line_saying_so(tmp_path):
     assert (tmp_path / "run" / "summary.json").exists()
 
 
-@pytest.mark.parametrize("name, math_fn", [("scale", "_scale_norm_math"), ("dyt", "_dyt_math")])
+@pytest.mark.parametrize("name, math_fn", [("scale", "_scale_norm_math"), ("dyt", "_dyt_math"), ("derf", "_derf_math")])
 def test_gpu_math_matches_the_norm(name, math_fn, monkeypatch):
     """The plain-op math that torch.compile fuses on a GPU is the norm's math (checked here on the CPU)."""
     torch.manual_seed(5)
     norm = randomize(build_norm(name, 24)).double()
     x = torch.randn(3, 4, 24, dtype=torch.float64)
-    params = [norm.weight, 1e-5] if name == "scale" else [norm.alpha, norm.weight, norm.bias]
+    params = [norm.weight, 1e-5] if name == "scale" else [p for _, p in norm.named_parameters()]  # dyt: alpha,
+    # weight, bias; derf: alpha, shift, weight, bias: the math functions' order
     assert torch.allclose(getattr(norms, math_fn)(x, *params), reference(name, norm, x), atol=1e-12)
 
 

@@ -267,7 +267,7 @@ def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path
 
 def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    sizes = {"norm_zoo": 168, "warmup": 60, "depth": 81, "precision": 8, "batch_size": 18,
+    sizes = {"norm_zoo": 192, "warmup": 60, "depth": 81, "precision": 8, "batch_size": 18,
              "lr_sensitivity": 90, "qk_norm": 16, "modern_placements": 12}  # as docs/experiments.md says
     assert set(group_options("experiment")) == set(sizes)
     for name, size in sizes.items():
@@ -275,7 +275,7 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
         n = math.prod(len(group_options(k)) if v == "glob(*)" else len(str(v).split(",")) for k, v in params.items())
         assert n == size, name
     # Composing every job is Hydra's slow part: plan one slice of each grid, every axis but one.
-    for args, n in [(["experiment=norm_zoo", "seed=0", "placement=pre", "train.lr=1e-2"], 7),
+    for args, n in [(["experiment=norm_zoo", "seed=0", "placement=pre", "train.lr=1e-2"], 8),
                     (["experiment=warmup", "placement=post", "seed=0", "train.lr=1e-2"], 2),
                     (["experiment=depth", "placement=deepnorm", "seed=0", "train.lr=1e-2"], 3),
                     (["experiment=lr_sensitivity", "placement=pre", "seed=0", "train.lr=1e-2"], 3),

@@ -137,6 +137,9 @@ def test_every_norm_in_every_placement_trains_and_probes(tmp_path, norm, placeme
     ["model.qk_norm=rms", "norm=bn", "placement=post"],
     ["model.qk_norm=ln", "placement=mixln", "placement.post_fraction=0.5", "model.n_layer=4"],
     ["train.z_loss=1e-4", "placement=lns"],
+    ["model.arch=llama", "norm=rms"],
+    ["model.arch=llama", "model.qk_norm=rms", "model.attn_softcap=5.0", "model.logit_softcap=3.0", "placement=reordered"],
+    ["model.attn_softcap=5.0", "model.logit_softcap=3.0", "norm=bn", "train.z_loss=1e-4"],
 ])
 def test_new_options_train_and_eval_mode_is_causal(tmp_path, overrides):
     summary = train_tiny(tmp_path, *overrides, "train.steps=6", "train.log_every=3", "train.eval_every=6")

@@ -27,8 +27,8 @@ from normbench.report.tables import _fmt_value, config_label
 
 # The one visual mapping every chart uses: colour = norm, line style / hatch = placement.
 # Fixed colours for the registered norms so a norm looks the same in every report.
-NORM_COLORS = {"ln": "C0", "rms": "C1", "bn": "C2", "gn": "C3", "scale": "C4", "dyt": "C5", "none": "C7"}
-EXTRA_COLORS = ("C6", "C8", "C9", "#17becf", "#393b79", "#8c6d31")
+NORM_COLORS = {"ln": "C0", "rms": "C1", "bn": "C2", "gn": "C3", "scale": "C4", "dyt": "C5", "derf": "C6", "none": "C7"}
+EXTRA_COLORS = ("C8", "C9", "#393b79", "#8c6d31", "#637939", "#843c39")  # none of them a NORM_COLORS colour (C9 is #17becf)
 # (line style, bar hatch) per placement; a placement not listed here gets one of EXTRA_STYLES by its name.
 PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\"),
                     "lns": ((0, (5, 1)), "xx"), "mixln": ((0, (3, 1, 1, 1, 1, 1)), "++"), "reordered": ((0, (1, 1)), "--")}

@@ -20,6 +20,7 @@ import yaml
 
 from normbench.errors import ConfigError
 from normbench.fileio import leaves, read_jsonl
+from normbench.identity import ADDED_KEYS
 
 # Metrics a report can be sorted by; the first three are losses (lower is better).
 METRICS = ("final_val_loss", "best_val_loss", "floor_gap", "tokens_per_s", "step_ms_p50", "step_ms_p90",
@@ -127,6 +128,9 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         config, summary, records = loaded
         run = len(rows)
         flat_config = leaves(config, lists="json")
+        if any(key.startswith("model.") for key in flat_config):  # a run stored before a key was added
+            for key, value in ADDED_KEYS.items():
+                flat_config.setdefault(key, value)
         config_keys.update(dict.fromkeys(flat_config))
         status = summary.get("status")
         if not status:  # runs older than the status field: a finite final loss means it finished
