@@ -218,18 +218,26 @@ def fetch_shakespeare(cfg: ShakespeareData) -> Path:
     return cache
 
 
-_CORPORA: dict[tuple, SyntheticDataset] = {}
+_corpus: tuple[tuple, SyntheticDataset] | None = None  # the last synthetic corpus drawn, by its config
 
 
 def _synthetic(cfg: SyntheticData, block_size: int) -> SyntheticDataset:
     """The corpus of one data config, drawn once per process: the runs of a sweep's worker share it.
     It depends on data.seed alone (its own RNG stream), so sharing it changes no run."""
+    global _corpus
     key = (*dataclasses.astuple(cfg), block_size)
-    if key not in _CORPORA:
-        if len(_CORPORA) >= 2:  # a few MB each; a sweep over data configs keeps the last two
-            _CORPORA.pop(next(iter(_CORPORA)))
-        _CORPORA[key] = SyntheticDataset(cfg, block_size)
-    return _CORPORA[key]
+    if _corpus is None or _corpus[0] != key:
+        _corpus = (key, SyntheticDataset(cfg, block_size))
+    return _corpus[1]
+
+
+def forget_other_corpora(cfg: DataConfig, block_size: int) -> None:
+    """Drop the kept corpus unless it is this run's: called before a run's memory is measured, so
+    that an earlier run's corpus (a vocabulary of 4096 holds a 128 MB transition matrix) never
+    counts as this run's."""
+    global _corpus
+    if _corpus is not None and _corpus[0] != (*dataclasses.astuple(cfg), block_size):
+        _corpus = None
 
 
 def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from normbench import checkpoint, distributed
 from normbench.causality import causal_leak
-from normbench.data import build_dataset
+from normbench.data import build_dataset, forget_other_corpora
 from normbench.devices import PRECISIONS, resolve_device
 from normbench.errors import ConfigError, DiskFull, first_line
 from normbench.model import GPT, leaves_no_trace, z_loss
@@ -170,6 +170,7 @@ class Run:
         torch.set_num_threads(self.tcfg.threads or DEFAULT_THREADS)
         # Set both ways every run: a launcher may run several runs in one process.
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tcfg.tf32
+        forget_other_corpora(run.data, run.model.block_size)  # an earlier run's corpus is not this run's memory
         self.memory = PeakMemory(self.device)  # before the data and model exist
         # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every rank).
         torch.manual_seed(run.seed + distributed.rank())

@@ -184,8 +184,11 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
 def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
     args = ["sweep", "seed=0,1", *TINY, "train.steps=2000", "train.threads=1", *JOBLIB]
+    # A terminal's Ctrl-C reaches a process whose SIGINT is at its default, whatever the test runner's is
+    # (a shell's background job inherits it ignored).
     proc = subprocess.Popen([sys.executable, "-m", "normbench", *args], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_until_training(tmp_path, proc, finished=0)
         children = _sweep_children(proc.pid)
