@@ -31,20 +31,24 @@ def config_hash(cfg: DictConfig) -> str:
     # Drop the hydra node before resolving: it may hold ${config_hash:} itself (the sweep subdir).
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     for dotted in NOT_HASHED:
-        *parents, leaf = dotted.split(".")
-        node = plain
-        for key in parents:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
+        _drop(plain, dotted)
     for dotted, value in ADDED_KEYS.items():
-        *parents, leaf = dotted.split(".")
-        node = plain
-        for key in parents:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict) and leaf in node and node[leaf] == value and type(node[leaf]) is not bool:
-            del node[leaf]
+        _drop(plain, dotted, only_if=value)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_ANY = object()
+
+
+def _drop(tree: dict, dotted: str, only_if=_ANY) -> None:
+    """Remove a dotted key from a nested dict, if present (and, with ``only_if``, holding that value)."""
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    if isinstance(tree, dict) and leaf in tree:
+        value = tree[leaf]
+        if only_if is _ANY or (value == only_if and type(value) is not bool):  # False == 0.0 is not the old value
+            del tree[leaf]
 
 
 # ${config_hash:} in a Hydra config (conf/config.yaml names sweep jobs' directories with it), so a

@@ -65,10 +65,8 @@ class RunLock:
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            file.seek(0)
-            holder = _owner_text(file.read())
             file.close()
-            return holder or "another process"
+            return describe_owner(self.last_owner())
         self.file = file
         return None
 
@@ -102,12 +100,9 @@ class RunLock:
             return {}
 
 
-def _owner_text(text: str) -> str | None:
-    try:
-        owner = json.loads(text)
-        return f"pid {owner['pid']} on {owner['host']}"
-    except (ValueError, KeyError, TypeError):
-        return None
+def describe_owner(owner: dict) -> str:
+    """A lock file's owner for a person: "pid 123 on node3" (or "another process" before it claimed the run)."""
+    return f"pid {owner['pid']} on {owner['host']}" if "pid" in owner and "host" in owner else "another process"
 
 
 @dataclass

@@ -47,7 +47,7 @@ from normbench.errors import ConfigError, first_line, installed
 from normbench.preemption import SIGNALS, exit_code
 from normbench.fileio import write_atomic
 from normbench.runs import (CONFIG, ERROR_LOG, INDEX, PLAN, RETRY_ENV, SUMMARY, SWEEP_ENV, RunDir,  # noqa: F401
-                           RunLock, read_index, run_status, write_index)
+                           RunLock, describe_owner, read_index, run_status, write_index)
 
 LOG = "sweep.log"
 PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
@@ -467,7 +467,7 @@ def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, co
         elif status in FINISHED and _mtime(job.run_dir / SUMMARY) != at_launch[job.run_dir][1]:
             owner = lock.last_owner()
             if owner and owner.get("sweep") != sweep_owner():
-                others.setdefault(f"pid {owner.get('pid')} on {owner.get('host')}", []).append(status)
+                others.setdefault(describe_owner(owner), []).append(status)
     for who, states in others.items():
         console.print(f"[cyan]{_runs(len(states))} trained by another process ({who})[/cyan], skipped here: "
                       f"{_counts(states).replace('running elsewhere', 'still running')}"
