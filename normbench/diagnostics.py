@@ -43,11 +43,13 @@ def global_grad_norm(params) -> torch.Tensor:
 
 
 def _norm_modules(module: nn.Module) -> dict[str, nn.Module]:
-    """A block's norms: its direct children named norm_* (the placements' convention) and QK-norm's."""
+    """A block's norms: its direct children named norm_* (the placements' convention), QK-norm's and V's."""
     norms = {name: child for name, child in module.named_children() if name.startswith("norm")}
     attn = getattr(module, "attn", None)
     if getattr(attn, "qk_norm", False):
         norms.update(q_norm=attn.q_norm, k_norm=attn.k_norm)
+    if getattr(attn, "v_norm", None) is not None:
+        norms["v_norm"] = attn.v_norm
     return norms
 
 

@@ -23,7 +23,8 @@ NOT_HASHED = ("results_dir", "train.progress", "train.threads", "logger",
 # before the key existed. At that value a key is left out of the hash, so the runs and sweep
 # directories stored before it keep their identity (a gpt2 model without soft-capping is the model
 # of before), and a report fills it into an older run's config (normbench.report.load).
-ADDED_KEYS = {"model.arch": "gpt2", "model.attn_softcap": 0.0, "model.logit_softcap": 0.0}
+ADDED_KEYS = {"model.arch": "gpt2", "model.attn_softcap": 0.0, "model.logit_softcap": 0.0,
+              "model.attn_gate": False, "model.qk_norm_scope": "head", "model.v_norm": "none"}
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -47,7 +48,8 @@ def _drop(tree: dict, dotted: str, only_if=_ANY) -> None:
         tree = tree.get(key) if isinstance(tree, dict) else None
     if isinstance(tree, dict) and leaf in tree:
         value = tree[leaf]
-        if only_if is _ANY or (value == only_if and type(value) is not bool):  # False == 0.0 is not the old value
+        # False == 0.0, but false is not a cap of 0 nor 0 a gate that is off: a bool matches a bool only.
+        if only_if is _ANY or (value == only_if and isinstance(value, bool) == isinstance(only_if, bool)):
             del tree[leaf]
 
 

@@ -3,7 +3,7 @@
 
 The projections are named so the diagnostics can find them: ``attn.qkv`` (input),
 ``attn.proj`` (output), ``mlp.fc`` (input), ``mlp.proj`` (output); QK-norm's two norms
-are ``attn.q_norm`` and ``attn.k_norm``. The output
+are ``attn.q_norm`` and ``attn.k_norm``, the values' ``attn.v_norm``, the output gate ``attn.gate``. The output
 projections write into the residual stream and carry ``residual_proj = True``,
 which the initialisation scales.
 """
@@ -67,16 +67,23 @@ class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention through ``F.scaled_dot_product_attention``.
 
     ``make_qk_norm`` (optional) builds QK-norm: one norm for the queries and one for the
-    keys, each over ``head_dim`` and shared by all heads, applied before the logits
-    q·k/sqrt(head_dim) (ViT-22B, Gemma 3, Qwen3). ``rotary`` applies rotary embeddings to
-    q and k after QK-norm (OLMo 2, Qwen3). ``heads(x)`` gives the q, k, v the attention
-    uses, so the diagnostics can compute the logits that SDPA keeps to itself.
+    keys, applied before the logits q·k/sqrt(head_dim). ``qk_norm_scope`` says over what:
+    ``head``, over ``head_dim`` with one norm shared by all heads (ViT-22B, Gemma 3, Qwen3), or
+    ``flat``, over all heads' channels (d_model) at once before the split into heads (OLMo 2).
+    ``make_v_norm`` (optional) builds a norm on the values, over ``head_dim`` per head, or
+    over d_model with ``v_norm_scope=flat`` (HybridNorm's QKV-norm). ``rotary`` applies
+    rotary embeddings to q and k after QK-norm (OLMo 2, Qwen3). ``heads(x)`` gives the q,
+    k, v the attention uses, so the diagnostics can compute the logits that SDPA keeps to itself.
     ``softcap`` > 0 caps the logits, cap * tanh(logits / cap), before the softmax (Gemma 2):
     SDPA takes no such cap, so then the softmax is computed explicitly.
+    ``gate`` multiplies the attention's output, before the output projection, by
+    sigmoid(x W_g) computed from the sub-layer's input x: one gate per channel of every head
+    (Qiu et al. 2025's elementwise, head-specific gate; ``attn.gate``).
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float, bias: bool, make_qk_norm=None,
-                 rotary: bool = False, softcap: float = 0.0):
+                 rotary: bool = False, softcap: float = 0.0, qk_norm_scope: str = "head", make_v_norm=None,
+                 v_norm_scope: str = "head", gate: bool = False):
         super().__init__()
         self.n_head = n_head
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
@@ -87,17 +94,27 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = make_qk_norm is not None
         if self.qk_norm:
             self.q_norm, self.k_norm = make_qk_norm(), make_qk_norm()
+        self.v_norm = make_v_norm() if make_v_norm is not None else None
+        self.qk_flat, self.v_flat = qk_norm_scope == "flat", v_norm_scope == "flat"
         self.rotary = Rotary(d_model // n_head) if rotary else None
         self.softcap = float(softcap)
         self.attn_dropout = nn.Dropout(dropout)
+        self.gate = nn.Linear(d_model, d_model, bias=bias) if gate else None
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v as (B, n_head, T, head_dim), QK-norm then rotary embeddings applied."""
+        """q, k, v as (B, n_head, T, head_dim), QK-norm (and V's norm) then rotary embeddings applied."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # A norm acts on the last dimension: the flat (B, T, C) view normalizes all heads' channels
+        # together, the (B, T, n_head, head_dim) view each head on its own.
+        def split(t):
+            return t.view(B, T, self.n_head, C // self.n_head)
+
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = ((norm(t) if self.qk_flat else norm(split(t))) for norm, t in ((self.q_norm, q), (self.k_norm, k)))
+        if self.v_norm is not None:
+            v = self.v_norm(v) if self.v_flat else self.v_norm(split(v))
+        q, k, v = (split(t).transpose(1, 2) for t in (q, k, v))
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         return q, k, v
@@ -114,7 +131,10 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
             )
-        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+        y = y.transpose(1, 2).reshape(B, T, C)
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x))
+        return self.resid_dropout(self.proj(y))
 
 
 class MLP(nn.Module):

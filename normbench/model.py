@@ -37,6 +37,9 @@ class ModelConfig:
     arch: str  # gpt2: learned positions, GELU MLP; llama: rotary embeddings, SwiGLU MLP, no biases
     attn_softcap: float  # c * tanh(z / c) on the attention logits before the softmax; 0 = off
     logit_softcap: float  # c * tanh(z / c) on the output logits before the loss; 0 = off
+    attn_gate: bool  # sigmoid(x W_g) times each head's attention output, channel by channel (Qiu et al. 2025)
+    qk_norm_scope: str  # head: QK-norm over head_dim per head; flat: over all heads' channels at once (OLMo 2)
+    v_norm: str  # a norm on v per head over head_dim, or none
 
     def validate(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "block_size"):
@@ -61,32 +64,49 @@ class ModelConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ConfigError(f"model.{key} must be a number >= 0 (0 = off), got {value!r}", allowed=["0.0 (off)", "a cap > 0, e.g. 30.0"])
+        if not isinstance(self.attn_gate, bool):
+            raise ConfigError(f"model.attn_gate must be true or false, got {self.attn_gate!r}", allowed=["false", "true"])
+        if self.qk_norm_scope not in QK_NORM_SCOPES:
+            raise ConfigError(f"unknown model.qk_norm_scope '{self.qk_norm_scope}'", allowed=list(QK_NORM_SCOPES))
         self.qk_norm_factory()  # a refused or unbuildable QK-norm fails here, in the config's words
+        self.v_norm_factory()
 
     def qk_norm_factory(self):
-        """A zero-argument builder of one QK-norm (over head_dim, no bias), or None for none."""
-        allowed = ["none", *qk_norms()]
-        if self.qk_norm == "none":
-            return None
-        if self.qk_norm not in NORMS:
-            raise ConfigError(f"unknown model.qk_norm '{self.qk_norm}'", allowed=allowed)
-        if self.qk_norm not in allowed:
-            kind = "batch statistics, which mix tokens" if NORMS[self.qk_norm].statistics == "batch" else "no statistics, so it fixes no scale"
-            raise ConfigError(f"model.qk_norm={self.qk_norm} cannot normalize queries and keys ({kind})", allowed=allowed)
-        head_dim = self.d_model // self.n_head
-        # No bias, as in ViT-22B and Wortsman et al.: q and k are scaled, not shifted.
-        options = {"bias": False} if "bias" in norm_options(self.qk_norm) else {}
-        make = functools.partial(build_norm, self.qk_norm, head_dim, **options)
-        try:
-            make()
-        except ConfigError as err:
-            raise ConfigError(f"model.qk_norm={self.qk_norm} over head_dim={head_dim}: {err}") from None
-        return make
+        """A zero-argument builder of one QK-norm (over head_dim, or d_model with scope flat; no bias), or None."""
+        dim = self.d_model if self.qk_norm_scope == "flat" else self.d_model // self.n_head
+        return _attn_norm_factory("qk_norm", self.qk_norm, dim, "queries and keys")
+
+    def v_norm_factory(self):
+        """A zero-argument builder of the norm on v (over head_dim, no bias), or None for none."""
+        return _attn_norm_factory("v_norm", self.v_norm, self.d_model // self.n_head, "values")
+
+
+def _attn_norm_factory(key: str, name: str, dim: int, what: str):
+    """A zero-argument builder of ``model.{key}=name`` over ``dim`` channels without a bias, or None for none."""
+    allowed = ["none", *qk_norms()]
+    if name == "none":
+        return None
+    if name not in NORMS:
+        raise ConfigError(f"unknown model.{key} '{name}'", allowed=allowed)
+    if name not in allowed:
+        kind = "batch statistics, which mix tokens" if NORMS[name].statistics == "batch" else "no statistics, so it fixes no scale"
+        raise ConfigError(f"model.{key}={name} cannot normalize {what} ({kind})", allowed=allowed)
+    # No bias, as in ViT-22B and Wortsman et al.: q and k are scaled, not shifted (v alike).
+    options = {"bias": False} if "bias" in norm_options(name) else {}
+    make = functools.partial(build_norm, name, dim, **options)
+    try:
+        make()
+    except ConfigError as err:
+        raise ConfigError(f"model.{key}={name} over {dim} channels: {err}") from None
+    return make
 
 
 # gpt2: GPT-2's block (learned position embedding, GELU MLP, biases as model.bias says);
 # llama: LLaMA's (rotary embeddings, SwiGLU MLP, no biases in any linear layer).
 ARCHS = ("gpt2", "llama")
+# head: QK-norm over head_dim, one norm shared by all heads (Qwen3, Gemma 3); flat: over the whole
+# d_model-wide q and k before the split into heads (OLMo 2).
+QK_NORM_SCOPES = ("head", "flat")
 
 
 def qk_norms() -> list[str]:
@@ -124,14 +144,15 @@ class GPT(nn.Module):
         make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
         block_cls = placement_class(placement["name"])
         options = placement_options(placement)
-        make_qk_norm = cfg.qk_norm_factory()
+        make_qk_norm, make_v_norm = cfg.qk_norm_factory(), cfg.v_norm_factory()
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         # llama has no learned positions: rotary embeddings rotate q and k in every attention layer.
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.arch == "gpt2" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             block_cls(BlockSpec(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.n_layer, layer, make_qk_norm,
-                                cfg.arch, float(cfg.attn_softcap)), make_norm, **options)
+                                cfg.arch, float(cfg.attn_softcap), cfg.qk_norm_scope, make_v_norm, cfg.attn_gate),
+                      make_norm, **options)
             for layer in range(1, cfg.n_layer + 1)
         )
         self.norm_final = make_norm() if placement.get("final_norm", True) else nn.Identity()

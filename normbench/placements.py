@@ -1,5 +1,5 @@
 """Where the norm sits in a block: pre, post, peri (sandwich), DeepNorm, and the placements of
-recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm), behind one registry.
+recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm, HybridNorm), behind one registry.
 
 A placement is a ``Block`` subclass registered with ``@register_placement("name")``
 plus one YAML file in ``conf/placement/``. Every block gets the same two sub-layers,
@@ -11,6 +11,7 @@ the keyword-only arguments of its constructor, checked by ``check_options``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from dataclasses import dataclass
@@ -67,6 +68,10 @@ class BlockSpec:
     make_qk_norm: Callable[[], nn.Module] | None = None  # QK-norm, or None
     arch: str = "gpt2"  # gpt2: GELU MLP, biases as ``bias`` says; llama: rotary q and k, SwiGLU MLP, no biases
     attn_softcap: float = 0.0  # cap * tanh(logits / cap) on the attention logits; 0 = off
+    qk_norm_scope: str = "head"  # QK-norm over head_dim per head, or flat: over d_model before the split
+    make_v_norm: Callable[[], nn.Module] | None = None  # a norm on v, or None
+    v_norm_scope: str = "head"  # the norm on v over head_dim per head, or flat: over d_model (HybridNorm)
+    attn_gate: bool = False  # a sigmoid gate on the attention output (CausalSelfAttention.gate)
 
 
 class Block(nn.Module):
@@ -77,7 +82,9 @@ class Block(nn.Module):
         llama = spec.arch == "llama"
         bias = spec.bias and not llama
         self.attn = CausalSelfAttention(spec.d_model, spec.n_head, spec.dropout, bias, spec.make_qk_norm,
-                                        rotary=llama, softcap=spec.attn_softcap)
+                                        rotary=llama, softcap=spec.attn_softcap, qk_norm_scope=spec.qk_norm_scope,
+                                        make_v_norm=spec.make_v_norm, v_norm_scope=spec.v_norm_scope,
+                                        gate=spec.attn_gate)
         self.mlp = SwiGLU(spec.d_model, spec.dropout) if llama else MLP(spec.d_model, spec.dropout, bias)
 
     @classmethod
@@ -215,3 +222,27 @@ class ReorderedNormBlock(Block):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.norm_attn_out(self.attn(x))
         return x + self.norm_mlp_out(self.mlp(x))
+
+
+@register_placement("hybrid")
+class HybridNormBlock(Block):
+    """y = x + Attn_QKV(x), then x' = N(y) + MLP(N(y)): HybridNorm (Zhuo et al. 2025, arXiv 2503.04598).
+
+    QKV-norm inside attention, one norm each on q, k and v over all heads' channels (d_model)
+    before the split into heads, as in HybridNorm's OLMo 2 code base, and no norm on the
+    attention's input; the MLP sub-layer in Post-Norm form: the stream after attention is
+    normalized and the MLP's residual starts from the normalized stream. The three QKV norms
+    are the block's norm (``norm=``), so the placement refuses model.qk_norm and model.v_norm.
+    """
+
+    def __init__(self, spec, make_norm):
+        if spec.make_qk_norm is not None or spec.make_v_norm is not None:
+            raise ConfigError("placement=hybrid puts its own norm (norm=) on q, k and v: model.qk_norm and "
+                              "model.v_norm must be none", allowed=["model.qk_norm=none model.v_norm=none"])
+        super().__init__(dataclasses.replace(spec, make_qk_norm=make_norm, qk_norm_scope="flat", make_v_norm=make_norm,
+                                             v_norm_scope="flat"), make_norm)
+        self.norm_mlp = make_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm_mlp(x + self.attn(x))
+        return h + self.mlp(h)
