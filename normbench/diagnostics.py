@@ -12,7 +12,9 @@ the parameters after s updates, so step 0 is the first batch at initialization.
 
 The logits are the two instabilities of Wortsman et al. 2023: attention logits that
 grow until attention is one-hot (``max_attn_logit``, fixed by QK-norm) and output
-logits that drift (``max_log_z``, fixed by z-loss). SDPA never materializes the
+logits that drift (``max_log_z``, fixed by z-loss). Under soft-capping (model.attn_softcap,
+model.logit_softcap) these are what the softmax sees, after the cap, and ``*_raw`` beside them
+the values before it; without a cap the two are the same and only the first is written. SDPA never materializes the
 attention logits, so a statistics step computes them once more from the layer's own
 q and k (``CausalSelfAttention.heads``): one extra q·kᵀ per layer, on that step only.
 """
@@ -64,11 +66,12 @@ def attention_logits(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> torc
     return logits.masked_fill(future, float("-inf"))
 
 
-def attention_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(largest attention logit, mean entropy in nats of each query's attention distribution)."""
+def attention_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> tuple[torch.Tensor, ...]:
+    """(largest attention logit, mean entropy in nats of each query's attention distribution, and
+    under a cap the largest logit before it, else None)."""
     logits = attention_logits(q, k, cap)
     entropy = torch.special.entr(logits.softmax(-1)).sum(-1).mean()
-    return logits.amax(), entropy
+    return logits.amax(), entropy, attention_logits(q, k).amax() if cap > 0 else None
 
 
 def output_logit_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -79,6 +82,14 @@ def output_logit_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 # The run-level peaks summary.json carries: the largest value any statistics step saw.
 PEAKS = ("max_attn_logit", "max_log_z")
+# Each peak's value before the soft-cap (model.attn_softcap, model.logit_softcap), carried where that cap is on.
+RAW_PEAKS = {"max_attn_logit": "max_attn_logit_raw", "max_log_z": "max_log_z_raw"}
+
+
+def _largest(values) -> float | None:
+    """The largest of the layers' values; NaN if any is NaN (a diverging run), whatever its order; None if none."""
+    values = [v for v in values if v is not None]
+    return (math.nan if any(map(math.isnan, values)) else max(values)) if values else None
 
 
 def _gain(norm: nn.Module) -> torch.Tensor | None:
@@ -101,9 +112,10 @@ class LayerStats:
             self.groups["embedding.pos"] = [model.pos_emb.weight]
         self.groups["final_norm"] = list(model.norm_final.parameters())
         self._resid: list[torch.Tensor | None] = [None] * len(model.blocks)
-        self._attn: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(model.blocks)
+        self._attn: list[tuple[torch.Tensor, ...] | None] = [None] * len(model.blocks)
         self._head: dict[str, torch.Tensor] = {}
-        self.peaks: dict[str, float | None] = dict.fromkeys(PEAKS)
+        capped = {"max_attn_logit": model.cfg.attn_softcap > 0, "max_log_z": model.cfg.logit_softcap > 0}
+        self.peaks: dict[str, float | None] = dict.fromkeys([*PEAKS, *(RAW_PEAKS[k] for k in PEAKS if capped[k])])
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._values: dict[str, torch.Tensor | None] = {}
         self._before: dict[str, list[torch.Tensor]] = {}
@@ -126,6 +138,9 @@ class LayerStats:
     def _head_hook(self, module, inputs, output):
         cap = self.model.cfg.logit_softcap  # the logits the loss sees: capped where model.logit_softcap > 0
         self._head = output_logit_stats(softcap(output, cap) if cap > 0 else output)
+        if cap > 0:
+            raw = output_logit_stats(output)
+            self._head.update(max_log_z_raw=raw["max_log_z"], max_output_logit_raw=raw["max_output_logit"])
 
     def begin(self) -> None:
         # Hooked only for this one forward: on the other steps the blocks run hook-free,
@@ -164,7 +179,7 @@ class LayerStats:
         """The JSON record for this step; the one host sync of the statistics."""
         names, tensors = [], []
         attn = [(f"{kind}.{i}", value) for i, pair in enumerate(self._attn) if pair
-                for kind, value in zip(("attn_max", "attn_entropy"), pair)]
+                for kind, value in zip(("attn_max", "attn_entropy", "attn_max_raw"), pair)]
         for name, value in [*self._values.items(), *((f"resid.{i}", r) for i, r in enumerate(self._resid)), *attn,
                             *self._head.items(), ("grad_norm", grad_norm)]:
             if value is not None:
@@ -187,6 +202,7 @@ class LayerStats:
                 "update_ratio": part("update_ratio", f"{i}.", keys),
                 "resid_rms": flat.get(f"resid.{i}"),
                 "max_attn_logit": flat.get(f"attn_max.{i}"),
+                **({"max_attn_logit_raw": flat[f"attn_max_raw.{i}"]} if f"attn_max_raw.{i}" in flat else {}),
                 "attn_entropy": flat.get(f"attn_entropy.{i}"),
                 "gain": {
                     name: {s: flat[f"gain.{i}.{name}.{s}"] for s in ("mean", "min", "max")}
@@ -201,13 +217,14 @@ class LayerStats:
         if "gain.final_norm.mean" in flat:
             extra["final_norm"]["gain"] = {s: flat[f"gain.final_norm.{s}"] for s in ("mean", "min", "max")}
         total = flat["grad_norm"]
-        attn_max = [layer["max_attn_logit"] for layer in layers if layer["max_attn_logit"] is not None]
         logits = {
-            # A NaN in any layer is the answer (a diverging run), whatever its order among the layers.
-            "max_attn_logit": (math.nan if any(map(math.isnan, attn_max)) else max(attn_max)) if attn_max else None,
-            **{key: flat.get(key) for key in ("mean_log_z", "max_log_z", "max_output_logit")},
+            "max_attn_logit": _largest(layer["max_attn_logit"] for layer in layers),
+            **({"max_attn_logit_raw": _largest(layer.get("max_attn_logit_raw") for layer in layers)}
+               if "max_attn_logit_raw" in self.peaks else {}),
+            **{key: flat.get(key) for key in ("mean_log_z", "max_log_z", "max_output_logit", "max_log_z_raw",
+                                              "max_output_logit_raw") if key in flat or not key.endswith("_raw")},
         }
-        for key in PEAKS:
+        for key in self.peaks:
             if logits[key] is not None and math.isfinite(logits[key]):
                 self.peaks[key] = logits[key] if self.peaks[key] is None else max(self.peaks[key], logits[key])
         return {

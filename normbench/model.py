@@ -151,7 +151,8 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             block_cls(BlockSpec(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.n_layer, layer, make_qk_norm,
-                                cfg.arch, float(cfg.attn_softcap), cfg.qk_norm_scope, make_v_norm, cfg.attn_gate),
+                                cfg.arch, float(cfg.attn_softcap), qk_norm_scope=cfg.qk_norm_scope,
+                                make_v_norm=make_v_norm, attn_gate=cfg.attn_gate),
                       make_norm, **options)
             for layer in range(1, cfg.n_layer + 1)
         )

@@ -519,3 +519,11 @@ def test_every_placement_has_its_own_chart_style():
     styles = [charts_module.placement_style(name) for name in PLACEMENTS]
     assert len({str(ls) for ls, _ in styles}) == len(PLACEMENTS) and len({h for _, h in styles}) == len(PLACEMENTS)
     assert charts_module.placement_style("a-new-placement") == charts_module.placement_style("a-new-placement")
+
+
+def test_hybrid_placement_has_a_fixed_style_no_other_placement_uses():
+    ours = charts_module.placement_style("hybrid")
+    assert ours == charts_module.PLACEMENT_STYLES["hybrid"]
+    others = [style for name, style in charts_module.PLACEMENT_STYLES.items() if name != "hybrid"]
+    for ls, hatch in [*others, *charts_module.EXTRA_STYLES, charts_module.MIXED_STYLE]:
+        assert str(ls) != str(ours[0]) and hatch != ours[1]

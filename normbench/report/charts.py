@@ -31,7 +31,8 @@ NORM_COLORS = {"ln": "C0", "rms": "C1", "bn": "C2", "gn": "C3", "scale": "C4", "
 EXTRA_COLORS = ("C8", "C9", "#393b79", "#8c6d31", "#637939", "#843c39")  # none of them a NORM_COLORS colour (C9 is #17becf)
 # (line style, bar hatch) per placement; a placement not listed here gets one of EXTRA_STYLES by its name.
 PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\"),
-                    "lns": ((0, (5, 1)), "xx"), "mixln": ((0, (3, 1, 1, 1, 1, 1)), "++"), "reordered": ((0, (1, 1)), "--")}
+                    "lns": ((0, (5, 1)), "xx"), "mixln": ((0, (3, 1, 1, 1, 1, 1)), "++"), "reordered": ((0, (1, 1)), "--"),
+                    "hybrid": ((0, (6, 2)), "/.")}
 EXTRA_STYLES = (((0, (8, 2, 1, 2)), "||"), ((0, (2, 2, 6, 2)), "**"), ((0, (4, 1, 1, 1, 1, 1, 1, 1)), "OO"))
 MIXED_STYLE = ((0, (3, 1, 1, 1)), "oo")  # a configuration whose runs mix placements
 IMPL_LINESTYLES = {"normbench": "-", "native": "--", "compiled": ":"}

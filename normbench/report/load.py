@@ -30,7 +30,10 @@ LOSS_FIELDS = ("final_val_loss", "best_val_loss", "floor_gap")
 SPEED_FIELDS = ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb")
 BENCH_COLUMNS = ("norm", "impl", "dim", "dtype", "device", "pass", "ms")
 # The logit diagnostics (Wortsman et al. 2023): per stats record and, as peaks, in summary.json.
-LOGIT_FIELDS = ("max_attn_logit", "max_log_z")
+# Under a soft-cap each is what the softmax sees and its *_raw the value before the cap; a run
+# without the cap (or older than the raw fields) writes no *_raw: there the raw value is the capped one.
+LOGIT_FIELDS = ("max_attn_logit", "max_log_z", "max_attn_logit_raw", "max_log_z_raw")
+RAW_LOGITS = {"max_attn_logit_raw": "max_attn_logit", "max_log_z_raw": "max_log_z"}
 ALIASES = {"norm.name": "norm", "placement.name": "placement"}
 
 def find_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -109,7 +112,7 @@ class ReportData:
     evals: pd.DataFrame  # run, step, val_loss
     grads: pd.DataFrame  # run, step, grad_norm (global, from stats records)
     layers: pd.DataFrame  # run, when ("first"/"last" stats record), step, layer, grad (mlp_out), resid_rms
-    logits: pd.DataFrame  # run, step, max_attn_logit, max_log_z (stats records that carry them; finite only)
+    logits: pd.DataFrame  # run, step, LOGIT_FIELDS (stats records that carry them; finite only)
     bench: pd.DataFrame | None = None
     # Filled in by the later stages of a report (normbench.report.build):
     keys: list[str] | None = None  # group keys
@@ -181,6 +184,11 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
     runs["floor_gap"] = runs["final_val_loss"] - pd.to_numeric(runs["floor_loss"], errors="coerce")
     for col in [c for c in LOGIT_FIELDS if c in runs]:  # the peaks: null with statistics off
         runs[col] = pd.to_numeric(runs[col], errors="coerce").replace([np.inf, -np.inf], np.nan)
+    logits = pd.DataFrame(logits, columns=["run", "step", *LOGIT_FIELDS])
+    for raw, capped in RAW_LOGITS.items():
+        logits[raw] = logits[raw].fillna(logits[capped])
+        if raw in runs and capped in runs:  # only once some run had a cap: no raw column for a report without one
+            runs[raw] = runs[raw].fillna(runs[capped])
     first = ["run_dir", "norm", "placement", "seed", "status", *METRICS, "init_val_loss"]
     runs = runs[first + [c for c in runs.columns if c not in first]]
     return ReportData(
@@ -189,7 +197,7 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         evals=pd.DataFrame(evals, columns=["run", "step", "val_loss"]),
         grads=pd.DataFrame(grads, columns=["run", "step", "grad_norm"]),
         layers=pd.DataFrame(layers, columns=["run", "when", "step", "layer", "grad", "resid_rms"]),
-        logits=pd.DataFrame(logits, columns=["run", "step", *LOGIT_FIELDS]),
+        logits=logits,
     )
 
 

@@ -18,7 +18,7 @@ from normbench.report.load import ALIASES, HIGHER_IS_BETTER, LOGIT_FIELDS, LOSS_
 
 
 # The display names of LOGIT_FIELDS' columns (the mean over runs of each run's peak).
-LOGIT_COLUMNS = ("max attn logit", "max log Z")
+LOGIT_COLUMNS = ("max attn logit", "max log Z", "max attn logit (raw)", "max log Z (raw)")
 
 
 def _is_bookkeeping(key: str) -> bool:
