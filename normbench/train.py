@@ -30,7 +30,7 @@ from normbench.errors import ConfigError, DiskFull, first_line
 from normbench.model import GPT, leaves_no_trace, z_loss
 from normbench.runs import METRICS, RunDir
 from normbench.preemption import StopSignals
-from normbench.perf import Phases, PeakMemory, StepTimer, flops_per_token, free_earlier_runs, peak_flops
+from normbench.perf import Phases, PeakMemory, StepTimer, flops_per_token, free_earlier_runs, peak_flops, remember_run
 from normbench.sinks import MetricSinks
 from normbench.diagnostics import PEAKS, LayerStats, global_grad_norm
 from normbench.display import TrainProgress
@@ -179,7 +179,9 @@ class Run:
         self.model = GPT(run.model, self.data.vocab_size, run.norm, run.placement).to(self.device)
         self.step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
         self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, self.tcfg))
+        tcfg = self.tcfg  # the schedule holds the config, not the run: no reference cycle keeps a run alive
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, tcfg))
+        remember_run(self.model, self.optimizer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tcfg.precision == "fp16")
         self.autocast = torch.autocast(
             self.device.type, dtype=PRECISIONS[self.tcfg.precision], enabled=self.tcfg.precision != "fp32"
