@@ -14,7 +14,7 @@ each configuration at each size (scale.csv):
 Across sizes, per configuration (trend.csv): the difference against log2(x), x the size's
 parameters (its tokens when KEY is a token budget or the parameters do not change; KEY's own
 value when neither does), fitted by weighted least squares with weights 1/SE² over the sizes
-where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis). The slope's variance is the
+where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis-how-a-verdict-moves-with-size). The slope's variance is the
 larger of the one the seeds give, 1/Σ wᵢ(xᵢ - x̄)² with Welch-Satterthwaite degrees of freedom,
 and (with ≥ 3 sizes) that times the fit's χ²/(k - 2) with k - 2 degrees of freedom, when the
 sizes scatter around the line more than their seeds explain. The interval is Student's t.
