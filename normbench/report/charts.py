@@ -301,24 +301,32 @@ def _scale_styles(d: ReportData) -> dict:
     return make_styles(d.runs.assign(config=d.scale.run_config), pd.DataFrame({"config": d.scale.configs}))
 
 
-def _size_axis(ax, s) -> None:
-    """A log2 x-axis at the sizes' parameters (or tokens), labelled with the size key's values."""
+def _size_chart(fig, ax, s, ylabel: str, title: str):
+    """A one-panel scale chart finished: a log2 x-axis at the sizes' parameters (or tokens),
+    labelled with the size key's values; labels, grid, legend."""
     at = s.table.groupby(s.key)["x"].first()
     ax.set_xscale("log", base=2)
     below = "" if s.x == s.key else f" (below: the size's {s.x})"
     ax.set_xticks(at.to_numpy(float), [_fmt_value(k) + ("" if s.x == s.key else f"\n{x:,.0f}") for k, x in at.items()])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set_xlabel(_plain(s.key + below))
+    ax.set(xlabel=_plain(s.key + below), ylabel=_plain(ylabel), title=_plain(title))
+    ax.grid(alpha=0.3)
+    _legend(fig, [ax])
+    return fig
 
 
-NO_SCALE = "no scale axis (no size key varies alone among the runs; pass --scale KEY)"
+def _scale_or_why(d: ReportData, without_tune: str | None = None):
+    """The scale axis, or why a scale chart is not drawn (``without_tune``: the reason when nothing is tuned)."""
+    if d.scale is None:
+        return "no scale axis (no size key varies alone among the runs; pass --scale KEY)"
+    return without_tune if without_tune and not d.tune else d.scale
 
 
 @chart("scale_gap", "Difference to the baseline against size")
 def chart_scale_gap(d: ReportData):
-    s = d.scale
-    if s is None:
-        return NO_SCALE
+    s = _scale_or_why(d)
+    if isinstance(s, str):
+        return s
     others = [c for c in s.configs if c != s.baseline]
     if not others:
         return "one configuration: nothing to compare with the baseline"
@@ -337,22 +345,16 @@ def chart_scale_gap(d: ReportData):
             ax.plot([fitted["x"].min(), fitted["x"].max()], [trend.at[config, "fitted_first"],
                     trend.at[config, "fitted_last"]], color=style["color"], linestyle=":", linewidth=2.5,
                     alpha=0.7, label="fitted trend (WLS, 1/SE² weights)")
-    _size_axis(ax, s)
-    ax.set(ylabel=_plain(f"final val loss - {s.baseline}'s (positive: worse)"),
-           title=_plain(f"Difference to {s.baseline} at each size\n(each at its best value; band = 95% CI,\n"
-                        f"paired by seed; dotted = the fitted trend)"))
-    ax.grid(alpha=0.3)
-    _legend(fig, [ax])
-    return fig
+    return _size_chart(fig, ax, s, f"final val loss - {s.baseline}'s (positive: worse)",
+                       f"Difference to {s.baseline} at each size\n(each at its best value; band = 95% CI,\n"
+                       f"paired by seed; dotted = the fitted trend)")
 
 
 @chart("scale_best_value", "Best value of the tuned key against size")
 def chart_scale_best_value(d: ReportData):
-    s = d.scale
-    if s is None:
-        return NO_SCALE
-    if not d.tune:
-        return "no tuning key: no best value per size"
+    s = _scale_or_why(d, "no tuning key: no best value per size")
+    if isinstance(s, str):
+        return s
     styles, trend = _scale_styles(d), s.trend.set_index("config")
     fig, (ax,) = _figure(1, width=8.0, height=5.0)
     for i, config in enumerate(s.configs):  # later lines thinner: configurations with the same best stay visible
@@ -366,22 +368,16 @@ def chart_scale_best_value(d: ReportData):
         ax.set_yscale("log")
     ax.set_yticks(grid, [f"{v:g}" for v in grid])
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    _size_axis(ax, s)
-    ax.set(ylabel=_plain(f"best {d.tune} (ticks: the swept grid)"),
-           title=_plain(f"Best {d.tune} at each size (lowest mean final loss over completed seeds)"))
-    ax.grid(alpha=0.3)
-    _legend(fig, [ax])
-    return fig
+    return _size_chart(fig, ax, s, f"best {d.tune} (ticks: the swept grid)",
+                       f"Best {d.tune} at each size (lowest mean final loss over completed seeds)")
 
 
 @chart("scale_tuning", "Final loss against the tuned key, one panel per size")
 def chart_scale_tuning(d: ReportData):
     """Wortsman et al.'s Fig. 1 at each size: how the LR curve moves as the model grows."""
-    s = d.scale
-    if s is None:
-        return NO_SCALE
-    if not d.tune:
-        return "no tuning key: one value per size"
+    s = _scale_or_why(d, "no tuning key: one value per size")
+    if isinstance(s, str):
+        return s
     from normbench.report.stats import mean_ci  # noqa: PLC0415 (as in chart_tuning)
 
     runs = d.runs.assign(_value=pd.to_numeric(d.runs[d.tune], errors="coerce"), _config=s.run_config,
