@@ -34,7 +34,7 @@ from scipy import stats
 from normbench.errors import ConfigError
 from normbench.report.load import ALIASES, ReportData
 from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, compare, mean_ci
-from normbench.report.tables import _fmt_value, config_label, fmt_ci, varying_keys
+from normbench.report.tables import _fmt_value, config_label, default_group_keys, fmt_ci, varying_keys
 from normbench.report.tuning import METRIC, _by_seed, _values, compare_with_best
 
 # The keys a sweep scales; one of them varying alone is the scale axis without --scale.
@@ -66,7 +66,9 @@ def _numeric(series: pd.Series) -> bool:
 def resolve_scale_key(scale: str | None, d: ReportData) -> tuple[str | None, bool]:
     """(key, detected): None detects a lone varying size key; "none" turns the axis off."""
     varying = varying_keys(d.runs, d.config_keys)
-    numeric = [k for k in varying if k != d.tune and k in d.runs and _numeric(d.runs[k])]
+    # as --tune's: the keys that vary, less norm.eps and the like that merely follow the norm's name
+    numeric = [k for k in default_group_keys(d.runs, d.config_keys)
+               if k in varying and k != d.tune and _numeric(d.runs[k])]
     if scale is None:
         sizes = [k for k in SIZE_KEYS if k in numeric]
         return (sizes[0], True) if len(sizes) == 1 else (None, False)
