@@ -136,6 +136,8 @@ def report(
     metric: str = typer.Option("final_val_loss", "--metric", help="The summary field to rank configurations by."),
     formats: str = typer.Option("png", "--format", help="Chart formats, comma-separated: png, svg, pdf."),
     tune: Optional[str] = typer.Option(None, "--tune", help="Compare each configuration at its best value of this key, with its sensitivity to it. Default: train.lr when it varies; 'none' turns it off."),
+    scale: Optional[str] = typer.Option(None, "--scale", help="The size axis (model.d_model, model.n_layer, train.steps, ...): each comparison across sizes, its trend, the best value's drift. Default: the one size key that varies; 'none' turns it off."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="The configuration compared with across sizes, e.g. norm=ln,placement=pre. Default: the best at the largest size."),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
     from normbench.errors import ConfigError
@@ -149,6 +151,8 @@ def report(
             metric=metric,
             formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
             tune_key=tune,
+            scale_key=scale,
+            baseline=baseline,
         )
     except ConfigError as err:
         _fail(err)
