@@ -109,7 +109,9 @@ def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch
     """AdamW with weight decay on the hidden matrices only: never on norms, biases or embeddings.
 
     Under ``model.param=mup`` the hidden matrices' LR is train.lr / m (μP for Adam; the group's
-    ``lr_mult``), the rest keep train.lr. The schedule scales every group's LR by the same factor.
+    ``lr_mult``) and their weight decay m x train.weight_decay, so the decay per step, lr x wd, is
+    the base width's (microsoft/mup's MuAdam); the rest keep train.lr. The schedule scales every
+    group's LR by the same factor.
     """
     hidden = {id(p) for p in hidden_weights(model)}
     params = list(model.parameters())
@@ -118,9 +120,9 @@ def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch
     if model.cfg.param == "sp":
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     else:  # the multiplier-1 group first: group 0's LR is the schedule's own, the one the log reports
-        mult = 1.0 / model.cfg.width_mult()
+        m = model.cfg.width_mult()
         groups = [{"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0},
-                  {"params": decay, "weight_decay": cfg.weight_decay, "lr_mult": mult, "lr": cfg.lr * mult}]
+                  {"params": decay, "weight_decay": cfg.weight_decay * m, "lr_mult": 1.0 / m, "lr": cfg.lr / m}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
 
 

@@ -127,7 +127,8 @@ def test_mup_lr_multipliers_per_parameter_class_follow_the_schedule():
         group = group_of[id(p)]
         hidden = name.endswith(HIDDEN)
         assert group["lr"] == pytest.approx(tcfg.lr * factor * (base / d if hidden else 1.0)), name
-        assert group["weight_decay"] == (tcfg.weight_decay if hidden else 0.0), name
+        # AdamW decays by lr x wd per step: the hidden matrices' wd times m keeps that the base width's.
+        assert group["weight_decay"] == pytest.approx(tcfg.weight_decay * d / base if hidden else 0.0), name
     assert optimizer.param_groups[0]["lr"] == pytest.approx(tcfg.lr * factor)  # the one the log reports
 
 
