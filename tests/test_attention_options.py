@@ -70,6 +70,13 @@ def test_attention_gate_multiplies_each_channel_of_each_head_by_sigmoid_of_the_i
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 10, C)
         gate = 1 / (1 + torch.exp(-(x @ attn.gate.weight.T)))  # llama: no bias
         assert torch.allclose(attn(x), (y * gate) @ attn.proj.weight.T, atol=1e-6)
+        # gpt2 with biases: the gate has one too.
+        attn = GPT(load_group("model", "micro", attn_gate=True), VOCAB, {"name": "ln"}, {"name": "pre"}).blocks[0].attn
+        torch.nn.init.normal_(attn.gate.bias)
+        q, k, v = attn.heads(x)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 10, C)
+        gate = 1 / (1 + torch.exp(-(x @ attn.gate.weight.T + attn.gate.bias)))
+        assert torch.allclose(attn(x), (y * gate) @ attn.proj.weight.T + attn.proj.bias, atol=1e-6)
 
 
 def test_flat_qk_norm_normalizes_all_heads_together_and_head_scope_each_head():
