@@ -130,7 +130,8 @@ class LayerStats:
         # so the statistics cost nothing per step however many blocks there are.
         self._hooks = [block.register_forward_hook(self._hook(i)) for i, block in enumerate(self.model.blocks)]
         self._hooks += [block.attn.register_forward_hook(self._attn_hook(i)) for i, block in enumerate(self.model.blocks)]
-        self._hooks.append(self.model.head.register_forward_hook(self._head_hook))
+        # The logits as the loss sees them: the head's, scaled where the placement scales them (nGPT's s_z).
+        self._hooks.append(self.model.hooks.register_forward_hook(self._head_hook))
         self._values = {}
 
     def after_backward(self) -> None:

@@ -106,11 +106,13 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices only: never on norms, biases or embeddings."""
+    """AdamW with weight decay on the matrices only: never on norms, biases or embeddings, nor
+    anywhere under a placement that fixes the weights' norm (nGPT)."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     params = list(model.parameters())
-    decay = [p for p in params if p.dim() >= 2 and id(p) not in embeddings]
-    no_decay = [p for p in params if p.dim() < 2 or id(p) in embeddings]
+    decays = [model.hooks.weight_decay and p.dim() >= 2 and id(p) not in embeddings for p in params]
+    decay = [p for p, d in zip(params, decays) if d]
+    no_decay = [p for p, d in zip(params, decays) if not d]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
 
@@ -215,6 +217,7 @@ class Run:
             grad_norm = global_grad_norm(params)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self.model.after_step()
         if stats:
             stats.after_update()
         self.optimizer.zero_grad(set_to_none=True)
