@@ -345,6 +345,10 @@ class DynamicTanh(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
+    def argument(self, x: torch.Tensor) -> torch.Tensor:
+        """What tanh squashes, alpha * x (the saturation diagnostic reads it)."""
+        return self.alpha * x
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fused_cpu(x):
             return _fused("dyt")(x, self.alpha, self.weight, self.bias)
@@ -387,6 +391,10 @@ class DynamicErf(nn.Module):
         self.shift = nn.Parameter(torch.tensor(0.0))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def argument(self, x: torch.Tensor) -> torch.Tensor:
+        """What erf squashes, alpha * x + shift (the saturation diagnostic reads it)."""
+        return self.alpha * x + self.shift
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _on_gpu(x):

@@ -253,7 +253,8 @@ class ReorderedNormBlock(Block):
 
 def unit(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """x / ||x|| along ``dim``, in float32 for a half input (the precision contract of normbench.norms)."""
-    return F.normalize(x.float(), dim=dim).to(x.dtype)
+    wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return F.normalize(wide, dim=dim).to(x.dtype)
 
 
 class Scaling(nn.Module):
