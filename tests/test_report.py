@@ -519,3 +519,23 @@ def test_every_placement_has_its_own_chart_style():
     styles = [charts_module.placement_style(name) for name in PLACEMENTS]
     assert len({str(ls) for ls, _ in styles}) == len(PLACEMENTS) and len({h for _, h in styles}) == len(PLACEMENTS)
     assert charts_module.placement_style("a-new-placement") == charts_module.placement_style("a-new-placement")
+
+
+def test_saturation_of_point_wise_norms_reaches_the_layers_table_and_its_chart(tmp_path, monkeypatch):
+    """A dyt run's per-layer saturation (the largest of the layer's norms) is read; an ln run has none."""
+    from normbench.report.load import load_runs
+
+    dyt = make_run(tmp_path, "dyt", norm="dyt")
+    make_run(tmp_path, "ln", norm="ln")
+    lines = [json.loads(line) for line in (dyt / "metrics.jsonl").read_text().splitlines()]
+    for record in lines:
+        if record["kind"] == "stats":
+            for i, layer in enumerate(record["layers"]):
+                layer["saturation"] = {"norm_attn": 0.1 * i, "norm_mlp": 0.05}
+    (dyt / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    layers = load_runs([dyt, tmp_path / "ln"], warn=print).layers
+    assert layers[layers["run"].eq(0)]["saturation"].tolist() == [0.05, 0.1] * 2  # first and last record
+    assert layers[layers["run"].eq(1)]["saturation"].isna().all()
+    only_charts(monkeypatch, "grad_by_layer")
+    out, _ = report([tmp_path])
+    assert (out / "grad_by_layer.png").exists()
