@@ -136,6 +136,8 @@ def report(
     metric: str = typer.Option("final_val_loss", "--metric", help="The summary field to rank configurations by."),
     formats: str = typer.Option("png", "--format", help="Chart formats, comma-separated: png, svg, pdf."),
     tune: Optional[str] = typer.Option(None, "--tune", help="Compare each configuration at its best value of this key, with its sensitivity to it. Default: train.lr when it varies; 'none' turns it off."),
+    scale: Optional[str] = typer.Option(None, "--scale", help="The size axis (model.d_model, model.n_layer, train.steps, ...): each comparison across sizes, its trend, the best value's drift. Default: the one size key that varies; 'none' turns it off."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="The configuration compared with across sizes, e.g. norm=ln,placement=pre. Default: the best at the largest size."),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
     from normbench.errors import ConfigError
@@ -149,6 +151,8 @@ def report(
             metric=metric,
             formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
             tune_key=tune,
+            scale_key=scale,
+            baseline=baseline,
         )
     except ConfigError as err:
         _fail(err)
@@ -184,6 +188,38 @@ def bench(
         )
     except ValueError as err:  # ConfigError, or a --dims entry that is not an integer
         _fail(err if isinstance(err, ConfigError) else f"--dims takes integers, e.g. 128,1024 ({err})")
+
+
+@app.command(
+    context_settings=HYDRA_ARGS,
+    help="""Coordinate check: each width trained a few Adam steps at train.lr; the RMS of each block's output.
+
+Arguments besides the options are Hydra overrides of the config every width shares (model.n_head
+stays fixed, head_dim grows). Writes OUT/coordcheck.csv (param, width, step, layer, rms) and
+OUT/coordcheck.png. Under μP (model.param=mup) the curves stay flat across widths; under SP they grow.
+
+[bold]Example[/bold]
+
+  normbench coordcheck model=micro train.lr=1e-2 --widths 32,64,128,256 --steps 3 --out coordcheck
+""",
+)
+def coordcheck(
+    ctx: typer.Context,
+    widths: str = typer.Option("32,64,128,256", "--widths", help="Comma-separated d_model values."),
+    steps: int = typer.Option(3, "--steps", help="Adam steps after init (step 0)."),
+    param: str = typer.Option("both", "--param", help="sp, mup or both (side by side)."),
+    out: Path = typer.Option(Path("coordcheck"), "--out", "-o", help="Output folder."),
+) -> None:
+    from normbench.coordcheck import run_coordcheck
+    from normbench.errors import ConfigError
+
+    flags = [a for a in ctx.args if a.startswith("-")]
+    if flags:
+        _fail(f"unknown option {flags[0]}: coordcheck takes --widths, --steps, --param, --out and Hydra overrides KEY=VALUE")
+    try:
+        run_coordcheck(ctx.args, widths, steps, param, out)
+    except ConfigError as err:
+        _fail(err)
 
 
 def main() -> None:

@@ -52,20 +52,21 @@ def _norm_modules(module: nn.Module) -> dict[str, nn.Module]:
     return norms
 
 
-def attention_logits(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> torch.Tensor:
-    """The logits SDPA would softmax, q·kᵀ / sqrt(head_dim) in float32, the future at -inf;
-    soft-capped, cap * tanh(logits / cap), where ``cap`` > 0 (model.attn_softcap)."""
+def attention_logits(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    """The logits SDPA would softmax, q·kᵀ · scale in float32 (scale None: 1/sqrt(head_dim); μP's 1/head_dim
+    comes as the attention's ``scale``), the future at -inf; soft-capped, cap * tanh(logits / cap), where ``cap`` > 0."""
     T = q.shape[-2]
-    logits = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
+    logits = (q.float() @ k.float().transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if cap > 0:
         logits = softcap(logits, cap)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     return logits.masked_fill(future, float("-inf"))
 
 
-def attention_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0,
+                    scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(largest attention logit, mean entropy in nats of each query's attention distribution)."""
-    logits = attention_logits(q, k, cap)
+    logits = attention_logits(q, k, cap, scale)
     entropy = torch.special.entr(logits.softmax(-1)).sum(-1).mean()
     return logits.amax(), entropy
 
@@ -142,12 +143,15 @@ class LayerStats:
         @torch.no_grad()
         def store(module, inputs, output):
             q, k, _ = module.heads(inputs[0])
-            self._attn[index] = attention_stats(q, k, module.softcap)
+            self._attn[index] = attention_stats(q, k, module.softcap, module.scale)
 
         return store
 
     def _head_hook(self, module, inputs, output):
-        cap = self.model.cfg.logit_softcap  # the logits the loss sees: capped where model.logit_softcap > 0
+        # The logits the loss sees: times μP's output multiplier, capped where model.logit_softcap > 0.
+        if self.model.readout_mult is not None:
+            output = output * self.model.readout_mult
+        cap = self.model.cfg.logit_softcap
         self._head = output_logit_stats(softcap(output, cap) if cap > 0 else output)
 
     def begin(self) -> None:

@@ -24,6 +24,7 @@ NOT_HASHED = ("results_dir", "train.progress", "train.threads", "logger",
 # directories stored before it keep their identity (a gpt2 model without soft-capping is the model
 # of before), and a report fills it into an older run's config (normbench.report.load).
 ADDED_KEYS = {"model.arch": "gpt2", "model.attn_softcap": 0.0, "model.logit_softcap": 0.0,
+              "model.param": "sp", "model.base_width": None,
               "norm.alpha_init_attn": None, "norm.alpha_init_mlp": None, "norm.alpha_init_final": None}
 
 

@@ -89,6 +89,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm, self.k_norm = make_qk_norm(), make_qk_norm()
         self.rotary = Rotary(d_model // n_head) if rotary else None
         self.softcap = float(softcap)
+        self.scale: float | None = None  # the logits' scale; None: SDPA's 1/sqrt(head_dim) (μP sets 1/head_dim)
         self.attn_dropout = nn.Dropout(dropout)
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -106,13 +107,14 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.heads(x)
         if self.softcap > 0:
-            logits = softcap((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5, self.softcap)
+            scale = q.shape[-1] ** -0.5 if self.scale is None else self.scale
+            logits = softcap((q @ k.transpose(-2, -1)) * scale, self.softcap)
             future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             weights = self.attn_dropout(logits.masked_fill(future, float("-inf")).softmax(-1))
             y = weights @ v
         else:
             y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
             )
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 

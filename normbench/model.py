@@ -37,6 +37,8 @@ class ModelConfig:
     arch: str  # gpt2: learned positions, GELU MLP; llama: rotary embeddings, SwiGLU MLP, no biases
     attn_softcap: float  # c * tanh(z / c) on the attention logits before the softmax; 0 = off
     logit_softcap: float  # c * tanh(z / c) on the output logits before the loss; 0 = off
+    param: str  # sp: the standard parametrization; mup: μP for Adam (Tensor Programs V), docs/norms-and-placements.md#μp-width-transfer
+    base_width: int | None  # μP's base width: the d_model at which mup equals sp; needed under mup
 
     def validate(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "block_size"):
@@ -61,6 +63,14 @@ class ModelConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ConfigError(f"model.{key} must be a number >= 0 (0 = off), got {value!r}", allowed=["0.0 (off)", "a cap > 0, e.g. 30.0"])
+        if self.param not in PARAMS:
+            raise ConfigError(f"unknown model.param '{self.param}'", allowed=list(PARAMS))
+        if self.base_width is not None and (isinstance(self.base_width, bool) or not isinstance(self.base_width, int)
+                                            or self.base_width < 1):
+            raise ConfigError(f"model.base_width must be a positive integer (or null), got {self.base_width!r}")
+        if self.param == "mup" and self.base_width is None:
+            raise ConfigError("model.param=mup needs model.base_width, the d_model at which μP equals SP",
+                              allowed=[f"model.base_width={self.d_model} (this width)", "the narrowest width of a sweep"])
         self.qk_norm_factory()  # a refused or unbuildable QK-norm fails here, in the config's words
 
     def qk_norm_factory(self):
@@ -83,6 +93,14 @@ class ModelConfig:
             raise ConfigError(f"model.qk_norm={self.qk_norm} over head_dim={head_dim}: {err}") from None
         return make
 
+    def width_mult(self) -> float:
+        """μP's width multiplier m = d_model / base_width; 1 under sp, where nothing is scaled."""
+        return self.d_model / self.base_width if self.param == "mup" else 1.0
+
+
+# sp: the standard parametrization (the init and LR of model.init and train.lr at every width);
+# mup: μP for Adam, Tensor Programs V (Yang et al. 2022) Table 3 in its output-multiplier form.
+PARAMS = ("sp", "mup")
 
 # gpt2: GPT-2's block (learned position embedding, GELU MLP, biases as model.bias says);
 # llama: LLaMA's (rotary embeddings, SwiGLU MLP, no biases in any linear layer).
@@ -114,6 +132,14 @@ def _init_xavier(module: nn.Module, n_layer: int) -> None:
 INITS = {"gpt2": _init_gpt2, "xavier": _init_xavier}
 
 
+def hidden_weights(model: nn.Module) -> list[nn.Parameter]:
+    """The matrices with both dimensions growing with width (μP's hidden weights): every parameter of
+    two or more dimensions but the embeddings (the tied head's weight is the token embedding).
+    Weight decay applies to these only; under μP their init std and Adam LR scale with the width."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, norm: dict, placement: dict):
         super().__init__()
@@ -139,6 +165,7 @@ class GPT(nn.Module):
         # What the placement does outside its blocks (nGPT); for the others nothing, and no parameters.
         self.hooks = block_cls.model_hooks(cfg.d_model, vocab_size)
         self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017), as in GPT-2
+        self.readout_mult: float | None = None  # μP's output multiplier 1/m on the logits; None under SP
 
         # Each parameter is initialised once: the head's weight *is* the token embedding, so the
         # head is skipped and the shared matrix gets the embedding's init (a Linear init would
@@ -147,6 +174,11 @@ class GPT(nn.Module):
         for module in self.modules():
             if module is not self.head:
                 init(module, cfg.n_layer)
+        if cfg.param == "mup":
+            if not self.hooks.mup:
+                raise ConfigError(f"placement={block_cls.placement_name} keeps every weight at unit norm: μP's "
+                                  f"width scaling does not apply to it", allowed=["model.param=sp"])
+            self._mup(cfg)
         for block in self.blocks:
             block.init_weights()
         self.after_step()  # nGPT's weights start on the unit sphere, as after every step
@@ -156,6 +188,24 @@ class GPT(nn.Module):
         """Called by the training loop after every optimizer step: nGPT puts the weights back on the
         unit sphere (normbench.placements.Hypersphere); a no-op for every other placement."""
         self.hooks.after_step(self)
+
+    def _mup(self, cfg: ModelConfig) -> None:
+        """μP on top of the SP model: hidden init, attention and readout scaling (the LR is the optimizer's).
+
+        docs/norms-and-placements.md#μp-width-transfer: gpt2's N(0, 0.02) is width-free, so its hidden
+        matrices get std / sqrt(m) (variance ∝ 1/fan_in, SP's at the base width); Xavier's std already
+        falls as 1/sqrt(fan), as does DeepNorm's own init, applied after this. Embeddings and vectors keep theirs.
+        """
+        m = cfg.width_mult()
+        if cfg.init == "gpt2":
+            with torch.no_grad():
+                for p in hidden_weights(self):
+                    p.mul_(m ** -0.5)
+        # 1/head_dim attention, equal to SP's 1/sqrt(head_dim) at the base width (n_head held fixed).
+        head_dim = cfg.d_model // cfg.n_head
+        for block in self.blocks:
+            block.attn.scale = (cfg.base_width / cfg.n_head) ** 0.5 / head_dim
+        self.readout_mult = 1.0 / m
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -168,6 +218,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.hooks(self.head(self.norm_final(x)))
+        if self.readout_mult is not None:
+            logits = logits * self.readout_mult
         if self.cfg.logit_softcap > 0:  # Gemma 2: the logits squashed into (-cap, cap) before the loss
             logits = softcap(logits, self.cfg.logit_softcap)
         if targets is None:

@@ -18,6 +18,7 @@ import resource
 import statistics
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -131,15 +132,25 @@ def _proc_status_mb(field: str) -> float | None:
     return None
 
 
+# The last run's model and optimizer in this process, held weakly (free_earlier_runs).
+_earlier_run: list[weakref.ReferenceType] = []
+
+
 def free_earlier_runs() -> None:
-    """Before a run starts, free what earlier runs in this process left: the objects they hold in
-    reference cycles (torch's optimizer and the LR scheduler's closure make some), which only a
-    full collection finds, so that this run's memory figures are its own (PeakMemory). It costs
-    a tenth of a second with torch and Hydra loaded (docs/benchmarks.md#sweep-efficiency); freezing
-    the libraries' objects out of it (gc.freeze) made it cheaper but left the heap fragmented
-    enough to move a small run's peak by up to 12% after a large one.
+    """Before a run starts, make sure what earlier runs in this process built is freed, so that this
+    run's memory figures are its own (PeakMemory). A run's objects go by reference counting as soon
+    as it returns (train.py keeps them out of reference cycles); the full collection that finds
+    objects in cycles costs a tenth of a second with torch and Hydra loaded
+    (docs/benchmarks.md#sweep-efficiency), so it runs only when the last run's model or optimizer
+    is still alive (held in a cycle, or by a caller: then nothing frees it anyway).
     """
-    gc.collect()
+    if any(ref() is not None for ref in _earlier_run):
+        gc.collect()
+
+
+def remember_run(*objects) -> None:
+    """The objects that hold a run's memory, for the next run's free_earlier_runs."""
+    _earlier_run[:] = [weakref.ref(obj) for obj in objects]
 
 
 def _release_freed_memory() -> None:

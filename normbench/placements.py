@@ -80,6 +80,7 @@ class ModelHooks(nn.Module):
     """
 
     weight_decay = True  # whether the optimizer may decay the model's matrices (normbench.train)
+    mup = True  # whether model.param=mup's width scaling applies
 
     def __init__(self, d_model: int, vocab_size: int):
         super().__init__()
@@ -275,20 +276,19 @@ class Scaling(nn.Module):
 
 class NormalizedAttention(CausalSelfAttention):
     """nGPT's attention: each head's q and k put on the unit sphere (after rotary embeddings), then
-    scaled per channel by s_qk (init 1, scale 1/sqrt(d_model)); logits sqrt(head_dim) * q·k.
-
-    The base class divides q·k by sqrt(head_dim) (SDPA's scale, and the diagnostics'): q carries a
-    factor head_dim so that the logits come out as nGPT's, whatever path computes them.
+    scaled per channel by s_qk (init 1, scale 1/sqrt(d_model)); logits sqrt(head_dim) * q·k (the
+    attention's ``scale``, which SDPA, the soft-capped path and the diagnostics all use).
     """
 
     def __init__(self, d_model: int, n_head: int, *args, **kwargs):
         super().__init__(d_model, n_head, *args, **kwargs)
         self.s_qk = Scaling(d_model, 1.0, d_model ** -0.5)
+        self.scale = (d_model // n_head) ** 0.5  # not 1/sqrt(head_dim): unit q and k have q·k in [-1, 1]
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = super().heads(x)
         s_qk = self.s_qk().view(self.n_head, 1, -1).to(q.dtype)  # (heads, 1, head_dim) against (B, heads, T, head_dim)
-        return unit(q) * (s_qk * q.shape[-1]), unit(k) * s_qk, v
+        return unit(q) * s_qk, unit(k) * s_qk, v
 
 
 class Hypersphere(ModelHooks):
@@ -297,6 +297,7 @@ class Hypersphere(ModelHooks):
     step, and no weight decay (the weights' norm is fixed anyway)."""
 
     weight_decay = False
+    mup = False  # μP rescales the init, attention scale and logits that nGPT fixes by normalization
 
     def __init__(self, d_model: int, vocab_size: int):
         super().__init__(d_model, vocab_size)

@@ -363,9 +363,24 @@ def ray_nodes(address: str | None) -> list[dict]:
         ray.shutdown()
 
 
+def ray_request(remote: dict) -> dict[str, float]:
+    """What one run asks of a Ray node (hydra.launcher.ray.remote), Ray's task defaults filled in."""
+    return {"CPU": float(remote.get("num_cpus") or 1), "GPU": float(remote.get("num_gpus") or 0)}
+
+
+def waiting_for_ray(launcher: dict | None, pending: int) -> str:
+    """The live view's note on runs not started under Ray, which submits every job at once: each one
+    pending waits for a node with the CPUs and GPUs it asks to come free. Empty for other launchers."""
+    if not pending or not launcher or launcher.get("_target_") != RAY_LAUNCHER:
+        return ""
+    want = ray_request((launcher.get("ray") or {}).get("remote") or {})
+    asks = " and ".join(f"{n:g} {key}{'s' if n != 1 else ''}" for key, n in want.items() if n or key == "CPU")
+    return f" · {pending} waiting for Ray to free {asks} on a node ({RAY_REMOTE})"
+
+
 def too_large_for_every_node(remote: dict, nodes: list[dict], address: str | None) -> str | None:
     """The one-line refusal when no node has the CPUs and GPUs one run asks for, else None."""
-    want = {"CPU": float(remote.get("num_cpus") or 1), "GPU": float(remote.get("num_gpus") or 0)}  # Ray's task defaults
+    want = ray_request(remote)
     if any(all(node.get(key, 0.0) >= n for key, n in want.items()) for node in nodes):
         return None
     largest = max(nodes, key=lambda node: (node.get("GPU", 0.0), node.get("CPU", 0.0)), default={})
@@ -536,7 +551,8 @@ def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float, 
                     bar.console.print(Text.assemble((f"{state:>9}", STYLES[state]), f" {what}  {detail}"))
                 states.append(state)
             counts = (f"{states.count('running')} running · [red]{states.count('failed')} failed[/red] · "
-                      f"[yellow]{states.count('diverged')} diverged[/yellow]")
+                      f"[yellow]{states.count('diverged')} diverged[/yellow]"
+                      + waiting_for_ray(plan.launcher, states.count("pending")))
             bar.update(task, completed=sum(s in FINISHED for s in states), counts=counts)
             if exited:
                 return

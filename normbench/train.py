@@ -27,10 +27,10 @@ from normbench.causality import causal_leak
 from normbench.data import build_dataset, forget_other_corpora
 from normbench.devices import PRECISIONS, resolve_device
 from normbench.errors import ConfigError, DiskFull, first_line
-from normbench.model import GPT, leaves_no_trace, z_loss
+from normbench.model import GPT, hidden_weights, leaves_no_trace, z_loss
 from normbench.runs import METRICS, RunDir
 from normbench.preemption import StopSignals
-from normbench.perf import Phases, PeakMemory, StepTimer, flops_per_token, free_earlier_runs, peak_flops
+from normbench.perf import Phases, PeakMemory, StepTimer, flops_per_token, free_earlier_runs, peak_flops, remember_run
 from normbench.sinks import MetricSinks
 from normbench.diagnostics import PEAKS, LayerStats, global_grad_norm
 from normbench.display import TrainProgress
@@ -106,14 +106,25 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices only: never on norms, biases or embeddings, nor
-    anywhere under a placement that fixes the weights' norm (nGPT)."""
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    """AdamW with weight decay on the hidden matrices only: never on norms, biases or embeddings,
+    nor anywhere under a placement that fixes the weights' norms (nGPT).
+
+    Under ``model.param=mup`` the hidden matrices' LR is train.lr / m (μP for Adam; the group's
+    ``lr_mult``) and their weight decay m x train.weight_decay, so the decay per step, lr x wd, is
+    the base width's (microsoft/mup's MuAdam); the rest keep train.lr. The schedule scales every
+    group's LR by the same factor.
+    """
+    hidden = {id(p) for p in hidden_weights(model)}
+    weight_decay = cfg.weight_decay if model.hooks.weight_decay else 0.0
     params = list(model.parameters())
-    decays = [model.hooks.weight_decay and p.dim() >= 2 and id(p) not in embeddings for p in params]
-    decay = [p for p, d in zip(params, decays) if d]
-    no_decay = [p for p, d in zip(params, decays) if not d]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    decay = [p for p in params if id(p) in hidden]
+    no_decay = [p for p in params if id(p) not in hidden]
+    if model.cfg.param == "sp":
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    else:  # the multiplier-1 group first: group 0's LR is the schedule's own, the one the log reports
+        m = model.cfg.width_mult()
+        groups = [{"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0},
+                  {"params": decay, "weight_decay": weight_decay * m, "lr_mult": 1.0 / m, "lr": cfg.lr / m}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
 
 
@@ -181,7 +192,9 @@ class Run:
         self.model = GPT(run.model, self.data.vocab_size, run.norm, run.placement).to(self.device)
         self.step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
         self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, self.tcfg))
+        tcfg = self.tcfg  # the schedule holds the config, not the run: no reference cycle keeps a run alive
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, tcfg))
+        remember_run(self.model, self.optimizer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tcfg.precision == "fp16")
         self.autocast = torch.autocast(
             self.device.type, dtype=PRECISIONS[self.tcfg.precision], enabled=self.tcfg.precision != "fp32"

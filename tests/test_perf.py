@@ -147,6 +147,29 @@ def test_a_runs_peak_memory_is_its_own_whatever_ran_before_it_in_the_process():
     assert small_after_big == pytest.approx(small_alone, rel=0.10)
 
 
+def test_a_finished_run_is_freed_without_the_garbage_collector(tmp_path, monkeypatch):
+    """A run's model and optimizer go as soon as it returns, by reference counting alone: a sweep's
+    next run then needs no full collection (free_earlier_runs) to measure its own memory. (The first
+    run in a process may leave a cycle: torch's lazy imports keep their frames in one.)"""
+    import gc
+    import weakref
+
+    import normbench.train as train_module
+
+    overrides = ("train.steps=3", "train.eval_every=3", "train.checkpoint_every=2")
+    train_tiny(tmp_path / "first", *overrides)
+    built = []
+    monkeypatch.setattr(train_module, "remember_run", lambda *objects: built.extend(map(weakref.ref, objects)))
+    gc.collect()
+    gc.disable()
+    try:
+        train_tiny(tmp_path / "second", *overrides)
+        alive = [type(ref()).__name__ for ref in built if ref() is not None]
+    finally:
+        gc.enable()
+    assert len(built) == 2 and alive == [], f"still alive after the run returned: {alive} (a reference cycle?)"
+
+
 def test_tf32_is_set_both_ways_every_run(tmp_path, monkeypatch):
     seen = []
     import normbench.train

@@ -224,6 +224,8 @@ def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
         torch.testing.assert_close(other(idx)[0], models[0](idx)[0])
     with pytest.raises(ConfigError, match=r"placement.alpha_init must be a number > 0, got -1.*allowed"):
         placement_options({"name": "ngpt", "alpha_init": -1})
+    with pytest.raises(ConfigError, match=r"placement=ngpt keeps every weight at unit norm.*allowed: model.param=sp"):
+        GPT(load_group("model", "tiny", param="mup", base_width=32), 16, {"name": "ln"}, {"name": "ngpt"})
 
 
 def test_other_placements_have_no_model_hooks():

@@ -20,6 +20,7 @@ from normbench.report import CHARTS, default_group_keys, load_runs, run_report
 from conftest import run_cli
 
 RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability", "tuning", "logits"]
+SCALE_CHARTS = ["scale_gap", "scale_best_value", "scale_tuning"]  # with a scale axis only (test_report_scale)
 
 
 def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_layer=2, status="completed",
@@ -304,7 +305,8 @@ def test_200_runs(tmp_path):
     agg = pd.read_csv(out / "aggregate.csv")
     assert len(agg) == 20 and agg["runs"].sum() == 200 and agg["diverged"].sum() == 20
     assert all((out / f"{name}.png").exists() for name in RUN_CHARTS)
-    assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | {"bench"}
+    assert not any((out / f"{name}.png").exists() for name in SCALE_CHARTS)  # no size varies
+    assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | set(SCALE_CHARTS) | {"bench"}
 
 
 @pytest.mark.slow  # a sweep's job processes

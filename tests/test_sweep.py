@@ -406,6 +406,18 @@ def test_ray_preflight_compares_each_runs_request_with_the_largest_node(remote, 
         assert "no run could ever start; set hydra.launcher.ray.remote.num_" in refusal
 
 
+def test_the_live_view_says_runs_not_started_under_ray_wait_for_its_resources():
+    from normbench.sweep import RAY_LAUNCHER, waiting_for_ray
+
+    ray = {"_target_": RAY_LAUNCHER, "ray": {"remote": {"num_cpus": 4, "num_gpus": 1}}}
+    assert waiting_for_ray(ray, 3) == " · 3 waiting for Ray to free 4 CPUs and 1 GPU on a node (hydra.launcher.ray.remote)"
+    assert waiting_for_ray({"_target_": RAY_LAUNCHER, "ray": {"remote": {}}}, 1) == (
+        " · 1 waiting for Ray to free 1 CPU on a node (hydra.launcher.ray.remote)")  # Ray's defaults
+    assert waiting_for_ray(ray, 0) == ""
+    assert waiting_for_ray({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"}, 3) == ""
+    assert waiting_for_ray(None, 3) == ""
+
+
 def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_job(monkeypatch, tmp_path):
     """normbench.composing composes once per choice of groups and applies key changes itself: every
     job's whole config (the hydra node included) must be what Hydra composes for that job."""

@@ -2,7 +2,8 @@
 
 The package behind ``normbench report``, one module per stage (see normbench.report.build):
 load (reading runs), tables (grouping, the aggregate), stats (seed statistics with scipy),
-tuning (best value per configuration, LR sensitivity, comparison with the best), verdict
+tuning (best value per configuration, LR sensitivity, comparison with the best), scale (each
+comparison across sizes and its trend), verdict
 (the generated sentences), charts (one registered function per chart) and render (HTML,
 Markdown, terminal).
 

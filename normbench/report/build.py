@@ -3,11 +3,12 @@
     load     read the runs (and bench CSVs) below the inputs        -> ReportData
     tables   group keys, the aggregate per configuration
     tuning   the tuning axis: best value, LR sensitivity, seed statistics vs the best (stats)
+    scale    the scale axis: each comparison across sizes, its trend, the best value's drift
     verdict  the generated sentences
     charts   the registered charts
     render   report.html, summary.md, the terminal
 
-and the files: summary.csv, aggregate.csv, tuned.csv, summary.md, report.html, the charts.
+and the files: summary.csv, aggregate.csv, tuned.csv, scale.csv, trend.csv, summary.md, report.html, the charts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from normbench.errors import ConfigError
 from normbench.report import charts as charts_module
 from normbench.report.load import HIGHER_IS_BETTER, METRICS, find_inputs, load_runs, read_bench
 from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
+from normbench.report.scale import resolve_baseline, resolve_scale_key, scale_axis, scale_tables, scale_verdict
 from normbench.report.tables import aggregate, config_label, display_table, resolve_group_keys, tuned_table
 from normbench.report.tuning import aggregate_statistics, resolve_tune_key, tune
 from normbench.report.verdict import verdict
@@ -88,10 +90,13 @@ def _draw_charts(d, out: Path, formats, warn, console) -> list:
 
 def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] | None = None,
                metric: str = "final_val_loss", formats: tuple[str, ...] = ("png",), tune_key: str | None = None,
-               console: Console | None = None) -> Path:
+               scale_key: str | None = None, baseline: str | None = None, console: Console | None = None) -> Path:
     """Read every run below ``paths`` (plus any bench CSV among them), write the report, return its folder.
 
     ``tune_key``: the key each configuration is tuned over (None: train.lr when it varies; "none": off).
+    ``scale_key``: the size axis (None: the one size key that varies, if one does; "none": off);
+    ``baseline``: the configuration compared with across sizes ("norm=ln,placement=pre"; None: the best
+    at the largest size).
     """
     start = time.perf_counter()
     console = console or Console()
@@ -117,17 +122,23 @@ def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] |
     if run_dirs and d.runs.empty:
         raise ConfigError(f"found {len(run_dirs)} run directories under {where} but none could be read "
                           "(see the warnings)")
+    scale = None
     if len(d.runs):  # every input check before the first file is written
         d.tune = resolve_tune_key(tune_key, d)
         d.keys = resolve_group_keys(group_by, d)
+        scale = resolve_scale_key(scale_key, d)
+        scale = (*scale, resolve_baseline(baseline, d, scale[0]))
+    elif baseline is not None or scale_key not in (None, "none"):
+        raise ConfigError("--scale and --baseline compare run directories, and the inputs hold none")
     out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent) / "report"
     out.mkdir(parents=True, exist_ok=True)
 
-    table = tuned_display = None
+    table = tuned_display = scale_display = None
     sentences = []
     if len(d.runs):
-        if d.tune and d.tune not in d.keys:
-            d.keys.append(d.tune)  # the aggregate keeps one row per value of the tuned key
+        for key in (d.tune, scale[0]):
+            if key and key not in d.keys:
+                d.keys.append(key)  # the aggregate keeps one row per value of the tuned key and per size
         d.runs.insert(1, "config", [config_label(d.keys, v) for v in d.runs[d.keys].itertuples(index=False)])
         d.agg = aggregate(d.runs, d.keys, metric)
         d.tuned = tune(d, d.tune, warn) if d.tune else None
@@ -142,13 +153,26 @@ def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] |
             write_atomic(out / "tuned.csv", d.tuned.to_csv(index=False))
         else:
             (out / "tuned.csv").unlink(missing_ok=True)  # from an earlier, tuned report in the same folder
-        write_atomic(out / "summary.md", summary_markdown(metric, sentences, table, tuned_display, d.tune))
+        if scale[0]:
+            d.scale = scale_axis(d, *scale)
+            scale_display = (d.scale.key, scale_verdict(d.scale), *scale_tables(d.scale))
+            write_atomic(out / "scale.csv", d.scale.table.to_csv(index=False))
+            write_atomic(out / "trend.csv", d.scale.trend.to_csv(index=False))
+        else:
+            for name in ("scale.csv", "trend.csv"):  # from an earlier report with a scale axis
+                (out / name).unlink(missing_ok=True)
+        write_atomic(out / "summary.md", summary_markdown(metric, sentences, table, tuned_display, d.tune,
+                                                          scale_display))
 
     charts = _draw_charts(d, out, formats, warn, console)
     write_atomic(out / "report.html", render_html("normbench report", paths, sentences, warnings, table,
-                                                  tuned_display, d.tune, charts, None if d.agg is None else d.runs))
+                                                  tuned_display, d.tune, charts, None if d.agg is None else d.runs,
+                                                  scale_display))
     if table is not None:
         print_verdict(console, sentences)
+        if scale_display is not None:
+            print_verdict(console, scale_display[1], f"Trend across {scale_display[0]}")
+            print_table(console, scale_display[3], f"the difference to {d.scale.baseline} against {d.scale.key}", 1)
         order = "descending" if metric in HIGHER_IS_BETTER else "ascending"
         print_table(console, table, f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order})", len(d.keys))
         if tuned_display is not None:

@@ -118,6 +118,7 @@ class ReportData:
     styles: dict | None = None  # config label -> matplotlib line/bar style
     tune: str | None = None  # the tuning key (train.lr), or None
     tuned: pd.DataFrame | None = None  # one row per configuration (group keys without tune): tuned.csv
+    scale: object | None = None  # normbench.report.scale.Scale: the scale axis, scale.csv and trend.csv, or None
 
 
 def load_runs(run_dirs: list[Path], warn) -> ReportData:

@@ -28,9 +28,16 @@ AGGREGATE_NOTE = ("Loss mean ± std (n) over <b>completed</b> runs only; diverge
                   "difference to the best configuration with its 95% CI (see the README for the method).")
 
 
+SCALE_NOTE = ("Each configuration at its best value per size, against the baseline at the same size (paired by seed "
+              "when both ran the same seeds). Slope: the fitted change of the difference per doubling of the size's "
+              "parameters (or tokens), weighted least squares with weights 1/SE², 95% t interval; grows / shrinks: "
+              "|difference| moves away from / toward 0 as the size grows; no trend: the slope's interval includes 0.")
+
+
 def render_html(title: str, inputs: list, verdict: list[str], warnings: list[str], table: pd.DataFrame | None,
                 tuned: pd.DataFrame | None, tune_key: str | None, charts: list[tuple[str, bytes | None, str | None]],
-                runs: pd.DataFrame | None) -> str:
+                runs: pd.DataFrame | None, scale: tuple | None = None) -> str:
+    """``scale``: (key, sentences, per-size table, trend table) of the scale axis, or None."""
     e = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
              f"<style>{STYLE}</style></head><body>",
@@ -38,6 +45,12 @@ def render_html(title: str, inputs: list, verdict: list[str], warnings: list[str
              "<p>Inputs: " + ", ".join(f"<code>{e(str(p))}</code>" for p in inputs) + "</p>"]
     if verdict:
         parts.append("<h2>Verdict</h2><ul class='verdict'>" + "".join(f"<li>{e(s)}</li>" for s in verdict) + "</ul>")
+    if scale is not None:
+        key, sentences, per_size, trend = scale
+        parts += [f"<h2>Trend across {e(key)}</h2><ul class='verdict'>"
+                  + "".join(f"<li>{e(s)}</li>" for s in sentences) + "</ul>",
+                  f"<p>{SCALE_NOTE} Written to <code>scale.csv</code> and <code>trend.csv</code>.</p>",
+                  trend.to_html(index=False, escape=True), "<p></p>", per_size.to_html(index=False, escape=True)]
     if warnings:
         parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li class='warn'>{e(w)}</li>" for w in warnings) + "</ul>")
     if tuned is not None:
@@ -71,8 +84,12 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 
 def summary_markdown(metric: str, verdict: list[str], table: pd.DataFrame, tuned: pd.DataFrame | None,
-                     tune_key: str | None) -> str:
+                     tune_key: str | None, scale: tuple | None = None) -> str:
     parts = ["## Verdict\n", *[f"- {s}" for s in verdict], ""]
+    if scale is not None:
+        key, sentences, per_size, trend = scale
+        parts += [f"## Trend across `{key}`\n", *[f"- {s}" for s in sentences], "", SCALE_NOTE + "\n",
+                  to_markdown(trend), to_markdown(per_size)]
     if tuned is not None:
         parts += [f"## Each configuration at its best `{tune_key}`\n", to_markdown(tuned)]
     parts += [f"## Aggregate\n\nSorted by `{metric}`. Loss mean ± std (n) over completed runs only; diverged and "
@@ -80,8 +97,8 @@ def summary_markdown(metric: str, verdict: list[str], table: pd.DataFrame, tuned
     return "\n".join(parts)
 
 
-def print_verdict(console: Console, verdict: list[str]) -> None:
-    console.print("[bold]Verdict[/bold]")
+def print_verdict(console: Console, verdict: list[str], title: str = "Verdict") -> None:
+    console.print(f"[bold]{escape(title)}[/bold]")
     for sentence in verdict:
         console.print(f"  • {escape(sentence)}", highlight=False)
 

@@ -43,11 +43,18 @@ class Interval:
 
 @dataclass(frozen=True)
 class Comparison:
-    """mean(a) - mean(b), its interval (None with fewer than 2 values a side) and a p-value."""
+    """mean(a) - mean(b), its interval (None with fewer than 2 values a side) and a p-value.
+
+    ``se`` and ``df``: the difference's standard error and degrees of freedom as the t test
+    computes them (paired: n - 1; Welch: Satterthwaite's), NaN without an interval; the scale
+    axis's trend fit weighs each size by them (normbench.report.scale).
+    """
     diff: float
     ci: Interval | None
     p: float
     paired: bool
+    se: float
+    df: float
 
     @property
     def tied(self) -> bool:
@@ -127,21 +134,25 @@ def _compare(a, b) -> Comparison:
     xb = _finite(list(b.values()) if isinstance(b, dict) else b)
     diff = float(xa.mean() - xb.mean()) if len(xa) and len(xb) else math.nan
     if len(xa) < 2 or len(xb) < 2:
-        return Comparison(diff, None, math.nan, paired=False)
+        return Comparison(diff, None, math.nan, paired=False, se=math.nan, df=math.nan)
     if pairs is not None:
         pa, pb = pairs
         d = pa - pb
+        paired = dict(paired=True, se=float(stats.sem(d)), df=len(d) - 1.0)
         if np.ptp(d) == 0:  # every seed moved by exactly the same amount: no spread to test
-            return Comparison(diff, Interval(float(d[0]), float(d[0]), "no spread"), math.nan, paired=True)
+            return Comparison(diff, Interval(float(d[0]), float(d[0]), "no spread"), math.nan, **paired)
         test = stats.ttest_rel(pa, pb)
         if len(d) < MIN_BOOTSTRAP:
             ci = test.confidence_interval(CONFIDENCE)
-            return Comparison(diff, Interval(float(ci.low), float(ci.high), "t"), float(test.pvalue), paired=True)
-        return Comparison(diff, _bootstrap((pa, pb), _mean_diff, paired=True), float(test.pvalue), paired=True)
+            return Comparison(diff, Interval(float(ci.low), float(ci.high), "t"), float(test.pvalue), **paired)
+        return Comparison(diff, _bootstrap((pa, pb), _mean_diff, paired=True), float(test.pvalue), **paired)
+    va, vb = np.var(xa, ddof=1) / len(xa), np.var(xb, ddof=1) / len(xb)
+    welch = dict(paired=False, se=float(math.sqrt(va + vb)),  # Satterthwaite's degrees of freedom
+                 df=float((va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))) if va + vb else math.inf)
     if np.ptp(xa) == 0 and np.ptp(xb) == 0:
-        return Comparison(diff, Interval(diff, diff, "no spread"), math.nan, paired=False)
+        return Comparison(diff, Interval(diff, diff, "no spread"), math.nan, **welch)
     test = stats.ttest_ind(xa, xb, equal_var=False)
     if min(len(xa), len(xb)) < MIN_BOOTSTRAP:
         ci = test.confidence_interval(CONFIDENCE)
-        return Comparison(diff, Interval(float(ci.low), float(ci.high), "t"), float(test.pvalue), paired=False)
-    return Comparison(diff, _bootstrap((xa, xb), _mean_diff, paired=False), float(test.pvalue), paired=False)
+        return Comparison(diff, Interval(float(ci.low), float(ci.high), "t"), float(test.pvalue), **welch)
+    return Comparison(diff, _bootstrap((xa, xb), _mean_diff, paired=False), float(test.pvalue), **welch)
