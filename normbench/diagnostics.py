@@ -1,5 +1,6 @@
 """Training diagnostics: per-layer gradient, weight and update norms, residual RMS, norm gains,
-attention logits and entropy, and the output logits' log-partition.
+attention logits and entropy, the output logits' log-partition, and how saturated the point-wise
+norms (DyT, Derf) are.
 
 On a statistics step (step 0, then every ``train.stats_every`` steps) the training
 loop calls ``begin()`` before the forward pass, ``after_backward()`` once the
@@ -81,6 +82,17 @@ def output_logit_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"mean_log_z": log_z.mean(), "max_log_z": log_z.max(), "max_output_logit": logits.detach().amax().float()}
 
 
+# A point-wise norm (DyT, Derf) counts an input as saturated where |its squashing function's argument|
+# exceeds this: tanh(2) = 0.964 and erf(2) = 0.995, so the output barely moves with the input there
+# (docs/diagnostics.md#saturation-of-the-point-wise-norms).
+SATURATION = 2.0
+
+
+def saturated_fraction(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The fraction of the elements of x whose argument(x) (alpha x, Derf's alpha x + s) is beyond SATURATION."""
+    return (norm.argument(x.detach().float()).abs() > SATURATION).float().mean()
+
+
 # The run-level peaks summary.json carries: the largest value any statistics step saw.
 PEAKS = ("max_attn_logit", "max_log_z")
 # Each peak's value before the soft-cap (model.attn_softcap, model.logit_softcap), carried where that cap is on.
@@ -121,6 +133,19 @@ class LayerStats:
         self._values: dict[str, torch.Tensor | None] = {}
         self._before: dict[str, list[torch.Tensor]] = {}
         self._gains: dict[str, torch.Tensor] = {}
+        self._saturation: dict[str, torch.Tensor] = {}  # "3.norm_attn" or "final_norm" -> fraction
+        # The point-wise norms (they have an ``argument``), by those keys.
+        self._pointwise = {f"{i}.{name}": norm for i, block in enumerate(model.blocks)
+                           for name, norm in _norm_modules(block).items() if hasattr(norm, "argument")}
+        if hasattr(model.norm_final, "argument"):
+            self._pointwise["final_norm"] = model.norm_final
+
+    def _saturation_hook(self, key: str):
+        @torch.no_grad()
+        def store(module, inputs, output):
+            self._saturation[key] = saturated_fraction(module, inputs[0])
+
+        return store
 
     def _hook(self, index: int):
         def store(module, inputs, output):
@@ -151,8 +176,11 @@ class LayerStats:
         # so the statistics cost nothing per step however many blocks there are.
         self._hooks = [block.register_forward_hook(self._hook(i)) for i, block in enumerate(self.model.blocks)]
         self._hooks += [block.attn.register_forward_hook(self._attn_hook(i)) for i, block in enumerate(self.model.blocks)]
-        self._hooks.append(self.model.head.register_forward_hook(self._head_hook))
+        # The logits as the loss sees them: the head's, scaled where the placement scales them (nGPT's s_z).
+        self._hooks.append(self.model.hooks.register_forward_hook(self._head_hook))
+        self._hooks += [norm.register_forward_hook(self._saturation_hook(key)) for key, norm in self._pointwise.items()]
         self._values = {}
+        self._saturation = {}
 
     def after_backward(self) -> None:
         for handle in self._hooks:
@@ -185,7 +213,8 @@ class LayerStats:
         attn = [(f"{kind}.{i}", value) for i, pair in enumerate(self._attn) if pair
                 for kind, value in zip(("attn_max", "attn_entropy", "attn_max_raw"), pair)]
         for name, value in [*self._values.items(), *((f"resid.{i}", r) for i, r in enumerate(self._resid)), *attn,
-                            *self._head.items(), ("grad_norm", grad_norm)]:
+                            *self._head.items(), *((f"saturation.{k}", v) for k, v in self._saturation.items()),
+                            ("grad_norm", grad_norm)]:
             if value is not None:
                 names.append(name)
                 tensors.append(value.reshape(()))
@@ -200,6 +229,8 @@ class LayerStats:
         keys = [*PARTS, "norm"]
         layers = []
         for i, block in enumerate(self.model.blocks):
+            saturation = {name: flat[f"saturation.{i}.{name}"] for name in _norm_modules(block)
+                          if f"saturation.{i}.{name}" in flat}
             layers.append({
                 "grad_norm": part("grad_norm", f"{i}.", keys),
                 "weight_norm": part("weight_norm", f"{i}.", keys),
@@ -212,6 +243,7 @@ class LayerStats:
                     name: {s: flat[f"gain.{i}.{name}.{s}"] for s in ("mean", "min", "max")}
                     for name in _norm_modules(block) if f"gain.{i}.{name}.mean" in flat
                 },
+                **({"saturation": saturation} if saturation else {}),  # point-wise norms only
             })
         extra = {}
         for group in ("embedding.tok", "embedding.pos", "final_norm"):
@@ -220,6 +252,8 @@ class LayerStats:
             }
         if "gain.final_norm.mean" in flat:
             extra["final_norm"]["gain"] = {s: flat[f"gain.final_norm.{s}"] for s in ("mean", "min", "max")}
+        if "saturation.final_norm" in flat:
+            extra["final_norm"]["saturation"] = flat["saturation.final_norm"]
         total = flat["grad_norm"]
         logits = {
             "max_attn_logit": _largest(layer["max_attn_logit"] for layer in layers),

@@ -25,7 +25,8 @@ NOT_HASHED = ("results_dir", "train.progress", "train.threads", "logger",
 # of before), and a report fills it into an older run's config (normbench.report.load).
 ADDED_KEYS = {"model.arch": "gpt2", "model.attn_softcap": 0.0, "model.logit_softcap": 0.0,
               "model.param": "sp", "model.base_width": None,
-              "model.attn_gate": False, "model.qk_norm_scope": "head", "model.v_norm": "none"}
+              "model.attn_gate": False, "model.qk_norm_scope": "head", "model.v_norm": "none",
+              "norm.alpha_init_attn": None, "norm.alpha_init_mlp": None, "norm.alpha_init_final": None}
 
 
 def config_hash(cfg: DictConfig) -> str:

@@ -182,8 +182,10 @@ class GPT(nn.Module):
                       make_norm, **options)
             for layer in range(1, cfg.n_layer + 1)
         )
-        self.norm_final = make_norm() if placement.get("final_norm", True) else nn.Identity()
+        self.norm_final = make_norm("final") if placement.get("final_norm", True) else nn.Identity()
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        # What the placement does outside its blocks (nGPT); for the others nothing, and no parameters.
+        self.hooks = block_cls.model_hooks(cfg.d_model, vocab_size)
         self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017), as in GPT-2
         self.readout_mult: float | None = None  # μP's output multiplier 1/m on the logits; None under SP
 
@@ -195,9 +197,19 @@ class GPT(nn.Module):
             if module is not self.head:
                 init(module, cfg.n_layer)
         if cfg.param == "mup":
+            if not self.hooks.mup:
+                raise ConfigError(f"placement={block_cls.placement_name} keeps every weight at unit norm: μP's "
+                                  f"width scaling does not apply to it", allowed=["model.param=sp"])
             self._mup(cfg)
         for block in self.blocks:
             block.init_weights()
+        self.after_step()  # nGPT's weights start on the unit sphere, as after every step
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Called by the training loop after every optimizer step: nGPT puts the weights back on the
+        unit sphere (normbench.placements.Hypersphere); a no-op for every other placement."""
+        self.hooks.after_step(self)
 
     def _mup(self, cfg: ModelConfig) -> None:
         """μP on top of the SP model: hidden init, attention and readout scaling (the LR is the optimizer's).
@@ -224,10 +236,10 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
-        x = self.drop(x)
+        x = self.hooks.embedded(self.drop(x))
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.norm_final(x))
+        logits = self.hooks(self.head(self.norm_final(x)))
         if self.readout_mult is not None:
             logits = logits * self.readout_mult
         if self.cfg.logit_softcap > 0:  # Gemma 2: the logits squashed into (-cap, cap) before the loss

@@ -114,10 +114,19 @@ def register_norm(name: str):
     return add
 
 
+# Where a model puts a norm: before attention, before the MLP (a block's norms, by the sub-layer
+# they serve), or before the head. A norm's ``per_position`` options take a value per position.
+POSITIONS = ("attn", "mlp", "final")
+
+
 def norm_options(name: str) -> dict[str, object]:
-    """The options a norm accepts, with their defaults (its constructor's keywords)."""
+    """The options a norm accepts, with their defaults (its constructor's keywords); each of its
+    ``per_position`` options K also as K_attn, K_mlp, K_final (None: K's value)."""
     params = inspect.signature(NORMS[name].__init__).parameters
-    return {p.name: p.default for p in params.values() if p.kind is p.KEYWORD_ONLY}
+    options = {p.name: p.default for p in params.values() if p.kind is p.KEYWORD_ONLY}
+    for key in getattr(NORMS[name], "per_position", ()):
+        options.update({f"{key}_{where}": None for where in POSITIONS})
+    return options
 
 
 def check_norm(name: str, options: dict) -> None:
@@ -133,9 +142,14 @@ def check_norm(name: str, options: dict) -> None:
         )
 
 
-def build_norm(name: str, dim: int, **options) -> nn.Module:
-    """Build the norm registered as ``name`` for a last dimension of size ``dim``."""
+def build_norm(name: str, dim: int, position: str | None = None, **options) -> nn.Module:
+    """Build the norm registered as ``name`` for a last dimension of size ``dim``, at ``position``
+    (one of POSITIONS, or None): an option K_position that is set overrides K there."""
     check_norm(name, options)
+    for key in getattr(NORMS[name], "per_position", ()):
+        chosen = {where: options.pop(f"{key}_{where}", None) for where in POSITIONS}
+        if chosen.get(position) is not None:
+            options[key] = chosen[position]
     return NORMS[name](dim, **options)
 
 
@@ -316,15 +330,24 @@ def _dyt_math(x: torch.Tensor, alpha: torch.Tensor, weight: torch.Tensor, bias: 
 
 @register_norm("dyt")
 class DynamicTanh(nn.Module):
-    """weight * tanh(alpha * x) + bias with one learned scalar alpha (Zhu et al. 2025): no statistics."""
+    """weight * tanh(alpha * x) + bias with one learned scalar alpha (Zhu et al. 2025): no statistics.
+
+    alpha starts at ``alpha_init``, or per position at ``alpha_init_attn`` / ``_mlp`` / ``_final``
+    where set: the DyT paper's LLaMA recipe starts the norms before attention higher than the others.
+    """
 
     statistics = None
+    per_position = ("alpha_init",)
 
     def __init__(self, dim: int, *, alpha_init: float = 0.5, bias: bool = True):
         super().__init__()
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def argument(self, x: torch.Tensor) -> torch.Tensor:
+        """What tanh squashes, alpha * x (the saturation diagnostic reads it)."""
+        return self.alpha * x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fused_cpu(x):
@@ -368,6 +391,10 @@ class DynamicErf(nn.Module):
         self.shift = nn.Parameter(torch.tensor(0.0))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def argument(self, x: torch.Tensor) -> torch.Tensor:
+        """What erf squashes, alpha * x + shift (the saturation diagnostic reads it)."""
+        return self.alpha * x + self.shift
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _on_gpu(x):

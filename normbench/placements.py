@@ -1,23 +1,27 @@
-"""Where the norm sits in a block: pre, post, peri (sandwich), DeepNorm, and the placements of
-recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm, HybridNorm), behind one registry.
+"""Where the norm sits in a block: pre, post, peri (sandwich), DeepNorm, the placements of
+recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm, HybridNorm) and nGPT's
+normalized transformer, behind one registry.
 
 A placement is a ``Block`` subclass registered with ``@register_placement("name")``
 plus one YAML file in ``conf/placement/``. Every block gets the same two sub-layers,
-a ``BlockSpec`` (sizes, depth, its own 1-based layer index) and a zero-argument
-``make_norm`` factory, so any norm works in any placement and no block ever looks at
-which norm it was given. A placement's own options (``placement.post_fraction``) are
+a ``BlockSpec`` (sizes, depth, its own 1-based layer index) and a ``make_norm(position)``
+factory, so any norm works in any placement and no block ever looks at which norm it was
+given. A placement that acts outside its blocks (nGPT: the embeddings, the logits, the
+weights after each step) names a ``ModelHooks`` subclass, which the model calls. A placement's own options (``placement.post_fraction``) are
 the keyword-only arguments of its constructor, checked by ``check_options``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from normbench.errors import ConfigError
@@ -74,17 +78,49 @@ class BlockSpec:
     attn_gate: bool = False  # a sigmoid gate on the attention output (CausalSelfAttention.gate)
 
 
-class Block(nn.Module):
-    """Attention and MLP sub-layers; subclasses add the norms and the residual wiring."""
+class ModelHooks(nn.Module):
+    """What a placement does outside its blocks; the model calls these for every placement.
 
-    def __init__(self, spec: BlockSpec, make_norm: Callable[[], nn.Module]):
+    This default does nothing and holds no parameters (a model's state dict is as before);
+    nGPT's ``Hypersphere`` is the one placement that overrides it.
+    """
+
+    weight_decay = True  # whether the optimizer may decay the model's matrices (normbench.train)
+    mup = True  # whether model.param=mup's width scaling applies
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__()
+
+    def embedded(self, x: torch.Tensor) -> torch.Tensor:
+        """The embeddings as the first block gets them."""
+        return x
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's logits as the loss sees them (before model.logit_softcap)."""
+        return logits
+
+    def after_step(self, model: nn.Module) -> None:
+        """Called after every optimizer step (and once at init) with the whole model."""
+
+
+class Block(nn.Module):
+    """Attention and MLP sub-layers; subclasses add the norms and the residual wiring.
+
+    ``make_norm(position)`` builds one norm for a position, "attn" or "mlp" (the sub-layer it
+    serves): norms with per-position options (DyT's ``alpha_init_attn``) read it.
+    """
+
+    attention_cls = CausalSelfAttention  # nGPT's attention subclasses it
+    model_hooks = ModelHooks  # what the placement does to the embeddings, logits and weights
+
+    def __init__(self, spec: BlockSpec, make_norm: Callable[..., nn.Module]):
         super().__init__()
         llama = spec.arch == "llama"
         bias = spec.bias and not llama
-        self.attn = CausalSelfAttention(spec.d_model, spec.n_head, spec.dropout, bias, spec.make_qk_norm,
-                                        rotary=llama, softcap=spec.attn_softcap, qk_norm_scope=spec.qk_norm_scope,
-                                        make_v_norm=spec.make_v_norm, v_norm_scope=spec.v_norm_scope,
-                                        gate=spec.attn_gate)
+        self.attn = self.attention_cls(spec.d_model, spec.n_head, spec.dropout, bias, spec.make_qk_norm,
+                                         rotary=llama, softcap=spec.attn_softcap, qk_norm_scope=spec.qk_norm_scope,
+                                         make_v_norm=spec.make_v_norm, v_norm_scope=spec.v_norm_scope,
+                                         gate=spec.attn_gate)
         self.mlp = SwiGLU(spec.d_model, spec.dropout) if llama else MLP(spec.d_model, spec.dropout, bias)
 
     @classmethod
@@ -101,7 +137,7 @@ class PreNormBlock(Block):
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
-        self.norm_attn, self.norm_mlp = make_norm(), make_norm()
+        self.norm_attn, self.norm_mlp = make_norm("attn"), make_norm("mlp")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm_attn(x))
@@ -114,7 +150,7 @@ class PostNormBlock(Block):
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
-        self.norm_attn, self.norm_mlp = make_norm(), make_norm()
+        self.norm_attn, self.norm_mlp = make_norm("attn"), make_norm("mlp")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm_attn(x + self.attn(x))
@@ -127,8 +163,8 @@ class PeriNormBlock(Block):
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
-        self.norm_attn, self.norm_attn_out = make_norm(), make_norm()
-        self.norm_mlp, self.norm_mlp_out = make_norm(), make_norm()
+        self.norm_attn, self.norm_attn_out = make_norm("attn"), make_norm("attn")
+        self.norm_mlp, self.norm_mlp_out = make_norm("mlp"), make_norm("mlp")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.norm_attn_out(self.attn(self.norm_attn(x)))
@@ -144,7 +180,7 @@ class DeepNormBlock(Block):
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
-        self.norm_attn, self.norm_mlp = make_norm(), make_norm()
+        self.norm_attn, self.norm_mlp = make_norm("attn"), make_norm("mlp")
         self.alpha = (2 * spec.n_layer) ** 0.25
         self.beta = (8 * spec.n_layer) ** -0.25
 
@@ -192,7 +228,7 @@ class MixLNBlock(Block):
     def __init__(self, spec, make_norm, *, post_fraction: float = 0.25):
         super().__init__(spec, make_norm)
         self.check_options(post_fraction=post_fraction)
-        self.norm_attn, self.norm_mlp = make_norm(), make_norm()
+        self.norm_attn, self.norm_mlp = make_norm("attn"), make_norm("mlp")
         # The small epsilon keeps 0.29 * 100 = 28.999... from flooring to 28.
         self.post = spec.layer <= math.floor(post_fraction * spec.n_layer + 1e-9)
 
@@ -217,7 +253,7 @@ class ReorderedNormBlock(Block):
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
-        self.norm_attn_out, self.norm_mlp_out = make_norm(), make_norm()
+        self.norm_attn_out, self.norm_mlp_out = make_norm("attn"), make_norm("mlp")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.norm_attn_out(self.attn(x))
@@ -239,10 +275,131 @@ class HybridNormBlock(Block):
         if spec.make_qk_norm is not None or spec.make_v_norm is not None:
             raise ConfigError("placement=hybrid puts its own norm (norm=) on q, k and v: model.qk_norm and "
                               "model.v_norm must be none", allowed=["model.qk_norm=none model.v_norm=none"])
-        super().__init__(dataclasses.replace(spec, make_qk_norm=make_norm, qk_norm_scope="flat", make_v_norm=make_norm,
+        qkv_norm = functools.partial(make_norm, "attn")  # DyT's per-position alpha: the attention's
+        super().__init__(dataclasses.replace(spec, make_qk_norm=qkv_norm, qk_norm_scope="flat", make_v_norm=qkv_norm,
                                              v_norm_scope="flat"), make_norm)
-        self.norm_mlp = make_norm()
+        self.norm_mlp = make_norm("mlp")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm_mlp(x + self.attn(x))
         return h + self.mlp(h)
+
+
+def unit(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """x / ||x|| along ``dim``, in float32 for a half input (the precision contract of normbench.norms)."""
+    wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return F.normalize(wide, dim=dim).to(x.dtype)
+
+
+class Scaling(nn.Module):
+    """nGPT's learned scaling vector s = raw * (init / scale), ``raw`` stored starting at ``scale``.
+
+    Adam moves ``raw`` by about the learning rate per step, so s moves by about lr * init / scale:
+    ``scale`` sets how fast s learns independently of the value it starts at (nGPT, section 2.6).
+    """
+
+    def __init__(self, size: int, init: float, scale: float):
+        super().__init__()
+        self.raw = nn.Parameter(torch.full((size,), float(scale)))
+        self.factor = init / scale
+
+    def forward(self) -> torch.Tensor:
+        return self.raw * self.factor
+
+
+class NormalizedAttention(CausalSelfAttention):
+    """nGPT's attention: each head's q and k put on the unit sphere (after rotary embeddings), then
+    scaled per channel by s_qk (init 1, scale 1/sqrt(d_model)); logits sqrt(head_dim) * q·k (the
+    attention's ``scale``, which SDPA, the soft-capped path and the diagnostics all use).
+    """
+
+    def __init__(self, d_model: int, n_head: int, *args, **kwargs):
+        super().__init__(d_model, n_head, *args, **kwargs)
+        self.s_qk = Scaling(d_model, 1.0, d_model ** -0.5)
+        self.scale = (d_model // n_head) ** 0.5  # not 1/sqrt(head_dim): unit q and k have q·k in [-1, 1]
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = super().heads(x)
+        s_qk = self.s_qk().view(self.n_head, 1, -1).to(q.dtype)  # (heads, 1, head_dim) against (B, heads, T, head_dim)
+        return unit(q) * s_qk, unit(k) * s_qk, v
+
+
+class Hypersphere(ModelHooks):
+    """nGPT outside its blocks: the embeddings normalized, the logits scaled per token by s_z
+    (init 1, scale 1/sqrt(d_model)), every matrix back on the unit sphere after each optimizer
+    step, and no weight decay (the weights' norm is fixed anyway)."""
+
+    weight_decay = False
+    mup = False  # μP rescales the init, attention scale and logits that nGPT fixes by normalization
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__(d_model, vocab_size)
+        self.s_z = Scaling(vocab_size, 1.0, d_model ** -0.5)
+
+    def embedded(self, x: torch.Tensor) -> torch.Tensor:
+        return unit(x)  # model.arch=gpt2 adds a position embedding: the sum is put back on the sphere
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits * self.s_z().to(logits.dtype)
+
+    @torch.no_grad()
+    def after_step(self, model: nn.Module) -> None:
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):  # token (= the tied head) and position embeddings, rows of d_model
+                module.weight.copy_(unit(module.weight, dim=1))
+            elif isinstance(module, NormalizedBlock):
+                module.renormalize()
+
+
+@register_placement("ngpt")
+class NormalizedBlock(Block):
+    """h <- Norm(h + alpha_A * (Norm(attn(h)) - h)), then the same with alpha_M and the MLP:
+    nGPT (Loshchilov et al. 2024, arXiv 2410.01131), where every hidden state is a unit vector.
+
+    Norm is x / ||x||; alpha_A and alpha_M are learned per-channel "eigen learning rates"
+    (init ``placement.alpha_init``, scale 1/sqrt(d_model)). The MLP's hidden pre-activations are
+    scaled by s_u (SwiGLU's up projection) and s_v * sqrt(d_model) (the gate, GELU's input under
+    model.arch=gpt2), both init 1, scale 1. The block builds no norm: ``norm=`` is ignored.
+    """
+
+    attention_cls = NormalizedAttention
+    model_hooks = Hypersphere
+
+    def __init__(self, spec, make_norm, *, alpha_init: float = 0.05):
+        super().__init__(spec, make_norm)
+        self.check_options(alpha_init=alpha_init)
+        scale = spec.d_model ** -0.5
+        self.alpha_attn = Scaling(spec.d_model, alpha_init, scale)
+        self.alpha_mlp = Scaling(spec.d_model, alpha_init, scale)
+        self.s_uv = Scaling(self.mlp.fc.out_features, 1.0, 1.0)
+        self.gate_gain = spec.d_model ** 0.5
+        self.swiglu = isinstance(self.mlp, SwiGLU)
+
+    @classmethod
+    def check_options(cls, *, alpha_init: float = 0.05) -> None:
+        if isinstance(alpha_init, bool) or not isinstance(alpha_init, (int, float)) or not alpha_init > 0:
+            raise ConfigError(f"placement.alpha_init must be a number > 0, got {alpha_init!r}",
+                              allowed=["0.05 (nGPT's), or about 1 / n_layer"])
+
+    def mlp_out(self, h: torch.Tensor) -> torch.Tensor:
+        hidden = self.mlp.fc(h) * self.s_uv().to(h.dtype)
+        if self.swiglu:
+            gate, up = hidden.chunk(2, dim=-1)
+            act = F.silu(gate * self.gate_gain) * up
+        else:
+            act = F.gelu(hidden * self.gate_gain)
+        return self.mlp.dropout(self.mlp.proj(act))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = unit(h + self.alpha_attn().to(h.dtype) * (unit(self.attn(h)) - h))
+        return unit(h + self.alpha_mlp().to(h.dtype) * (unit(self.mlp_out(h)) - h))
+
+    def init_weights(self) -> None:
+        self.renormalize()
+
+    @torch.no_grad()
+    def renormalize(self) -> None:
+        """Every matrix's vectors along d_model to unit length: the rows of the input projections
+        (attn.qkv, mlp.fc), the columns of the output projections (attn.proj, mlp.proj)."""
+        for linear, dim in ((self.attn.qkv, 1), (self.mlp.fc, 1), (self.attn.proj, 0), (self.mlp.proj, 0)):
+            linear.weight.copy_(unit(linear.weight, dim=dim))

@@ -106,7 +106,8 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the hidden matrices only: never on norms, biases or embeddings.
+    """AdamW with weight decay on the hidden matrices only: never on norms, biases or embeddings,
+    nor anywhere under a placement that fixes the weights' norms (nGPT).
 
     Under ``model.param=mup`` the hidden matrices' LR is train.lr / m (μP for Adam; the group's
     ``lr_mult``) and their weight decay m x train.weight_decay, so the decay per step, lr x wd, is
@@ -114,15 +115,16 @@ def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch
     group's LR by the same factor.
     """
     hidden = {id(p) for p in hidden_weights(model)}
+    weight_decay = cfg.weight_decay if model.hooks.weight_decay else 0.0
     params = list(model.parameters())
     decay = [p for p in params if id(p) in hidden]
     no_decay = [p for p in params if id(p) not in hidden]
     if model.cfg.param == "sp":
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     else:  # the multiplier-1 group first: group 0's LR is the schedule's own, the one the log reports
         m = model.cfg.width_mult()
         groups = [{"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0},
-                  {"params": decay, "weight_decay": cfg.weight_decay * m, "lr_mult": 1.0 / m, "lr": cfg.lr / m}]
+                  {"params": decay, "weight_decay": weight_decay * m, "lr_mult": 1.0 / m, "lr": cfg.lr / m}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
 
 
@@ -228,6 +230,7 @@ class Run:
             grad_norm = global_grad_norm(params)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self.model.after_step()
         if stats:
             stats.after_update()
         self.optimizer.zero_grad(set_to_none=True)

@@ -176,3 +176,48 @@ def test_logit_diagnostics_in_metrics_and_summary(tmp_path):
 def test_logit_diagnostics_off_with_the_statistics(tmp_path):
     summary = train_tiny(tmp_path, "train.stats_every=0")
     assert summary["max_attn_logit"] is None and summary["max_log_z"] is None
+
+
+@pytest.mark.parametrize("norm", ["dyt", "derf"])
+def test_saturation_of_point_wise_norms_matches_a_direct_count(tmp_path, norm):
+    """The fraction of each point-wise norm's inputs with |alpha x| (Derf: |alpha x + s|) > 2, per layer."""
+    from normbench.diagnostics import SATURATION
+
+    overrides = [f"norm={norm}", "norm.alpha_init=60.0", "model.n_layer=2"]
+    cfg = parse_config(compose_cfg(tiny("train.grad_clip=0", *overrides)))
+    state = Run(cfg, tmp_path / "run")
+    stats = LayerStats(state.model)
+    inputs = {}
+    norms = {f"{i}.{n}": m for i, b in enumerate(state.model.blocks) for n, m in b.named_children() if n.startswith("norm")}
+    norms["final_norm"] = state.model.norm_final
+    with torch.no_grad():  # a shift away from 0, so Derf's s is in the count
+        for m in norms.values():
+            if norm == "derf":
+                m.shift.fill_(0.5)
+    def keep(key):
+        def store(module, args, output):
+            inputs[key] = (args[0].detach(), module.alpha.item(), module.shift.item() if norm == "derf" else 0.0)
+
+        return store
+
+    hooks = [m.register_forward_hook(keep(key)) for key, m in norms.items()]
+    _, grad_norm = state.train_step(stats)
+    for h in hooks:
+        h.remove()
+    record = stats.record(0, grad_norm, 0.0)
+
+    def by_hand(key):
+        x, alpha, shift = inputs[key]
+        return float(((alpha * x + shift).abs() > SATURATION).double().mean())
+
+    for i, layer in enumerate(record["layers"]):
+        assert set(layer["saturation"]) == {"norm_attn", "norm_mlp"}
+        for name, fraction in layer["saturation"].items():
+            assert fraction == pytest.approx(by_hand(f"{i}.{name}"), abs=1e-6)
+            assert 0.0 < fraction < 1.0, (i, name)  # alpha 60 on inputs of std ~0.03: some, not all
+    assert record["final_norm"]["saturation"] == pytest.approx(by_hand("final_norm"), abs=1e-6)
+
+
+def test_norms_with_statistics_have_no_saturation(tmp_path):
+    record = stats_step(tmp_path, "norm=ln")[0]
+    assert all("saturation" not in layer for layer in record["layers"]) and "saturation" not in record["final_norm"]

@@ -388,8 +388,9 @@ def test_softcap_zero_is_bit_identical_to_no_cap_code(arch):
 
 
 def test_new_model_keys_at_their_old_values_leave_the_config_hash_as_before(tmp_path):
-    """A config composed before model.arch and the soft-caps existed (the keys deleted) hashes as the
-    same config with arch=gpt2 and caps 0; a report fills them into such a run's config."""
+    """A config composed before model.arch, the soft-caps and DyT's per-position alpha_init existed (the
+    keys deleted) hashes as the same config with arch=gpt2, caps 0 and alpha_init_* null; a report fills
+    them into such a run's config."""
     import json
 
     import yaml
@@ -398,15 +399,16 @@ def test_new_model_keys_at_their_old_values_leave_the_config_hash_as_before(tmp_
     from normbench.identity import ADDED_KEYS, config_hash
     from normbench.report.load import load_runs
 
-    cfg = compose_cfg(["model=micro", "norm=rms"])
-    assert {k: cfg.model[k.split(".")[1]] for k in ADDED_KEYS} == ADDED_KEYS  # conf/ says the old values
+    cfg = compose_cfg(["model=micro", "norm=dyt"])
+    assert {k: OmegaConf.select(cfg, k) for k in ADDED_KEYS} == ADDED_KEYS  # conf/ says the old values
     old = cfg.copy()
     with open_dict(old):
         for key in ADDED_KEYS:
-            del old.model[key.split(".")[1]]
+            group, leaf = key.split(".")
+            del old[group][leaf]
     assert config_hash(old) == config_hash(cfg)
-    for change in ("model.arch=llama", "model.attn_softcap=30", "model.logit_softcap=15.0"):
-        assert config_hash(compose_cfg(["model=micro", "norm=rms", change])) != config_hash(cfg), change
+    for change in ("model.arch=llama", "model.attn_softcap=30", "model.logit_softcap=15.0", "norm.alpha_init_attn=0.8"):
+        assert config_hash(compose_cfg(["model=micro", "norm=dyt", change])) != config_hash(cfg), change
     for name, conf in (("old", old), ("new", cfg)):
         run = tmp_path / name
         run.mkdir()

@@ -474,3 +474,28 @@ def test_layer_and_group_norm_params_follow_x_off_the_cpu():
     elsewhere = norms._params_for(torch.empty(2, 8, dtype=torch.bfloat16, device="meta"), w, None)
     assert elsewhere[0].dtype == torch.bfloat16 and elsewhere[1] is None
     assert norms._params_for(torch.empty(2, 8, device="meta"), w, b)[0] is w  # same dtype: untouched
+
+
+def test_dyt_alpha_init_per_position_reaches_each_norm_and_defaults_to_alpha_init():
+    """The DyT paper's LLaMA recipe: alpha0 per position (before attention, before the MLP, the final norm)."""
+    from normbench.config import load_group
+    from normbench.model import GPT
+
+    cfg = load_group("model", "micro", arch="llama")
+    per_position = {"alpha_init_attn": 0.8, "alpha_init_mlp": 0.2, "alpha_init_final": 0.3}
+    for placement in ("pre", "peri", "post"):
+        model = GPT(cfg, 16, {"name": "dyt", "alpha_init": 0.5, **per_position}, {"name": placement})
+        for block in model.blocks:
+            for name, norm in block.named_children():
+                if name.startswith("norm"):
+                    assert norm.alpha.item() == pytest.approx(0.8 if "attn" in name else 0.2), (placement, name)
+        assert model.norm_final.alpha.item() == pytest.approx(0.3)
+    # Unset (null, the YAML's default): every norm starts at alpha_init, the model of before bit for bit.
+    torch.manual_seed(0)
+    old = GPT(cfg, 16, {"name": "dyt", "alpha_init": 0.7}, {"name": "pre"})
+    torch.manual_seed(0)
+    new = GPT(cfg, 16, {"name": "dyt", "alpha_init": 0.7, **dict.fromkeys(per_position)}, {"name": "pre"})
+    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), new.state_dict().values()))
+    assert [n.alpha.item() for n in new.modules() if hasattr(n, "alpha")] == [pytest.approx(0.7)] * 5
+    with pytest.raises(ConfigError, match="norm 'ln' has no option alpha_init_attn"):
+        build_norm("ln", 8, alpha_init_attn=0.8)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from normbench.config import load_group
 from normbench.model import GPT
@@ -96,3 +97,142 @@ def test_post_placement_normalizes_the_residual_stream():
         model(idx)
         per_token = outs[0].std(-1, unbiased=False)
         assert torch.allclose(per_token, torch.ones_like(per_token), atol=1e-3) == normalized
+
+
+# ---------------------------------------------------------------- nGPT
+
+def ngpt_model(arch: str = "llama", d_model: int = 32, dtype=torch.float32, **options) -> GPT:
+    torch.manual_seed(0)
+    cfg = load_group("model", "tiny", arch=arch, n_layer=2, n_head=4, d_model=d_model, block_size=16)
+    return GPT(cfg, 16, {"name": "ln"}, {"name": "ngpt", "final_norm": False, **options}).to(dtype)
+
+
+def unit_by_hand(x, dim=-1):
+    return x / torch.sqrt((x * x).sum(dim, keepdim=True))
+
+
+def ngpt_block_by_hand(block, h):
+    """nGPT's block from the paper's formulas (arXiv 2410.01131, sections 2.2-2.6), llama arch."""
+    B, T, C = h.shape
+    H, d = block.attn.n_head, C // block.attn.n_head
+    q, k, v = (h @ block.attn.qkv.weight.T).split(C, dim=-1)
+    q, k, v = (t.view(B, T, H, d).transpose(1, 2) for t in (q, k, v))
+    q, k = block.attn.rotary(q), block.attn.rotary(k)
+    s_qk = (block.attn.s_qk.raw * (1.0 / C ** -0.5)).view(H, 1, d)  # init 1, scale 1/sqrt(d_model)
+    q, k = s_qk * unit_by_hand(q), s_qk * unit_by_hand(k)
+    logits = (q @ k.transpose(-2, -1)) * math.sqrt(d)  # softmax scale sqrt(d_head), not 1/sqrt(d_head)
+    logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    attn = block.attn.proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C))
+    alpha_a = block.alpha_attn.raw * (0.05 / C ** -0.5)
+    h = unit_by_hand(h + alpha_a * (unit_by_hand(attn) - h))
+    s_uv = block.s_uv.raw  # init 1, scale 1
+    v_gate, u = (h @ block.mlp.fc.weight.T * s_uv).chunk(2, dim=-1)
+    mlp = block.mlp.proj(u * F.silu(v_gate * math.sqrt(C)))
+    alpha_m = block.alpha_mlp.raw * (0.05 / C ** -0.5)
+    return unit_by_hand(h + alpha_m * (unit_by_hand(mlp) - h))
+
+
+def test_ngpt_matches_the_papers_formulas_by_hand():
+    model = ngpt_model().double()
+    with torch.no_grad():  # the learned scalings away from their init, so a wrong one cannot hide
+        for name, p in model.named_parameters():
+            if name.endswith(".raw"):
+                p.mul_(torch.rand_like(p) + 0.5)
+    idx = torch.randint(16, (2, 16))
+    h = unit_by_hand(model.tok_emb(idx))
+    for block in model.blocks:
+        expected = ngpt_block_by_hand(block, h)
+        torch.testing.assert_close(block(h), expected)
+        h = expected
+    s_z = model.hooks.s_z.raw * (1.0 / 32 ** -0.5)
+    torch.testing.assert_close(model(idx)[0], s_z * (h @ model.tok_emb.weight.T))  # tied head, no final norm
+
+
+def ngpt_vectors(model) -> list[torch.Tensor]:
+    """Every vector nGPT keeps on the unit sphere: embedding rows, input projections' rows, output projections' columns."""
+    vectors = [model.tok_emb.weight] + ([model.pos_emb.weight] if model.pos_emb is not None else [])
+    for block in model.blocks:
+        vectors += [block.attn.qkv.weight, block.mlp.fc.weight, block.attn.proj.weight.T, block.mlp.proj.weight.T]
+    return vectors
+
+
+@pytest.mark.parametrize("arch", [pytest.param("gpt2", marks=pytest.mark.slow), "llama"])
+def test_ngpt_hidden_states_and_weight_vectors_have_unit_norm_after_every_step(tmp_path, arch):
+    from normbench.config import parse_config
+    from normbench.train import Run
+
+    from conftest import compose_cfg, tiny
+
+    state = Run(parse_config(compose_cfg(tiny("placement=ngpt", f"model.arch={arch}", "model.n_layer=2"))), tmp_path)
+    model = state.model
+    hidden = []
+    hooks = [model.blocks[0].register_forward_pre_hook(lambda m, args: hidden.append(args[0].detach()))]
+    hooks += [b.register_forward_hook(lambda m, i, o: hidden.append(o.detach())) for b in model.blocks]
+    for step in range(4):
+        for v in ngpt_vectors(model):
+            torch.testing.assert_close(v.detach().norm(dim=1), torch.ones(v.shape[0]), msg=f"step {step}")
+        hidden.clear()
+        state.train_step()
+        assert len(hidden) == 1 + len(model.blocks)
+        for h in hidden:  # the embeddings as the first block gets them, then every block's output
+            torch.testing.assert_close(h.norm(dim=-1), torch.ones(h.shape[:-1]), msg=f"step {step}")
+    for h in hooks:
+        h.remove()
+    assert all(g["weight_decay"] == 0.0 for g in state.optimizer.param_groups if g["params"])  # no weight decay
+
+
+@pytest.mark.slow
+def test_ngpt_gradients_match_finite_differences():
+    """Through the normalizations, the eigen learning rates and every scaling, into the embeddings.
+    In model.arch=gpt2: the rotary embeddings of llama compute in float32, below gradcheck's precision."""
+    model = ngpt_model("gpt2", d_model=8).double()
+    idx = torch.randint(16, (1, 6))
+    names = ["tok_emb.weight", "pos_emb.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.proj.weight", *(n for n, _ in model.named_parameters() if n.endswith(".raw"))]
+    values = [model.get_parameter(n).detach().clone().requires_grad_() for n in names]
+
+    def logits(*values):
+        return torch.func.functional_call(model, dict(zip(names, values)), (idx,))[0]
+
+    assert torch.autograd.gradcheck(logits, tuple(values), fast_mode=True)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_ngpt_in_bf16_is_within_tolerance_of_fp32(arch):
+    model = ngpt_model(arch)
+    idx = torch.randint(16, (4, 16))
+    ref = model(idx)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = model(idx)[0]
+    half = ngpt_model(arch, dtype=torch.bfloat16)(idx)[0]
+    for out in (auto, half):
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out.float(), ref, atol=0.05, rtol=0.05)
+
+
+def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
+    from normbench.errors import ConfigError
+    from normbench.placements import placement_options
+
+    cfg = load_group("model", "tiny", arch="llama", n_layer=2)
+    models = []
+    for norm in ("ln", "rms", "dyt"):
+        torch.manual_seed(0)
+        models.append(GPT(cfg, 16, {"name": norm}, {"name": "ngpt", "final_norm": False}))
+    idx = torch.randint(16, (2, 8))
+    assert not any("norm" in name for name, _ in models[0].named_parameters())
+    for other in models[1:]:
+        torch.testing.assert_close(other(idx)[0], models[0](idx)[0])
+    with pytest.raises(ConfigError, match=r"placement.alpha_init must be a number > 0, got -1.*allowed"):
+        placement_options({"name": "ngpt", "alpha_init": -1})
+    with pytest.raises(ConfigError, match=r"placement=ngpt keeps every weight at unit norm.*allowed: model.param=sp"):
+        GPT(load_group("model", "tiny", param="mup", base_width=32), 16, {"name": "ln"}, {"name": "ngpt"})
+
+
+def test_other_placements_have_no_model_hooks():
+    """Every placement but nGPT: no parameters outside the blocks, weight decay on, after_step a no-op."""
+    for name in sorted(set(PLACEMENTS) - {"ngpt"}):
+        model = build(name)
+        assert list(model.hooks.parameters()) == [] and model.hooks.weight_decay, name
+        before = {n: t.clone() for n, t in model.state_dict().items()}
+        model.after_step()
+        assert all(torch.equal(before[n], t) for n, t in model.state_dict().items()), name

@@ -529,3 +529,23 @@ def test_hybrid_placement_has_a_fixed_style_no_other_placement_uses():
     others = [style for name, style in charts_module.PLACEMENT_STYLES.items() if name != "hybrid"]
     for ls, hatch in [*others, *charts_module.EXTRA_STYLES, charts_module.MIXED_STYLE]:
         assert str(ls) != str(ours[0]) and hatch != ours[1]
+
+
+def test_saturation_of_point_wise_norms_reaches_the_layers_table_and_its_chart(tmp_path, monkeypatch):
+    """A dyt run's per-layer saturation (the largest of the layer's norms) is read; an ln run has none."""
+    from normbench.report.load import load_runs
+
+    dyt = make_run(tmp_path, "dyt", norm="dyt")
+    make_run(tmp_path, "ln", norm="ln")
+    lines = [json.loads(line) for line in (dyt / "metrics.jsonl").read_text().splitlines()]
+    for record in lines:
+        if record["kind"] == "stats":
+            for i, layer in enumerate(record["layers"]):
+                layer["saturation"] = {"norm_attn": 0.1 * i, "norm_mlp": 0.05}
+    (dyt / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    layers = load_runs([dyt, tmp_path / "ln"], warn=print).layers
+    assert layers[layers["run"].eq(0)]["saturation"].tolist() == [0.05, 0.1] * 2  # first and last record
+    assert layers[layers["run"].eq(1)]["saturation"].isna().all()
+    only_charts(monkeypatch, "grad_by_layer")
+    out, _ = report([tmp_path])
+    assert (out / "grad_by_layer.png").exists()

@@ -32,7 +32,8 @@ EXTRA_COLORS = ("C8", "C9", "#393b79", "#8c6d31", "#637939", "#843c39")  # none 
 # (line style, bar hatch) per placement; a placement not listed here gets one of EXTRA_STYLES by its name.
 PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\"),
                     "lns": ((0, (5, 1)), "xx"), "mixln": ((0, (3, 1, 1, 1, 1, 1)), "++"), "reordered": ((0, (1, 1)), "--"),
-                    "hybrid": ((0, (6, 2)), "/.")}
+                    "hybrid": ((0, (6, 2)), "/."),
+                    "ngpt": ((0, (6, 2, 1, 2, 1, 2)), "\\||")}
 EXTRA_STYLES = (((0, (8, 2, 1, 2)), "||"), ((0, (2, 2, 6, 2)), "**"), ((0, (4, 1, 1, 1, 1, 1, 1, 1)), "OO"))
 MIXED_STYLE = ((0, (3, 1, 1, 1)), "oo")  # a configuration whose runs mix placements
 IMPL_LINESTYLES = {"normbench": "-", "native": "--", "compiled": ":"}
@@ -429,7 +430,10 @@ def chart_grad_by_layer(d: ReportData):
     at = f"step {steps[0]:.0f}" if len(steps) == 1 else "first stats record"
     panels = [(first, "grad", f"mlp_out grad norm, {at}", "grad norm of mlp_out weight (L2)", True),
               (last, "grad", "mlp_out grad norm, last stats record", "grad norm of mlp_out weight (L2)", True),
-              (last, "resid_rms", "Residual-stream RMS, last stats record", "residual RMS", False)]
+              (last, "resid_rms", "Residual-stream RMS, last stats record", "residual RMS", False),
+              # DyT and Derf only: docs/diagnostics.md#saturation-of-the-point-wise-norms
+              (last, "saturation", "Point-wise norms: inputs saturated (|αx| > 2), last stats record",
+               "fraction of inputs (largest norm of the layer)", False)]
     panels = [p for p in panels if p[0][p[1]].notna().any()]
     if not panels:
         return "no per-layer stats records in metrics.jsonl"

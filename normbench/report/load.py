@@ -111,7 +111,8 @@ class ReportData:
     train: pd.DataFrame  # run, step, tokens, train_loss
     evals: pd.DataFrame  # run, step, val_loss
     grads: pd.DataFrame  # run, step, grad_norm (global, from stats records)
-    layers: pd.DataFrame  # run, when ("first"/"last" stats record), step, layer, grad (mlp_out), resid_rms
+    layers: pd.DataFrame  # run, when ("first"/"last" stats record), step, layer, grad (mlp_out), resid_rms,
+    # saturation (the largest saturated fraction among the layer's point-wise norms; NaN for other norms)
     logits: pd.DataFrame  # run, step, LOGIT_FIELDS (stats records that carry them; finite only)
     bench: pd.DataFrame | None = None
     # Filled in by the later stages of a report (normbench.report.build):
@@ -174,8 +175,9 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
             for i, layer in enumerate(r["layers"]):
                 layer = layer if isinstance(layer, dict) else {}
                 grad = layer.get("grad_norm") if isinstance(layer.get("grad_norm"), dict) else {}
-                layers.append((run, when, _num(r.get("step")), i,
-                               _num(grad.get("mlp_out")), _num(layer.get("resid_rms"))))
+                saturation = layer.get("saturation") if isinstance(layer.get("saturation"), dict) else {}
+                layers.append((run, when, _num(r.get("step")), i, _num(grad.get("mlp_out")), _num(layer.get("resid_rms")),
+                               max(map(_num, saturation.values()), default=math.nan)))
     runs = pd.DataFrame(rows)
     for col in ("run_dir", "norm", "placement", "seed", "status", "floor_loss", "init_val_loss", "leaks_future", *METRICS):
         if col not in runs:
@@ -197,7 +199,7 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         train=pd.DataFrame(train, columns=["run", "step", "tokens", "train_loss"]),
         evals=pd.DataFrame(evals, columns=["run", "step", "val_loss"]),
         grads=pd.DataFrame(grads, columns=["run", "step", "grad_norm"]),
-        layers=pd.DataFrame(layers, columns=["run", "when", "step", "layer", "grad", "resid_rms"]),
+        layers=pd.DataFrame(layers, columns=["run", "when", "step", "layer", "grad", "resid_rms", "saturation"]),
         logits=logits,
     )
 
