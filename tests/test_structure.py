@@ -148,6 +148,15 @@ def test_every_option_of_every_group_composes_and_parses(group, tmp_path):
         assert run.config_hash
 
 
+def test_every_variant_chooses_its_norm_and_placement_and_parses(tmp_path):
+    """conf/variant/NAME.yaml picks a norm and a placement together (experiment=modern_zoo sweeps them)."""
+    for option in group_options("variant"):
+        cfg = compose_cfg([f"+variant={option}", "model.arch=llama", f"results_dir={tmp_path}"])
+        run = parse_config(cfg)
+        assert run.config_hash and cfg.placement.name in group_options("placement"), option
+        assert cfg.norm.name in group_options("norm"), option
+
+
 def test_load_group_gives_what_the_cli_composes():
     cli = parse_config(compose_cfg(["model=micro", "model.n_layer=3"]))
     assert load_group("model", "micro", n_layer=3) == cli.model

@@ -271,7 +271,7 @@ def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path
 def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sizes = {"norm_zoo": 192, "warmup": 60, "depth": 81, "precision": 8, "batch_size": 18,
-             "lr_sensitivity": 90, "qk_norm": 64, "modern_placements": 12, "tokens": 90, "width": 288}  # as docs/experiments.md says
+             "lr_sensitivity": 90, "qk_norm": 64, "modern_placements": 12, "tokens": 90, "width": 288, "modern_zoo": 90}  # as docs/experiments.md says
     assert set(group_options("experiment")) == set(sizes)
     for name, size in sizes.items():
         params = OmegaConf.load(conf_dir() / "experiment" / f"{name}.yaml").hydra.sweeper.params
@@ -284,7 +284,8 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
                     (["experiment=lr_sensitivity", "placement=pre", "seed=0", "train.lr=1e-2"], 3),
                     (["experiment=precision", "seed=0"], 4), (["experiment=batch_size", "seed=0", "norm=bn"], 3),
                     (["experiment=tokens", "norm=dyt", "seed=0", "train.lr=1e-2"], 5),
-                    (["experiment=width", "norm=rms", "placement=pre", "seed=0", "train.lr=1e-2"], 6)]:
+                    (["experiment=width", "norm=rms", "placement=pre", "seed=0", "train.lr=1e-2"], 6),
+                    (["experiment=modern_zoo", "seed=0", "train.lr=1e-2"], 6)]:
         plan = plan_sweep(args)
         assert len(plan.jobs) == n and not any(j.invalid for j in plan.jobs), args
         assert plan.sweep_dir.name.startswith(args[0].split("=")[1] + "-")
