@@ -187,3 +187,20 @@ def test_scale_none_writes_no_scale_files(tmp_path, monkeypatch):
     out, _ = report([tmp_path], scale_key="none")
     assert not (out / "scale.csv").exists() and not (out / "trend.csv").exists()
     assert "Trend across" not in (out / "report.html").read_text()
+
+
+def test_trend_words_flip_only_when_the_measured_gap_is_significant_on_both_sides():
+    from normbench.report.scale import Fit, trend_word
+
+    # μP against SP: no gap at the base width (the same model), then a growing one; the fitted line
+    # crosses 0 just above the smallest size, which is not a change of sign.
+    rising = Fit(slope=0.016, low=0.014, high=0.018, df=4, method="seeds", first=-0.0002, last=0.063)
+    assert trend_word(rising, ci_low=[0.0, 0.02, 0.05], ci_high=[0.0, 0.04, 0.07]) == "grows"
+    # DyT-like: better at the smallest budget, worse at the largest, both beyond their intervals.
+    flipping = Fit(slope=0.02, low=0.01, high=0.03, df=4, method="seeds", first=-0.03, last=0.03)
+    assert trend_word(flipping, ci_low=[-0.05, -0.01, 0.01], ci_high=[-0.01, 0.01, 0.05]) == "flips sign"
+    # A gap closing toward 0 from below, and one whose slope interval includes 0.
+    closing = Fit(slope=0.01, low=0.005, high=0.015, df=4, method="seeds", first=-0.05, last=-0.01)
+    assert trend_word(closing, ci_low=[-0.06, -0.04, -0.02], ci_high=[-0.04, -0.02, 0.0]) == "shrinks"
+    flat = Fit(slope=0.01, low=-0.005, high=0.025, df=4, method="seeds", first=0.01, last=0.03)
+    assert trend_word(flat, ci_low=[0.0], ci_high=[0.05]) == "no trend"

@@ -159,12 +159,16 @@ def fit_trend(x, gap, se, df) -> Fit:
                intercept + slope * float(t.min()), intercept + slope * float(t.max()))
 
 
-def trend_word(fit: Fit) -> str:
+def trend_word(fit: Fit, ci_low=(), ci_high=()) -> str:
+    """The trend's word. "flips sign" needs the measured gap to be significantly of both signs (one
+    size's 95% CI below 0, another's above), not merely a fitted line crossing 0 near where the gap
+    is 0 (a μP model at its base width is the SP model: no gap there, then one that grows). Otherwise
+    the gap grows when the slope points away from 0 at the largest size, and shrinks when toward it."""
     if fit.low <= 0 <= fit.high:
         return "no trend"
-    if fit.first * fit.last < 0:
+    if any(h < 0 for h in ci_high) and any(low > 0 for low in ci_low):
         return "flips sign"
-    return "grows" if abs(fit.last) > abs(fit.first) else "shrinks"
+    return "grows" if fit.slope * fit.last > 0 else "shrinks"
 
 
 def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) -> Scale:
@@ -247,7 +251,8 @@ def _trend(table: pd.DataFrame, key: str, order: list[str], baseline: str, tune:
             fit = fit_trend(fitted["x"], fitted["diff_vs_baseline"], fitted["diff_se"], fitted["diff_df"])
             row.update(slope_per_doubling=fit.slope, slope_ci_low=fit.low, slope_ci_high=fit.high, slope_df=fit.df,
                        slope_method=f"WLS 1/SE², t, variance from the {fit.method}", fitted_first=fit.first,
-                       fitted_last=fit.last, trend=trend_word(fit))
+                       fitted_last=fit.last, trend=trend_word(fit, fitted["diff_ci_low"].dropna(),
+                                                              fitted["diff_ci_high"].dropna()))
         else:
             row["trend"] = NEEDS_SIZES
         best = part.dropna(subset=["best_value"])
