@@ -371,7 +371,7 @@ def chart_scale_best_value(d: ReportData):
     ax.set_yticks(grid, [f"{v:g}" for v in grid])
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     return _size_chart(fig, ax, s, f"best {d.tune} (ticks: the swept grid)",
-                       f"Best {d.tune} at each size (lowest mean final loss over completed seeds)")
+                       f"Best {d.tune} at each size\n(lowest mean final loss over completed seeds)")
 
 
 @chart("scale_tuning", "Final loss against the tuned key, one panel per size")
