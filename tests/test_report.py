@@ -386,6 +386,24 @@ def test_logit_chart_plots_the_seed_mean_and_skips_non_finite_values(tmp_path, m
     assert (out / "logits.png").stat().st_size > 1000
 
 
+def test_logit_chart_draws_the_raw_attention_logit_when_a_run_was_soft_capped(tmp_path, monkeypatch):
+    """Under model.attn_softcap the capped logit stays below the cap; the chart then adds the logit
+    before it (max_attn_logit_raw), where the growth shows. Uncapped runs draw it as their capped one."""
+    drawn = capture_charts(monkeypatch, "logits")
+    capped = make_run(tmp_path, "capped", norm="ln", logits=[(2.0, 4.0), (10.0, 4.5), (20.0, 5.0)])
+    make_run(tmp_path, "plain", norm="rms", logits=[(2.0, 4.0), (4.0, 4.5), (8.0, 5.0)])
+    lines = [json.loads(line) for line in (capped / "metrics.jsonl").read_text().splitlines()]
+    for record, raw in zip((r for r in lines if r["kind"] == "stats"), (2.0, 40.0, 400.0)):
+        record.update(max_attn_logit_raw=raw, max_log_z_raw=record["max_log_z"])
+    (capped / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report([tmp_path])
+    attn, raw, log_z = drawn["logits"].axes[:3]
+    assert "before the soft-cap" in raw.get_title() and "log Z" in log_z.get_title()
+    assert lines_by_label(raw)["ln"][1] == pytest.approx([2.0, 40.0, 400.0])
+    assert lines_by_label(raw)["rms"][1] == pytest.approx([2.0, 4.0, 8.0])  # uncapped: raw is what softmax saw
+    assert lines_by_label(attn)["ln"][1] == pytest.approx([2.0, 10.0, 20.0])
+
+
 def test_runs_without_logit_records_report_as_before(sweep):
     _, out, text = sweep
     assert not (out / "logits.png").exists()

@@ -496,6 +496,11 @@ def chart_logits(d: ReportData):
     panels = [("max_attn_logit", "Max attention logit vs step", "max attention logit (after scaling)", "log"),
               ("max_log_z", "Max log Z (output log-partition) vs step", "max log Z (nats)", "linear")]
     panels = [p for p in panels if d.logits[p[0]].notna().any()]
+    # Under a soft-cap (model.attn_softcap) the capped logit stays below the cap: the logit before
+    # it shows whether the growth went on underneath (docs/diagnostics.md). Only when some run was capped.
+    if d.logits["max_attn_logit_raw"].ne(d.logits["max_attn_logit"]).any():
+        panels.insert(1, ("max_attn_logit_raw", "Max attention logit before the soft-cap vs step",
+                          "max attention logit, raw (before the cap)", "log"))
     if not panels:
         return "no stats record with logit diagnostics in metrics.jsonl (runs older than them, or train.stats_every=0)"
     fig, axes = _figure(len(panels), width=6.0, height=4.2)
