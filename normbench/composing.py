@@ -9,7 +9,9 @@ compose once per choice of groups (``norm=rms model=micro``, plus the sweep's ow
 overrides), then apply a job's key changes to a copy and fill in the fields Hydra derives
 from them (``hydra.overrides.task``, ``hydra.job.override_dirname``), exactly as Hydra does.
 Anything else (``+key``, ``~key``, a key the composed config lacks) goes through Hydra
-whole. tests/test_sweep.py checks the two give the same config for every job of a grid.
+whole. tests/test_sweep.py checks the two give the same config for every job of a grid. (The
+sweeper's check is skipped altogether in the multirun child: the plan has made it,
+``normbench.sweep.multirun_child``.)
 
 Installed in the sweep's processes only: ``normbench.sweep`` (the plan, the multirun's
 child) and ``normbench.job`` (which every launcher's worker imports to run a job).

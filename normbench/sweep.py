@@ -571,8 +571,13 @@ def multirun_child() -> None:
     parent = int(os.environ.get(PARENT_ENV) or 0)
     if parent:
         threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    from normbench.job import hydra_main  # installs normbench.composing, for the sweeper's check and the launcher
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
+    from normbench.job import hydra_main  # installs normbench.composing, for the launcher's per-job composition
+
+    # The plan (run_sweep) composed and checked every job of this grid before launching it: Hydra's
+    # sweeper composing them all once more, before the first job starts, only keeps the workers waiting.
+    BasicSweeper.validate_batch_is_legal = lambda self, batch: None
     hydra_main()
 
 
