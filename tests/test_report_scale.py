@@ -72,7 +72,8 @@ def test_a_gap_growing_linearly_in_log_params_is_reported_as_growing(tmp_path, m
     rms = trend.loc["rms"]
     slope, var_seeds, var_scatter = hand_fit(gap)
     assert rms["slope_per_doubling"] == pytest.approx(slope, rel=1e-9) and slope == pytest.approx(0.01, abs=2e-3)
-    half = scipy_stats.t.ppf(0.975, rms["slope_df"]) * math.sqrt(max(var_seeds, var_scatter))
+    half = scipy_stats.t.ppf(0.975, rms["slope_df"]) * math.sqrt(var_seeds)  # the seeds' variance
+    assert rms["lack_of_fit_p"] == pytest.approx(scipy_stats.chi2.sf(var_scatter / var_seeds * 2, 2))  # 4 sizes: 2 df
     assert (rms["slope_ci_low"], rms["slope_ci_high"]) == pytest.approx((slope - half, slope + half), rel=1e-9)
     assert rms["slope_ci_low"] > 0 and rms["trend"] == "grows" and rms["sizes_fitted"] == 4
     assert trend.loc["ln", "trend"] == "baseline"
@@ -195,12 +196,17 @@ def test_trend_words_flip_only_when_the_measured_gap_is_significant_on_both_side
     # μP against SP: no gap at the base width (the same model), then a growing one; the fitted line
     # crosses 0 just above the smallest size, which is not a change of sign.
     rising = Fit(slope=0.016, low=0.014, high=0.018, df=4, method="seeds", first=-0.0002, last=0.063)
-    assert trend_word(rising, ci_low=[0.0, 0.02, 0.05], ci_high=[0.0, 0.04, 0.07]) == "grows"
+    assert trend_word(rising, [0.0, 0.03, 0.06], ci_low=[0.0, 0.02, 0.05], ci_high=[0.0, 0.04, 0.07]) == "grows"
     # DyT-like: better at the smallest budget, worse at the largest, both beyond their intervals.
     flipping = Fit(slope=0.02, low=0.01, high=0.03, df=4, method="seeds", first=-0.03, last=0.03)
-    assert trend_word(flipping, ci_low=[-0.05, -0.01, 0.01], ci_high=[-0.01, 0.01, 0.05]) == "flips sign"
+    assert trend_word(flipping, [-0.03, 0.0, 0.03], ci_low=[-0.05, -0.01, 0.01], ci_high=[-0.01, 0.01, 0.05]) == "flips sign"
     # A gap closing toward 0 from below, and one whose slope interval includes 0.
     closing = Fit(slope=0.01, low=0.005, high=0.015, df=4, method="seeds", first=-0.05, last=-0.01)
-    assert trend_word(closing, ci_low=[-0.06, -0.04, -0.02], ci_high=[-0.04, -0.02, 0.0]) == "shrinks"
+    assert trend_word(closing, [-0.05, -0.03, -0.01], ci_low=[-0.06, -0.04, -0.02], ci_high=[-0.04, -0.02, 0.0]) == "shrinks"
+    # DyT against LayerNorm over token budgets: +0.70, +0.32, +0.09, +0.02, +0.004, closing fast and
+    # levelling off; the straight line through them ends below 0, the gaps never do.
+    levelling = Fit(slope=-0.06, low=-0.071, high=-0.050, df=8, method="seeds", first=0.45, last=-0.03)
+    assert trend_word(levelling, [0.70, 0.32, 0.09, 0.02, 0.004], ci_low=[0.47, 0.18, 0.06, -0.01, -0.02],
+                      ci_high=[0.92, 0.47, 0.13, 0.05, 0.03]) == "shrinks"
     flat = Fit(slope=0.01, low=-0.005, high=0.025, df=4, method="seeds", first=0.01, last=0.03)
-    assert trend_word(flat, ci_low=[0.0], ci_high=[0.05]) == "no trend"
+    assert trend_word(flat, [0.02], ci_low=[0.0], ci_high=[0.05]) == "no trend"

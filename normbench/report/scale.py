@@ -15,9 +15,10 @@ Across sizes, per configuration (trend.csv): the difference against log2(x), x t
 parameters (its tokens when KEY is a token budget or the parameters do not change; KEY's own
 value when neither does), fitted by weighted least squares with weights 1/SE² over the sizes
 where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis-how-a-verdict-moves-with-size). The slope's variance is the
-larger of the one the seeds give, 1/Σ wᵢ(xᵢ - x̄)² with Welch-Satterthwaite degrees of freedom,
-and (with ≥ 3 sizes) that times the fit's χ²/(k - 2) with k - 2 degrees of freedom, when the
-sizes scatter around the line more than their seeds explain. The interval is Student's t.
+one the seeds give, 1/Σ wᵢ(xᵢ - x̄)², with Welch-Satterthwaite degrees of freedom (from the
+scatter of ≥ 3 sizes only when no size has any spread); with ≥ 3 sizes a χ² test says whether
+the sizes lie off the line by more than their seeds explain (the gap moves, but not in a straight
+line in log x), and the sentence says so. The interval is Student's t.
 The trend word never calls a trend whose interval includes 0. The best value's drift is
 log10(best at the largest size / best at the smallest) / 0.5, in half-decades.
 """
@@ -128,6 +129,7 @@ class Fit:
     method: str
     first: float  # the fitted gap at the smallest and largest fitted size
     last: float
+    lack_of_fit_p: float = math.nan  # χ² test of the sizes around the line (≥ 3 sizes with seeds)
 
 
 def fit_trend(x, gap, se, df) -> Fit:
@@ -149,26 +151,34 @@ def fit_trend(x, gap, se, df) -> Fit:
         var, dof, method = 1 / sxx, float(np.sum(c2v) ** 2 / np.sum(c2v**2 / df)), "seeds"
     else:
         var, dof, method = 0.0, math.inf, "no spread"
+    lack_of_fit_p = math.nan
     if k >= 3:
-        chi2 = float(np.sum(w * (gap - intercept - slope * t) ** 2)) / (k - 2)
-        scatter = chi2 / sxx  # with unit weights when nothing has spread
-        if scatter > var:
-            var, dof, method = scatter, float(k - 2), "scatter of the sizes"
+        chi2 = float(np.sum(w * (gap - intercept - slope * t) ** 2))
+        if seeds:  # do the sizes scatter around the line more than their seeds explain?
+            lack_of_fit_p = float(stats.chi2.sf(chi2, k - 2))
+        else:  # nothing but the scatter to go by
+            var, dof, method = chi2 / (k - 2) / sxx, float(k - 2), "scatter of the sizes"
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * math.sqrt(var)) if var > 0 else 0.0
     return Fit(slope, slope - half, slope + half, dof, method,
-               intercept + slope * float(t.min()), intercept + slope * float(t.max()))
+               intercept + slope * float(t.min()), intercept + slope * float(t.max()), lack_of_fit_p)
 
 
-def trend_word(fit: Fit, ci_low=(), ci_high=()) -> str:
-    """The trend's word. "flips sign" needs the measured gap to be significantly of both signs (one
-    size's 95% CI below 0, another's above), not merely a fitted line crossing 0 near where the gap
-    is 0 (a μP model at its base width is the SP model: no gap there, then one that grows). Otherwise
-    the gap grows when the slope points away from 0 at the largest size, and shrinks when toward it."""
+def trend_word(fit: Fit, gaps=(), ci_low=(), ci_high=()) -> str:
+    """The trend's word from the slope's interval and the measured gaps at the fitted sizes.
+
+    "flips sign" needs the measured gap to be significantly of both signs (one size's 95% CI
+    below 0, another's above), not merely a fitted line crossing 0 (a μP model at its base width
+    is the SP model: no gap there, then one that grows). Otherwise the gap grows when the slope
+    has the sign of the gaps (their mean: the side of 0 they are on) and shrinks when it has the
+    other: judged on the measured gaps, not on the line's ends, which a gap that closes fast and
+    levels off would carry past 0.
+    """
     if fit.low <= 0 <= fit.high:
         return "no trend"
     if any(h < 0 for h in ci_high) and any(low > 0 for low in ci_low):
         return "flips sign"
-    return "grows" if fit.slope * fit.last > 0 else "shrinks"
+    side = np.mean(gaps) if len(gaps) else fit.last
+    return "grows" if fit.slope * side > 0 else "shrinks"
 
 
 def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) -> Scale:
@@ -251,8 +261,9 @@ def _trend(table: pd.DataFrame, key: str, order: list[str], baseline: str, tune:
             fit = fit_trend(fitted["x"], fitted["diff_vs_baseline"], fitted["diff_se"], fitted["diff_df"])
             row.update(slope_per_doubling=fit.slope, slope_ci_low=fit.low, slope_ci_high=fit.high, slope_df=fit.df,
                        slope_method=f"WLS 1/SE², t, variance from the {fit.method}", fitted_first=fit.first,
-                       fitted_last=fit.last, trend=trend_word(fit, fitted["diff_ci_low"].dropna(),
-                                                              fitted["diff_ci_high"].dropna()))
+                       fitted_last=fit.last, lack_of_fit_p=fit.lack_of_fit_p,
+                       trend=trend_word(fit, fitted["diff_vs_baseline"], fitted["diff_ci_low"].dropna(),
+                                        fitted["diff_ci_high"].dropna()))
         else:
             row["trend"] = NEEDS_SIZES
         best = part.dropna(subset=["best_value"])
@@ -262,7 +273,7 @@ def _trend(table: pd.DataFrame, key: str, order: list[str], baseline: str, tune:
         rows.append(row)
     columns = ["config", "baseline", "scale_key", "sizes", "sizes_fitted", "sizes_not_compared",
                "slope_per_doubling", "slope_ci_low", "slope_ci_high", "slope_df", "slope_method",
-               "fitted_first", "fitted_last", "trend", "best_first", "best_last", "best_drift_half_decades"]
+               "fitted_first", "fitted_last", "lack_of_fit_p", "trend", "best_first", "best_last", "best_drift_half_decades"]
     return pd.DataFrame(rows).reindex(columns=columns)
 
 
@@ -331,7 +342,10 @@ def scale_verdict(s: Scale) -> list[str]:
                                 f"smallest, {trend.fitted_last:+.3f} at the largest)"),
                  "no trend": "the gap shows no trend (the slope's 95% CI includes 0)"}
         left = f"; not in the fit: {trend.sizes_not_compared}" if trend.sizes_not_compared else ""
-        out.append(f"{head}: {words[trend.trend]}; {slope}{left}.")
+        bent = (f"; the sizes lie off a straight line in log {_x_words(s)} by more than their seeds explain "
+                f"(χ² p = {trend.lack_of_fit_p:.2g}): the gap moves unevenly, read it size by size"
+                if trend.lack_of_fit_p < 0.05 else "")
+        out.append(f"{head}: {words[trend.trend]}; {slope}{left}{bent}.")
     tune = s.table["tune_key"].iloc[0]
     if isinstance(tune, str) and tune:
         parts = []
