@@ -28,7 +28,11 @@ def test_help_lists_commands_groups_and_examples():
     assert top.exit_code == 0 and "train" in top.output
     train = invoke("train", "--help")
     assert train.exit_code == 0
-    for text in ("norm", "bn, derf, dyt, gn, ln, none, rms, scale", "deepnorm, lns, mixln, peri, post, pre, reordered", "normbench train norm=rms placement=pre"):
+    from normbench.configtree import group_options
+
+    placements = "deepnorm, hybrid, lns, mixln, ngpt, peri, post, pre, reordered"
+    assert placements == ", ".join(group_options("placement"))
+    for text in ("norm", "bn, derf, dyt, gn, ln, none, rms, scale", placements, "normbench train norm=rms placement=pre"):
         assert text in train.output
 
 
