@@ -271,7 +271,7 @@ def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path
 def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sizes = {"norm_zoo": 192, "warmup": 60, "depth": 81, "precision": 8, "batch_size": 18,
-             "lr_sensitivity": 90, "qk_norm": 64, "modern_placements": 12, "tokens": 90, "width": 288, "modern_zoo": 90}  # as docs/experiments.md says
+             "lr_sensitivity": 90, "qk_norm": 64, "modern_placements": 12, "tokens": 90, "width": 288, "modern_zoo": 108}  # as docs/experiments.md says
     assert set(group_options("experiment")) == set(sizes)
     for name, size in sizes.items():
         params = OmegaConf.load(conf_dir() / "experiment" / f"{name}.yaml").hydra.sweeper.params
