@@ -8,7 +8,7 @@ forward and a backward in the fewest full-size passes, registered as ``torch.ops
 
 ``available()`` builds the kernels on first use with ``torch.utils.cpp_extension`` (ninja
 and g++: about half a minute, once) into torch's extension cache, under a name that hashes
-the source, torch's version and this CPU's instruction set, so later processes (tests,
+the source (its text and its path), torch's version and this CPU's instruction set, so later processes (tests,
 DDP ranks, sweeps) only load the built library. Where there is no compiler, or
 ``NORMBENCH_KERNELS=0``, it says so in one line and returns False, and the norms keep
 their eager PyTorch path.
@@ -43,9 +43,10 @@ def _cpu_flags() -> str:
 
 
 def build_name() -> str:
-    digest = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), _cpu_flags().encode()])
-    ).hexdigest()[:12]
+    # The source's path too: ninja's build file names it, so two checkouts sharing one build
+    # directory would each find the other's build stale and compile again (half a minute) in turn.
+    digest = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), str(SOURCE.resolve()).encode(),
+                                        torch.__version__.encode(), _cpu_flags().encode()])).hexdigest()[:12]
     return f"normbench_cpu_{digest}"
 
 
