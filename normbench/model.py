@@ -176,9 +176,9 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.arch == "gpt2" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
-            block_cls(BlockSpec(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.n_layer, layer, make_qk_norm,
-                                cfg.arch, float(cfg.attn_softcap), qk_norm_scope=cfg.qk_norm_scope,
-                                make_v_norm=make_v_norm, attn_gate=cfg.attn_gate),
+            block_cls(BlockSpec(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.n_layer, layer, cfg.arch,
+                                float(cfg.attn_softcap), cfg.qk_norm_scope, cfg.attn_gate,
+                                make_qk_norm=make_qk_norm, make_v_norm=make_v_norm),
                       make_norm, **options)
             for layer in range(1, cfg.n_layer + 1)
         )

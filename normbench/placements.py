@@ -69,13 +69,14 @@ class BlockSpec:
     bias: bool
     n_layer: int  # L, the model's depth
     layer: int  # l, this block's 1-based index
+    # The model config's choices (their defaults live in conf/model/*.yaml):
+    arch: str  # gpt2: GELU MLP, biases as ``bias`` says; llama: rotary q and k, SwiGLU MLP, no biases
+    attn_softcap: float  # cap * tanh(logits / cap) on the attention logits; 0 = off
+    qk_norm_scope: str  # QK-norm over head_dim per head, or flat: over d_model before the split
+    attn_gate: bool  # a sigmoid gate on the attention output (CausalSelfAttention.gate)
     make_qk_norm: Callable[[], nn.Module] | None = None  # QK-norm, or None
-    arch: str = "gpt2"  # gpt2: GELU MLP, biases as ``bias`` says; llama: rotary q and k, SwiGLU MLP, no biases
-    attn_softcap: float = 0.0  # cap * tanh(logits / cap) on the attention logits; 0 = off
-    qk_norm_scope: str = "head"  # QK-norm over head_dim per head, or flat: over d_model before the split
     make_v_norm: Callable[[], nn.Module] | None = None  # a norm on v, or None
     v_norm_scope: str = "head"  # the norm on v over head_dim per head, or flat: over d_model (HybridNorm)
-    attn_gate: bool = False  # a sigmoid gate on the attention output (CausalSelfAttention.gate)
 
 
 class ModelHooks(nn.Module):
