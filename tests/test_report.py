@@ -404,6 +404,20 @@ def test_logit_chart_draws_the_raw_attention_logit_when_a_run_was_soft_capped(tm
     assert lines_by_label(attn)["ln"][1] == pytest.approx([2.0, 10.0, 20.0])
 
 
+def test_per_layer_chart_draws_each_configuration_at_its_best_learning_rate(tmp_path, monkeypatch):
+    """Tuned over train.lr, the per-layer chart has one line per configuration (at its best rate),
+    not one per rate of the grid."""
+    drawn = capture_charts(monkeypatch, "grad_by_layer")
+    for lr, final in ((0.001, 2.5), (0.01, 2.0), (0.1, 3.0)):
+        for seed in (0, 1):
+            make_run(tmp_path, f"ln_{lr}_{seed}", norm="ln", lr=lr, seed=seed, final=final + 0.01 * seed)
+            make_run(tmp_path, f"rms_{lr}_{seed}", norm="rms", lr=lr, seed=seed, final=final + 0.3 - 0.01 * seed)
+    report([tmp_path])
+    labels = set(lines_by_label(drawn["grad_by_layer"].axes[0]))
+    assert labels == {"ln lr=0.01", "rms lr=0.01"}, labels
+    assert "at its best train.lr" in drawn["grad_by_layer"].get_suptitle()
+
+
 def test_runs_without_logit_records_report_as_before(sweep):
     _, out, text = sweep
     assert not (out / "logits.png").exists()

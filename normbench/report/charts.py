@@ -422,10 +422,24 @@ def chart_scale_tuning(d: ReportData):
     return fig
 
 
+def _at_best(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
+    """With a tuned key, each configuration's runs at its best value only: one line per
+    configuration rather than one per value of the grid."""
+    if d.tune is None or d.tuned is None:
+        return frame
+    keys = [k for k in d.keys if k != d.tune]
+    configs = [config_label(keys, v) for v in d.runs[keys].itertuples(index=False)] if keys else ["all runs"] * len(d.runs)
+    best = d.tuned.set_index("config")["best_value"]
+    value = pd.to_numeric(d.runs[d.tune], errors="coerce")
+    at_best = [run for run, config, v in zip(d.runs.index, configs, value) if config in best.index and v == best[config]]
+    return frame[frame["run"].isin(at_best)]
+
+
 @chart("grad_by_layer", "Gradient norm and residual RMS by layer")
 def chart_grad_by_layer(d: ReportData):
-    first = d.layers[d.layers["when"].eq("first")]
-    last = _completed(d, d.layers[d.layers["when"].eq("last")])  # the init picture holds for every run
+    layers = _at_best(d, d.layers)
+    first = layers[layers["when"].eq("first")]
+    last = _completed(d, layers[layers["when"].eq("last")])  # the init picture holds for every run
     steps = first["step"].dropna().unique()
     at = f"step {steps[0]:.0f}" if len(steps) == 1 else "first stats record"
     panels = [(first, "grad", f"mlp_out grad norm, {at}", "grad norm of mlp_out weight (L2)", True),
@@ -444,7 +458,8 @@ def chart_grad_by_layer(d: ReportData):
         ax.set_yscale("log" if logy else "linear")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-    fig.suptitle("Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS")
+    at_best = f"; each configuration at its best {d.tune}" if d.tune and d.tuned is not None else ""
+    fig.suptitle(f"Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS{at_best}")
     _legend(fig, axes)
     return fig
 
