@@ -556,7 +556,10 @@ def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float, 
             bar.update(task, completed=sum(s in FINISHED for s in states), counts=counts)
             if exited:
                 return
-            time.sleep(poll_s)
+            try:  # returns as soon as Hydra's process ends: the closing account need not wait a poll
+                proc.wait(timeout=poll_s)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def _mtime(path: Path) -> float:

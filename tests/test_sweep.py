@@ -454,3 +454,13 @@ def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_j
             loader.load_sweep_config(master, [*jobs[0], "train.extra=1"])
     GlobalHydra.instance().clear()
     assert len(composing._bases) == 4  # 2 norms x 2 placements: each choice of groups composed once
+
+
+def test_joblib_workers_watch_their_memory_rather_than_collect_garbage_after_every_task():
+    """Without psutil, loky's workers run a full garbage collection after every task (a sixth of a
+    second with torch loaded, per run of a sweep); the joblib extra brings psutil, with which they
+    only check their resident memory (docs/benchmarks.md#sweep-efficiency)."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    from joblib.externals.loky import process_executor
+
+    assert process_executor._USE_PSUTIL
