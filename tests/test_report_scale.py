@@ -171,7 +171,7 @@ def test_bad_scale_and_baseline_are_one_line_errors_listing_what_varies(tmp_path
         assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="matches no configuration") as e:
         run_report([tmp_path], scale_key="model.d_model", baseline="norm=bn", console=quiet())
-    assert e.value.allowed == ["ln", "rms"]
+    assert e.value.allowed == ["norm=ln", "norm=rms"]  # what --baseline takes
     with pytest.raises(ConfigError, match="--baseline compares across a scale axis"):
         run_report([tmp_path], scale_key="none", baseline="norm=ln", console=quiet())
     assert not (tmp_path / "report").exists()  # nothing written

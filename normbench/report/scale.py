@@ -103,7 +103,9 @@ def resolve_baseline(spec: str | None, d: ReportData, key: str | None) -> str | 
         raise ConfigError("--baseline compares across a scale axis, and these runs have none",
                           allowed=["--scale KEY with a numeric key that varies"])
     keys = _config_keys(d, key)
-    configs = list(dict.fromkeys(_labels(d.runs, keys)))
+    # what --baseline takes, one per configuration: norm=ln,placement=pre,model.param=sp
+    configs = list(dict.fromkeys(",".join(f"{k}={_fmt_value(v)}" for k, v in zip(keys, values))
+                                 for values in d.runs[keys].itertuples(index=False)))
     wanted = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, value = part.partition("=")
