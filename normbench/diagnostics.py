@@ -71,9 +71,10 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0,
                     scale: float | None = None) -> tuple[torch.Tensor, ...]:
     """(largest attention logit, mean entropy in nats of each query's attention distribution, and
     under a cap the largest logit before it, else None)."""
-    logits = attention_logits(q, k, cap, scale)
+    raw = attention_logits(q, k, scale=scale)  # one q·kᵀ; the cap, where on, applied to it
+    logits = softcap(raw, cap).masked_fill(raw == float("-inf"), float("-inf")) if cap > 0 else raw
     entropy = torch.special.entr(logits.softmax(-1)).sum(-1).mean()
-    return logits.amax(), entropy, attention_logits(q, k, scale=scale).amax() if cap > 0 else None
+    return logits.amax(), entropy, raw.amax() if cap > 0 else None
 
 
 def output_logit_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:

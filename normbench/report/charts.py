@@ -233,10 +233,7 @@ def chart_tuning(d: ReportData):
     from normbench.report.stats import mean_ci  # noqa: PLC0415 (charts otherwise need no statistics)
 
     key = d.tune
-    runs = d.runs.assign(_value=pd.to_numeric(d.runs[key], errors="coerce"))
-    # a run's configuration is its label without the tuning key (as in tuned.csv)
-    keys = [k for k in d.keys if k != key]
-    runs["_config"] = [config_label(keys, v) for v in runs[keys].itertuples(index=False)] if keys else "all runs"
+    runs = d.runs.assign(_value=pd.to_numeric(d.runs[key], errors="coerce"), _config=_tuned_configs(d))
     styles = make_styles(runs.assign(config=runs["_config"]), d.tuned)
     curves = {row.config: _tuning_points(runs[runs["_config"].eq(row.config)], mean_ci) for row in d.tuned.itertuples()}
     best = d.tuned["final_val_loss_mean"].dropna()
@@ -422,16 +419,20 @@ def chart_scale_tuning(d: ReportData):
     return fig
 
 
+def _tuned_configs(d: ReportData) -> pd.Series:
+    """Each run's configuration as tuned.csv names it: its label without the tuning key."""
+    keys = [k for k in d.keys if k != d.tune]
+    labels = [config_label(keys, v) for v in d.runs[keys].itertuples(index=False)] if keys else "all runs"
+    return pd.Series(labels, index=d.runs.index)
+
+
 def _at_best(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
     """With a tuned key, each configuration's runs at its best value only: one line per
     configuration rather than one per value of the grid."""
     if d.tune is None or d.tuned is None:
         return frame
-    keys = [k for k in d.keys if k != d.tune]
-    configs = [config_label(keys, v) for v in d.runs[keys].itertuples(index=False)] if keys else ["all runs"] * len(d.runs)
-    best = d.tuned.set_index("config")["best_value"]
-    value = pd.to_numeric(d.runs[d.tune], errors="coerce")
-    at_best = [run for run, config, v in zip(d.runs.index, configs, value) if config in best.index and v == best[config]]
+    best = _tuned_configs(d).map(d.tuned.set_index("config")["best_value"])
+    at_best = d.runs.index[pd.to_numeric(d.runs[d.tune], errors="coerce").eq(best)]
     return frame[frame["run"].isin(at_best)]
 
 
