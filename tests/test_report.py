@@ -404,10 +404,10 @@ def test_logit_chart_draws_the_raw_attention_logit_when_a_run_was_soft_capped(tm
     assert lines_by_label(attn)["ln"][1] == pytest.approx([2.0, 10.0, 20.0])
 
 
-def test_per_layer_chart_draws_each_configuration_at_its_best_learning_rate(tmp_path, monkeypatch):
+def test_per_layer_and_loss_charts_draw_each_configuration_at_its_best_learning_rate(tmp_path, monkeypatch):
     """Tuned over train.lr, the per-layer chart has one line per configuration (at its best rate),
     not one per rate of the grid."""
-    drawn = capture_charts(monkeypatch, "grad_by_layer")
+    drawn = capture_charts(monkeypatch, "grad_by_layer", "loss_curves")
     for lr, final in ((0.001, 2.5), (0.01, 2.0), (0.1, 3.0)):
         for seed in (0, 1):
             make_run(tmp_path, f"ln_{lr}_{seed}", norm="ln", lr=lr, seed=seed, final=final + 0.01 * seed)
@@ -416,6 +416,8 @@ def test_per_layer_chart_draws_each_configuration_at_its_best_learning_rate(tmp_
     labels = set(lines_by_label(drawn["grad_by_layer"].axes[0]))
     assert labels == {"ln lr=0.01", "rms lr=0.01"}, labels
     assert "at its best train.lr" in drawn["grad_by_layer"].get_suptitle()
+    curves = set(lines_by_label(drawn["loss_curves"].axes[0])) - {"synthetic floor (Bayes-optimal loss)"}
+    assert curves == {"ln lr=0.01", "rms lr=0.01"}, curves  # the loss curves too
 
 
 def test_runs_without_logit_records_report_as_before(sweep):

@@ -175,7 +175,7 @@ def _completed(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
 
 @chart("loss_curves", "Loss curves")
 def chart_loss_curves(d: ReportData):
-    train, evals = _completed(d, d.train), _completed(d, d.evals)
+    train, evals = _completed(d, _at_best(d, d.train)), _completed(d, _at_best(d, d.evals))
     panels = [(train, "step", "train_loss", "Train loss vs step", "step"),
               (evals, "step", "val_loss", "Validation loss vs step", "step"),
               (train, "tokens", "train_loss", "Train loss vs tokens", "tokens seen")]
@@ -188,7 +188,7 @@ def chart_loss_curves(d: ReportData):
         _floor(ax, d.runs[d.runs["status"].eq("completed")])
         ax.set(title=title, xlabel=xlabel, ylabel="loss (nats/token)")
         ax.grid(alpha=0.3)
-    fig.suptitle("Loss curves: mean over seeds, band = min–max (completed runs only)")
+    fig.suptitle(f"Loss curves: mean over seeds, band = min–max (completed runs only{_at_best_note(d)})")
     _legend(fig, axes)
     return fig
 
@@ -426,6 +426,11 @@ def _tuned_configs(d: ReportData) -> pd.Series:
     return pd.Series(labels, index=d.runs.index)
 
 
+def _at_best_note(d: ReportData) -> str:
+    """What a title adds when _at_best filtered its runs."""
+    return f"; each configuration at its best {d.tune}" if d.tune and d.tuned is not None else ""
+
+
 def _at_best(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
     """With a tuned key, each configuration's runs at its best value only: one line per
     configuration rather than one per value of the grid."""
@@ -459,8 +464,7 @@ def chart_grad_by_layer(d: ReportData):
         ax.set_yscale("log" if logy else "linear")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-    at_best = f"; each configuration at its best {d.tune}" if d.tune and d.tuned is not None else ""
-    fig.suptitle(f"Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS{at_best}")
+    fig.suptitle(f"Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS{_at_best_note(d)}")
     _legend(fig, axes)
     return fig
 
