@@ -1,4 +1,4 @@
-"""Hydra's per-job composition of a sweep, done once per choice of config groups.
+"""Hydra's per-job work in a sweep, done once: composition per choice of config groups, the plugin scan per process.
 
 Hydra composes every job of a multirun from scratch, twice (the sweeper checks the batch,
 then the launcher composes each job again): a fifth of a second each on a 2-core machine,
@@ -11,7 +11,12 @@ from them (``hydra.overrides.task``, ``hydra.job.override_dirname``), exactly as
 Anything else (``+key``, ``~key``, a key the composed config lacks) goes through Hydra
 whole. tests/test_sweep.py checks the two give the same config for every job of a grid. (The
 sweeper's check is skipped altogether in the multirun child: the plan has made it,
-``normbench.sweep.multirun_child``.)
+``normbench.multirun.main``.)
+
+Hydra's launchers also hand every job the launcher's singletons without the plugin registry
+(``Singleton.get_state`` drops it), and ``Singleton.set_state`` scans the plugins again, which
+executes every plugin module once more: a twentieth of a second a job. ``install()`` keeps the
+process's first scan: the installed plugins do not change while a worker lives.
 
 Installed in the sweep's processes only: ``normbench.sweep`` (the plan, the multirun's
 child) and ``normbench.job`` (which every launcher's worker imports to run a job).
@@ -41,6 +46,22 @@ def install() -> None:
     load_sweep_config.normbench = True
     load_sweep_config.hydras_own = hydras_own
     ConfigLoaderImpl.load_sweep_config = load_sweep_config
+    _keep_plugins()
+
+
+def _keep_plugins() -> None:
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+
+    hydras_own = Singleton.set_state
+
+    def set_state(state: dict) -> None:
+        plugins = Singleton._instances.get(Plugins)
+        if plugins is not None and Plugins not in state["instances"]:
+            state = {**state, "instances": {**state["instances"], Plugins: plugins}}
+        hydras_own(state)
+
+    Singleton.set_state = staticmethod(set_state)
 
 
 def _compose(loader, master: DictConfig, overrides: list[str], hydras_own) -> DictConfig:

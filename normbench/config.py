@@ -9,6 +9,8 @@ lives in ``normbench.identity``.
 
 from __future__ import annotations
 
+import copy
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,14 +41,29 @@ class RunConfig:
     config_hash: str | None = None  # the run's identity (see config_hash): a checkpoint must match it
 
 
+# Typed configs by their group's content: a sweep's plan checks every job, and most jobs share
+# their model and data groups (and their train group but for train.lr): OmegaConf's typed merge
+# is the slow part of checking a config.
+_TYPED: dict[tuple, object] = {}
+
+
 def _typed(schema, node, group: str):
     try:
+        key = (schema, json.dumps(OmegaConf.to_container(node, resolve=True), sort_keys=True))
+    except (OmegaConfBaseException, TypeError, ValueError):
+        key = None  # the merge below says what is wrong
+    if key in _TYPED:
+        return copy.deepcopy(_TYPED[key])
+    try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        return OmegaConf.to_object(merged)
+        typed = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or ""
         reason = str(err).splitlines()[0]
         raise ConfigError(f"{group}.{key}: {reason}" if key else f"{group}: {reason}") from None
+    if key is not None:
+        _TYPED[key] = copy.deepcopy(typed)
+    return typed
 
 
 def _data_schema(name) -> type:

@@ -29,7 +29,7 @@ from normbench.errors import ConfigError, DiskFull
 from normbench.preemption import exit_code
 from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
 from normbench.display import summary_table
-from normbench.train import train
+from normbench.train import train, warm_up
 
 
 # Every launcher's worker imports this module to run a job: Hydra's per-job composition goes
@@ -141,6 +141,14 @@ def job_threads(launcher: DictConfig | dict | None) -> int:
     ray_cpus = ((launcher.get("ray") or {}).get("remote") or {}).get("num_cpus")
     per_task = launcher.get("cpus_per_task") or ray_cpus
     return int(per_task) if per_task else 0
+
+
+def warm_worker(launcher: dict) -> int:
+    """Run once in each of a launcher's workers before its first job (``normbench.sweep`` starts
+    them while it plans the sweep): the imports and what a process's first run pays once. Returns
+    the worker's pid."""
+    warm_up(job_threads(launcher))
+    return os.getpid()
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")

@@ -221,9 +221,10 @@ class RunDir:
 # ----------------------------------------------------------------------------- the index of a sweep directory
 
 
-def run_status(run_dir: Path) -> str:
-    """What a run directory says now: completed/diverged/failed, running (started, no result yet) or pending."""
-    summary = RunDir(run_dir).read_summary()
+def run_status(run_dir: Path, summary: dict | None = None) -> str:
+    """What a run directory says now: completed/diverged/failed, running (started, no result yet) or pending.
+    ``summary``: its summary, when the caller has read it."""
+    summary = summary if summary is not None else RunDir(run_dir).read_summary()
     if summary is not None:
         return summary.get("status") or "failed"
     return "running" if (Path(run_dir) / CONFIG).exists() else "pending"
@@ -255,7 +256,7 @@ def write_index(sweep_dir: Path, final: bool = False) -> list[dict]:
     for job in _indexed_jobs(sweep_dir):
         run_dir = sweep_dir / job["run_dir"]
         summary = RunDir(run_dir).read_summary() or {}
-        status = run_status(run_dir)
+        status = run_status(run_dir, summary or None)
         if final and status == "running":  # the sweep has ended: the run is someone else's, or was cut short
             status = "running elsewhere" if RunLock(run_dir).holder() else "interrupted"
         rows.append({

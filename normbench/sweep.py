@@ -14,9 +14,10 @@ What a job does with its run directory (reuse a result, resume an interrupted ru
 ``normbench.runs.RunDir.decide``, and the index it rebuilds is ``normbench.runs.write_index``:
 the jobs never import this module.
 
-``run_sweep`` runs Hydra's multirun in a child process (its output goes to
-``sweep.log``) and watches the run directories, so the display is the same whatever
-launcher runs the jobs and wherever they run, as long as they write to this filesystem.
+``run_sweep`` runs Hydra's multirun in a child process (``normbench.multirun``: started
+before the plan, its output goes to ``sweep.log``) and watches the run directories, so the
+display is the same whatever launcher runs the jobs and wherever they run, as long as they
+write to this filesystem.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -41,16 +40,16 @@ from rich.table import Table
 from rich.text import Text
 
 from normbench.config import NOT_HASHED, conf_dir, config_hash, group_options
-from normbench import composing
+from normbench import composing, multirun
 from normbench.devices import available_cpus, local_parallel_jobs
 from normbench.errors import ConfigError, first_line, installed
 from normbench.preemption import SIGNALS, exit_code
 from normbench.fileio import write_atomic
+from normbench.multirun import sweep_owner
 from normbench.runs import (CONFIG, ERROR_LOG, INDEX, PLAN, RETRY_ENV, SUMMARY, SWEEP_ENV, RunDir,  # noqa: F401
                            RunLock, describe_owner, read_index, run_status, write_index)
 
 LOG = "sweep.log"
-PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
 FINISHED = ("completed", "diverged", "failed")
 # Launcher choices that need a plugin, and the extra that installs it.
 LAUNCHER_EXTRAS = {
@@ -188,11 +187,13 @@ def plan_sweep(args: list[str]) -> Plan:
             overrides = OverridesParser.create(config_loader=loader).parse_overrides(
                 params + list(cfg.hydra.overrides.task))
             jobs = []
+            needs_hydra_resolver = "${hydra:" in str(OmegaConf.to_container(cfg.hydra.sweep)["subdir"])
             for num, job_overrides in enumerate(BasicSweeper.split_arguments(overrides, None)[0]):
                 job_cfg = loader.load_sweep_config(cfg, list(job_overrides))
                 with open_dict(job_cfg.hydra.job):
                     job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"plan_{num}"
-                HydraConfig.instance().set_config(job_cfg)
+                if needs_hydra_resolver:  # ${hydra:job.num} and the like read the job's HydraConfig
+                    HydraConfig.instance().set_config(job_cfg)
                 run_dir = sweep_dir / str(OmegaConf.select(job_cfg, "hydra.sweep.subdir"))
                 job = Job(num, list(job_overrides), run_dir, config_hash(job_cfg))
                 try:
@@ -221,11 +222,6 @@ def plan_sweep(args: list[str]) -> Plan:
     keys = [o.split("=", 1)[0] for o in jobs[0].overrides] if jobs else []
     varying = [k for k in keys if len({dict(o.split("=", 1) for o in j.overrides).get(k) for j in jobs}) > 1]
     return Plan(sweep_dir, jobs, args, varying, launcher)
-
-
-def sweep_owner() -> str:
-    """This sweep command, as its jobs' run locks record it."""
-    return f"{os.getpid()}@{socket.gethostname()}"
 
 
 def _state_before(job: Job) -> str:
@@ -297,31 +293,6 @@ def _closing_table(plan: Plan, by_dir: dict[str, dict]) -> Table:
                  "-" if wall is None else f"{wall:.1f}"]
         table.add_row(str(job.num), *map(Text, plan.values(job)), *cells)
     return table
-
-
-def _child_command(plan: Plan, retry_failed: bool) -> list[str]:
-    extra = [f"++hydra.job.env_set.{RETRY_ENV}=1"] if retry_failed else []
-    code = "from normbench.sweep import multirun_child; multirun_child()"
-    return [sys.executable, "-c", code, "--multirun", *plan.args, *extra]
-
-
-def _child_env() -> dict:
-    env = {**os.environ, PARENT_ENV: str(os.getpid()), SWEEP_ENV: sweep_owner()}
-    root = Path(__file__).resolve().parent.parent
-    if conf_dir() == root / "conf":  # a source checkout: the child must import this very normbench
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    return env
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Ctrl-C: interrupt the whole job tree (its own process group), then kill what is left."""
-    for sig, wait in ((signal.SIGINT, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            continue
 
 
 # ----------------------------------------------------------------------------- Ray: will a run ever start?
@@ -396,12 +367,21 @@ def too_large_for_every_node(remote: dict, nodes: list[dict], address: str | Non
 
 
 def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False,
-              console: Console | None = None, poll_s: float = 0.5) -> int:
-    """Plan, then run (or with dry_run only list) the sweep; return the exit code: 1 if any run failed."""
+              console: Console | None = None, poll_s: float = 0.5, child: subprocess.Popen | None = None) -> int:
+    """Plan, then run (or with dry_run only list) the sweep; return the exit code: 1 if any run failed.
+
+    ``child``: the multirun's child, already started for ``args`` (``normbench.multirun.start``);
+    by default it is started here, before the plan, so that it warms up while this plans."""
     console = console or Console()
     started = time.perf_counter()
-    plan = plan_sweep(args)
-    ray_preflight(plan.launcher)
+    if child is None and not dry_run:
+        child = multirun.start(args)
+    try:
+        plan = plan_sweep(args)
+        ray_preflight(plan.launcher)
+    except BaseException:
+        multirun.abandon(child)
+        raise
     todo = [j for j in plan.jobs if will_run(j, retry_failed)]
     done = [j.state for j in plan.jobs if not will_run(j, retry_failed)]
     have = f"{len(done)} {'has' if len(done) == 1 else 'have'} results ({_counts(done)})" if done else "none has results yet"
@@ -412,6 +392,8 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
         console.print(_plan_table(plan, retry_failed))
         console.print(headline, soft_wrap=True)
         return 0
+    if not todo:
+        multirun.abandon(child)
 
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.sweep_dir / PLAN, json.dumps({"args": plan.args, "jobs": [
@@ -424,7 +406,7 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
     at_launch = {job.run_dir: (_mtime(job.run_dir / CONFIG), _mtime(job.run_dir / SUMMARY)) for job in plan.jobs}
     if todo:  # with nothing to run, Hydra has nothing to do either
         try:
-            returncode = _launch(plan, retry_failed, console, poll_s, at_launch)
+            returncode = _launch(plan, retry_failed, console, poll_s, at_launch, child)
         except KeyboardInterrupt:
             write_index(plan.sweep_dir, final=True)
             console.print("[yellow]interrupted[/yellow]: run the same command again to resume")
@@ -491,24 +473,29 @@ def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, co
                       soft_wrap=True, highlight=False)
 
 
-def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float, at_launch: dict) -> int:
-    """Run Hydra's multirun in a child process, its output into sweep.log, and watch it; return its exit code."""
+def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float, at_launch: dict,
+            child: subprocess.Popen | None = None) -> int:
+    """Run Hydra's multirun in the child process (the warmed one, else a new one), its output into
+    sweep.log, and watch it; return its exit code."""
     console.print(f"[dim]Hydra's output: {plan.sweep_dir / LOG}[/dim]")
-    command = _child_command(plan, retry_failed)
+    extra = [f"++hydra.job.env_set.{RETRY_ENV}=1"] if retry_failed else []
+    args = ["--multirun", *plan.args, *extra]
     with open(plan.sweep_dir / LOG, "a", encoding="utf-8") as log:
-        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[3:])}\n")
-        log.flush()
-        # Its own process group: Ctrl-C or the death of this process stops every job it started.
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
-        previous = _forward_stop_signals(proc)
-        try:
-            _watch(plan, proc, console, poll_s, at_launch)
-        except KeyboardInterrupt:
-            _stop(proc)
-            raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n")
+    # Its own process group: Ctrl-C or the death of this process stops every job it started.
+    proc = multirun.launch(child, args)
+    output = multirun.copy_output(proc, plan.sweep_dir / LOG)
+    previous = _forward_stop_signals(proc)
+    try:
+        _watch(plan, proc, console, poll_s, at_launch)
+    except KeyboardInterrupt:
+        multirun.stop(proc)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        output.join(timeout=10)  # the last lines in sweep.log before it is read (or the workers hold it open)
+        proc.stdout.close()
     return proc.returncode
 
 
@@ -530,6 +517,9 @@ def _forward_stop_signals(proc: subprocess.Popen) -> dict:
 def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float, at_launch: dict) -> None:
     """Draw runs done / running / failed / diverged from the run directories until Hydra's process ends."""
     reported: set[Path] = set()
+    # A finished run's state, by its summary's mtime: a summary that has not changed is not read
+    # again (this process shares the cores with the jobs it watches).
+    finished: dict[Path, tuple[float, str]] = {}
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[counts]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -538,11 +528,17 @@ def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float, 
             exited = proc.poll() is not None
             states = []
             for job in plan.jobs:
-                state = run_status(job.run_dir)
                 config_then, summary_then = at_launch[job.run_dir]
+                summary_now = _mtime(job.run_dir / SUMMARY)
+                if job.run_dir in finished and finished[job.run_dir][0] == summary_now:
+                    states.append(finished[job.run_dir][1])
+                    continue
+                state = run_status(job.run_dir)
+                if state in FINISHED and summary_now:
+                    finished[job.run_dir] = (summary_now, state)
                 if state == "running" and _mtime(job.run_dir / CONFIG) == config_then:
                     state = "pending"  # left over from a killed sweep, not started again yet
-                if state in FINISHED and job.run_dir not in reported and _mtime(job.run_dir / SUMMARY) != summary_then:
+                if state in FINISHED and job.run_dir not in reported and summary_now != summary_then:
                     reported.add(job.run_dir)
                     summary = RunDir(job.run_dir).read_summary() or {}
                     loss = summary.get("final_val_loss")
@@ -567,27 +563,3 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def multirun_child() -> None:
-    """The child process of ``run_sweep``: Hydra's own multirun over normbench.job.hydra_main."""
-    parent = int(os.environ.get(PARENT_ENV) or 0)
-    if parent:
-        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    from normbench.job import hydra_main  # installs normbench.composing, for the launcher's per-job composition
-
-    # The plan (run_sweep) composed and checked every job of this grid before launching it: Hydra's
-    # sweeper composing them all once more, before the first job starts, only keeps the workers waiting.
-    BasicSweeper.validate_batch_is_legal = lambda self, batch: None
-    hydra_main()
-
-
-def _exit_with_parent(parent: int) -> None:
-    # kill -9 of the sweep command must not leave jobs training behind it: a re-run would
-    # race them for the same run directories. The child leads its own process group,
-    # which holds the local workers too (joblib).
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -10,6 +10,7 @@ DDP (normbench.distributed); rank 0 alone writes the run directory.
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import subprocess
@@ -148,13 +149,19 @@ def compile_model(step_model: nn.Module, model: nn.Module, x: torch.Tensor, y: t
         model.zero_grad(set_to_none=True)
 
 
-def environment(device: torch.device) -> dict:
+@functools.cache
+def git_commit() -> str | None:
+    """The commit of the normbench this process imported (None outside a git checkout)."""
     try:
-        commit = subprocess.run(
+        return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
         ).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        return None
+
+
+def environment(device: torch.device) -> dict:
+    commit = git_commit()
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -164,6 +171,16 @@ def environment(device: torch.device) -> dict:
         "git_commit": commit,
         "hostname": platform.node(),
     }
+
+
+def warm_up(threads: int) -> None:
+    """Pay now what the first run in a process pays once: its optimizer imports torch._dynamo (over
+    a second on a 2-core machine), MFU's matmul peak is measured (``peak_flops``), the commit read.
+    A sweep's workers do this while the sweep is planned (``normbench.job.warm_worker``)."""
+    torch.set_num_threads(threads or DEFAULT_THREADS)
+    torch.optim.AdamW([nn.Parameter(torch.zeros(1))])
+    peak_flops(torch.device("cpu"), PRECISIONS["fp32"])
+    git_commit()
 
 
 class Run:
