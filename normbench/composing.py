@@ -75,7 +75,8 @@ def _compose(loader, master: DictConfig, overrides: list[str], hydras_own) -> Di
     if not all(o.type == OverrideType.CHANGE and not (o.is_add() or o.is_force_add() or o.is_delete())
                and o.package is None for o in keys):
         return hydras_own(loader, master, overrides)
-    key = (str(master.hydra.job.config_name), tuple(master.hydra.overrides.hydra), tuple(o.input_line for o in groups))
+    key = (str(master.hydra.job.config_name), tuple(OmegaConf.to_container(master.hydra.overrides.hydra)),
+           tuple(o.input_line for o in groups))
     if key not in _bases:
         _bases[key] = hydras_own(loader, master, [o.input_line for o in groups])
     cfg = copy.deepcopy(_bases[key])

@@ -143,20 +143,24 @@ def main() -> None:
         if warmed:
             print(f"{WARMED} {' '.join(map(str, sorted(set(warmed))))}", flush=True)
     _LAUNCHED.set()
-    from hydra.plugins.sweeper import Sweeper
-
     from normbench.job import hydra_main  # installs normbench.composing, for the launcher's per-job composition
 
-    # The plan (normbench.sweep.plan_sweep) composed and checked every job of this grid before
-    # launching it: Hydra's sweeper composing them all once more, before the first job starts, only
-    # keeps the workers waiting. (On the base class: Hydra's plugin scan executes basic_sweeper.py
-    # again, which makes a new BasicSweeper class.)
-    Sweeper.validate_batch_is_legal = lambda self, batch: None
+    leave_batch_check_to_the_plan()
     try:
         hydra_main()
     finally:
         _stop_idle_workers()
         gc.freeze()  # as normbench.cli.main does: no last collection over PyTorch's import-time objects
+
+
+def leave_batch_check_to_the_plan() -> None:
+    """The plan (normbench.sweep.plan_sweep) composed and checked every job of the grid before
+    launching it: Hydra's sweeper composing them all once more, before the first job starts, only
+    keeps the workers waiting. (Patched on the base class: Hydra's plugin scan executes
+    basic_sweeper.py again, which makes a new BasicSweeper class.)"""
+    from hydra.plugins.sweeper import Sweeper
+
+    Sweeper.validate_batch_is_legal = lambda self, batch: None
 
 
 def _stop_idle_workers() -> None:

@@ -175,7 +175,8 @@ def plan_sweep(args: list[str]) -> Plan:
             if cfg.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
                 raise ConfigError("normbench sweep plans and resumes grids of Hydra's basic sweeper",
                                   allowed=["hydra/sweeper=basic"])
-            if "hydra.sweep.dir" in {o.split("=", 1)[0].lstrip("+") for o in cfg.hydra.overrides.hydra}:
+            hydra_overrides = OmegaConf.to_container(cfg.hydra.overrides.hydra)  # as written: ${hydra:...} unresolved
+            if "hydra.sweep.dir" in {o.split("=", 1)[0].lstrip("+") for o in hydra_overrides}:
                 sweep_dir = Path(str(cfg.hydra.sweep.dir))
             else:
                 sweep_dir = default_sweep_dir(cfg, parsed)

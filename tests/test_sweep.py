@@ -464,3 +464,104 @@ def test_joblib_workers_watch_their_memory_rather_than_collect_garbage_after_eve
     from joblib.externals.loky import process_executor
 
     assert process_executor._USE_PSUTIL
+
+
+def test_a_job_keeps_the_workers_plugin_scan(monkeypatch):
+    """Hydra's launchers hand each job the launcher's singletons without the plugin registry, and
+    Singleton.set_state would scan (executing every plugin module) again for every job: a twentieth
+    of a second each. normbench.composing keeps the process's first scan."""
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+
+    from normbench import composing
+
+    composing.install()
+    scanned = Plugins.instance()
+    scans = []
+    monkeypatch.setattr(Plugins, "_initialize", lambda self: scans.append(self))
+    for _ in range(3):  # what hydra_joblib_launcher's execute_job does before each job
+        Singleton.set_state(Singleton.get_state())
+    assert scans == [] and Plugins.instance() is scanned
+
+
+def test_the_multirun_child_leaves_the_batch_check_to_the_plan(monkeypatch):
+    """Hydra's sweeper would compose every job once more before the first starts; the plan has checked
+    them. The skip must hold for the sweeper class Hydra instantiates, after its plugin scan."""
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.sweeper import Sweeper
+
+    from normbench import multirun
+    from normbench.sweep import BASIC_SWEEPER
+
+    monkeypatch.setattr(Sweeper, "validate_batch_is_legal", Sweeper.validate_batch_is_legal)  # restored after
+    multirun.leave_batch_check_to_the_plan()
+    plugins = Plugins.instance()
+    plugins._initialize()  # the scan executes basic_sweeper.py again: a new BasicSweeper class
+    sweeper = plugins.class_name_to_class[BASIC_SWEEPER](max_batch_size=None, params=None)
+    assert sweeper.validate_batch_is_legal([["norm=nonexistent"]]) is None  # no config loader: composing would fail
+
+
+def test_checking_a_config_again_gives_it_its_own_typed_groups():
+    """parse_config reuses the typed groups of a config it has checked (a sweep's plan checks every
+    job), never the objects: a job changes its own (train.progress, train.threads)."""
+    from normbench.config import parse_config
+
+    cfg = compose_cfg(TINY)
+    first = parse_config(cfg)
+    first.train.lr, first.model.n_layer = 123.0, 9
+    again = parse_config(cfg)
+    assert again.train.lr == cfg.train.lr and again.model.n_layer == cfg.model.n_layer
+    for _ in range(2):  # a mistake is never remembered as a config
+        with pytest.raises(ConfigError, match="model.n_layer"):
+            parse_config(compose_cfg([*TINY, "model.n_layer=many"]))
+
+
+def test_a_sweep_subdir_that_reads_hydras_job_config_is_planned_as_hydra_names_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = plan_sweep(["seed=0,1", *TINY, "hydra.sweep.subdir=job${hydra:job.num}"])
+    assert [job.run_dir.name for job in plan.jobs] == ["job0", "job1"]
+
+
+@pytest.mark.slow  # a sweep's joblib workers
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
+def test_joblib_workers_are_warmed_while_the_sweep_plans_then_run_its_jobs(tmp_path, monkeypatch):
+    """The multirun's child starts before the plan and warms joblib's workers (imports, the optimizer's
+    torch._dynamo, the matmul peak); Hydra's launcher must then reuse those very workers, whose output
+    reaches sweep.log, and they are gone when the sweep ends."""
+    from normbench.multirun import WARMED
+    from normbench.runs import RunLock
+
+    monkeypatch.chdir(tmp_path)
+    code, out = sweep(["seed=0,1,2", *TINY, "train.steps=5", *JOBLIB, f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert code == 0, out
+    log = (tmp_path / "s" / "sweep.log").read_text()
+    assert WARMED in log, log
+    warmed = {int(pid) for pid in log.split(WARMED, 1)[1].splitlines()[0].split()}
+    owners = {RunLock(d).last_owner()["pid"] for d in (tmp_path / "s").glob("*-s*-*")}
+    assert len(warmed) == 2 and owners <= warmed, (warmed, owners)
+    assert log.count("run completed") == 3  # each job's summary table, printed in a worker
+    assert not any(_alive(pid) for pid in warmed), "joblib's workers outlived the sweep"
+
+
+@pytest.mark.slow  # a warming child and its joblib workers
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="loky's semaphores live in /dev/shm")
+def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    """When the plan refuses the overrides (or finds nothing to run) the warming child is stopped the
+    orderly way: no worker left running, none of loky's semaphores or joblib's folders left in /dev/shm."""
+    from normbench import multirun
+
+    monkeypatch.chdir(tmp_path)
+    shm = set(os.listdir("/dev/shm"))
+    child = multirun.start([*TINY, *JOBLIB])
+    deadline = time.time() + 120
+    while len([p for p in _sweep_children(os.getpid()) if p != child.pid]) < 3 and time.time() < deadline:
+        time.sleep(0.1)  # joblib's resource tracker and its two workers
+    started = _sweep_children(os.getpid())
+    assert len(started) >= 4, "the child never started its workers"
+    multirun.abandon(child)
+    deadline = time.time() + 30
+    while any(_alive(pid) for pid in started) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in started)
+    left = {name for name in set(os.listdir("/dev/shm")) - shm if str(child.pid) in name}
+    assert not left, left
