@@ -11,7 +11,10 @@ from them (``hydra.overrides.task``, ``hydra.job.override_dirname``), exactly as
 Anything else (``+key``, ``~key``, a key the composed config lacks) goes through Hydra
 whole. tests/test_sweep.py checks the two give the same config for every job of a grid. (The
 sweeper's check is skipped altogether in the multirun child: the plan has made it,
-``normbench.multirun.main``.)
+``normbench.multirun.leave_batch_check_to_the_plan``.) The plan composes every choice of groups
+before any job starts, and the sweep hands what it composed to its job processes (``share``:
+a pickle in a directory of the multirun child's own, named by SHARED_ENV), so that a worker does
+not compose them all again: a tenth of a second each, per worker.
 
 Hydra's launchers also hand every job the launcher's singletons without the plugin registry
 (``Singleton.get_state`` drops it), and ``Singleton.set_state`` scans the plugins again, which
@@ -26,11 +29,42 @@ Pinned to Hydra 1.3's internals, as the plan's use of its basic sweeper is (pypr
 from __future__ import annotations
 
 import copy
+import os
+import pickle
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from normbench.fileio import write_atomic
+
 _ABSENT = object()
 _bases: dict[tuple, DictConfig] = {}
+SHARED_ENV = "NORMBENCH_COMPOSED"  # the file of a sweep's composed configs its job processes read (share())
+_adopted: list[bool] = []  # this process has read the shared file (once)
+
+
+def shared_bytes() -> bytes:
+    """What this process has composed (the sweep's plan composes every choice of groups), for ``share``."""
+    return pickle.dumps({"cwd": os.getcwd(), "bases": _bases})
+
+
+def share(blob: bytes) -> None:
+    """Write ``shared_bytes`` where this process's job processes find it (SHARED_ENV: a file in a
+    directory of the sweep's own, normbench.multirun), so that each need not compose every choice of
+    groups again: a tenth of a second each."""
+    write_atomic(Path(os.environ[SHARED_ENV]), blob)
+
+
+def _adopt_shared() -> None:
+    _adopted.append(True)
+    path = os.environ.get(SHARED_ENV)
+    try:
+        shared = pickle.loads(Path(path).read_bytes()) if path else None
+    except (OSError, pickle.UnpicklingError, EOFError):
+        return  # not written (the plan was not shared): compose here
+    if shared and shared["cwd"] == os.getcwd():  # Hydra records the working directory in the config
+        for key, base in shared["bases"].items():
+            _bases.setdefault(key, base)
 
 
 def install() -> None:
@@ -77,6 +111,8 @@ def _compose(loader, master: DictConfig, overrides: list[str], hydras_own) -> Di
         return hydras_own(loader, master, overrides)
     key = (str(master.hydra.job.config_name), tuple(OmegaConf.to_container(master.hydra.overrides.hydra)),
            tuple(o.input_line for o in groups))
+    if key not in _bases and not _adopted:
+        _adopt_shared()
     if key not in _bases:
         _bases[key] = hydras_own(loader, master, [o.input_line for o in groups])
     cfg = copy.deepcopy(_bases[key])

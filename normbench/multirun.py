@@ -16,17 +16,21 @@ This module imports neither PyTorch nor Hydra, so that the sweep command can sta
 
 from __future__ import annotations
 
+import base64
 import gc
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+from normbench.composing import SHARED_ENV
 from normbench.configtree import conf_dir
 from normbench.runs import SWEEP_ENV
 
@@ -54,11 +58,14 @@ def start(overrides: list[str]) -> subprocess.Popen | None:
         return None
 
 
-def launch(warm: subprocess.Popen | None, args: list[str]) -> subprocess.Popen:
-    """The running multirun over ``args``: the warm child told so, else (it is gone) a new child."""
+def launch(warm: subprocess.Popen | None, args: list[str], composed: bytes = b"") -> subprocess.Popen:
+    """The running multirun over ``args``: the warm child told so, else (it is gone) a new child.
+    ``composed``: the plan's composed configs (normbench.composing.shared_bytes), for the warm
+    child's workers."""
     if warm is not None and warm.poll() is None:
         try:
-            warm.stdin.write((json.dumps(args) + "\n").encode())
+            go = {"args": args, "composed": base64.b64encode(composed).decode()}
+            warm.stdin.write((json.dumps(go) + "\n").encode())
             warm.stdin.close()
             return warm
         except OSError:  # it died while warming up
@@ -134,14 +141,36 @@ def main() -> None:
         # Until it is told what to run, SIGTERM (``abandon``) ends the child the orderly way:
         # joblib stops the workers and frees their resources.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-        warmed = warm_launcher(sys.argv[1:])
-        line = sys.stdin.readline()
-        if not line:
-            return
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        sys.argv = [sys.argv[0], *json.loads(line)]
-        if warmed:
-            print(f"{WARMED} {' '.join(map(str, sorted(set(warmed))))}", flush=True)
+        # Where the plan's composed configs will be, for the workers about to start (they read it
+        # at their first job): a directory of this process's own.
+        shared = tempfile.mkdtemp(prefix="normbench-sweep-")
+        os.environ[SHARED_ENV] = os.path.join(shared, "composed.pickle")
+        try:
+            _run_when_told(warm_launcher(sys.argv[1:]))
+        finally:
+            shutil.rmtree(shared, ignore_errors=True)
+    else:
+        _run()
+
+
+def _run_when_told(warmed: list[int]) -> None:
+    from normbench import composing
+
+    line = sys.stdin.readline()
+    if not line:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    go = json.loads(line)
+    if go["composed"]:
+        composing.share(base64.b64decode(go["composed"]))
+    sys.argv = [sys.argv[0], *go["args"]]
+    if warmed:
+        print(f"{WARMED} {' '.join(map(str, sorted(set(warmed))))}", flush=True)
+    _run()
+
+
+def _run() -> None:
+    """Hydra's multirun, as the arguments say."""
     _LAUNCHED.set()
     from normbench.job import hydra_main  # installs normbench.composing, for the launcher's per-job composition
 

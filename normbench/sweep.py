@@ -183,6 +183,9 @@ def plan_sweep(args: list[str]) -> Plan:
             # Pinned for the jobs: absolute, because a launcher may run them in another working
             # directory, and resolved once, because ${now:...} would differ in every process.
             args = [*args, f"hydra.sweep.dir={_hydra_quote(str(sweep_dir.resolve()))}"]
+            # The jobs' master config, as the multirun will load it (``--multirun`` adds hydra.mode):
+            # its job processes reuse what the plan composes from it (normbench.composing.share).
+            cfg = loader.load_configuration("config", [*args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN)
             launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
             params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
             overrides = OverridesParser.create(config_loader=loader).parse_overrides(
@@ -484,7 +487,7 @@ def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float, at_
     with open(plan.sweep_dir / LOG, "a", encoding="utf-8") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n")
     # Its own process group: Ctrl-C or the death of this process stops every job it started.
-    proc = multirun.launch(child, args)
+    proc = multirun.launch(child, args, composing.shared_bytes())
     output = multirun.copy_output(proc, plan.sweep_dir / LOG)
     previous = _forward_stop_signals(proc)
     try:

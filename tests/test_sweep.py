@@ -565,3 +565,42 @@ def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_not
     assert not any(_alive(pid) for pid in started)
     left = {name for name in set(os.listdir("/dev/shm")) - shm if str(child.pid) in name}
     assert not left, left
+
+
+def test_the_plans_composed_configs_serve_the_job_processes_as_hydra_would_compose_them(tmp_path, monkeypatch):
+    """The plan composes every choice of groups; the sweep shares them with its job processes
+    (normbench.composing.share), which must then compose nothing themselves for the grid's jobs and
+    still get, job by job, the config Hydra composes from the multirun's own master config."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from normbench import composing
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(composing, "_bases", {})
+    plan = plan_sweep(["norm=ln,rms", "seed=0,1", *TINY, *JOBLIB])
+    blob = composing.shared_bytes()
+    # A job process: its own (empty) cache, the shared file, the master config Hydra's multirun loads.
+    monkeypatch.setattr(composing, "_bases", {})
+    monkeypatch.setattr(composing, "_adopted", [])
+    monkeypatch.setenv(composing.SHARED_ENV, str(tmp_path / "composed.pickle"))
+    composing.share(blob)
+    hydras_own = ConfigLoaderImpl.load_sweep_config.hydras_own
+    composed = []
+    load_configuration = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: composed.append(a) or load_configuration(self, *a, **k))
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"):
+            loader = GlobalHydra.instance().config_loader()
+            master = loader.load_configuration("config", [*plan.args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN)
+            composed.clear()
+            fast = [loader.load_sweep_config(master, job.overrides) for job in plan.jobs]
+            assert composed == []  # every choice of groups came from the plan
+            for job, cfg in zip(plan.jobs, fast):
+                assert OmegaConf.to_container(cfg) == OmegaConf.to_container(hydras_own(loader, master, job.overrides))
+    finally:
+        GlobalHydra.instance().clear()
