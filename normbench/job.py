@@ -22,14 +22,15 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from normbench import composing, distributed
-from normbench.config import conf_dir, config_hash, parse_config
-from normbench.devices import available_cpus, local_parallel_jobs
+from normbench import composing
+from normbench.configtree import conf_dir
 from normbench.errors import ConfigError, DiskFull
-from normbench.preemption import exit_code
+from normbench.identity import config_hash
 from normbench.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
 from normbench.display import summary_table
-from normbench.train import train, warm_up
+
+# PyTorch (normbench.train and what it needs) is imported when a job runs, not with this module:
+# the multirun's child process launches jobs and never trains (normbench.multirun).
 
 
 # Every launcher's worker imports this module to run a job: Hydra's per-job composition goes
@@ -44,6 +45,8 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
     same config (see ``RunDir.decide``), and a failure of any kind is recorded in the run
     directory and returned, never raised: one bad run must not stop the others.
     """
+    from normbench import distributed
+
     console = Console(stderr=True)
     main = distributed.is_main()
     lock = RunLock(run_dir)
@@ -63,6 +66,11 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
 
 
 def _run_locked(cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Console, lock: RunLock) -> dict | None:
+    from normbench import distributed
+    from normbench.config import parse_config
+    from normbench.preemption import exit_code
+    from normbench.train import train
+
     main = distributed.is_main()
     cfg_hash = config_hash(cfg)
     if main:
@@ -135,6 +143,8 @@ def job_threads(launcher: DictConfig | dict | None) -> int:
     job at a time: torch's default. An explicit train.threads always wins (the caller
     checks that).
     """
+    from normbench.devices import available_cpus, local_parallel_jobs
+
     launcher = launcher or {}
     if launcher.get("n_jobs"):
         return max(1, available_cpus() // local_parallel_jobs(launcher))
@@ -147,12 +157,16 @@ def warm_worker(launcher: dict) -> int:
     """Run once in each of a launcher's workers before its first job (``normbench.sweep`` starts
     them while it plans the sweep): the imports and what a process's first run pays once. Returns
     the worker's pid."""
+    from normbench.train import warm_up
+
     warm_up(job_threads(launcher))
     return os.getpid()
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
+    from normbench import distributed
+
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     if multirun and distributed.launched():

@@ -215,7 +215,6 @@ def warm_launcher(overrides: list[str]) -> list[int]:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from normbench.devices import local_parallel_jobs
     from normbench.job import warm_worker
 
     try:
@@ -226,11 +225,12 @@ def warm_launcher(overrides: list[str]) -> list[int]:
         target = launcher.pop("_target_", "")
         if target == JOBLIB_LAUNCHER:
             from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
-            from joblib import Parallel, delayed
+            from joblib import Parallel, delayed, effective_n_jobs
 
             joblib_cfg = {**launcher, "backend": "loky"}  # as hydra_joblib_launcher._core.launch
             process_joblib_cfg(joblib_cfg)
-            return Parallel(**joblib_cfg)(delayed(warm_worker)(launcher) for _ in range(local_parallel_jobs(launcher)))
+            workers = effective_n_jobs(joblib_cfg["n_jobs"])
+            return Parallel(**joblib_cfg)(delayed(warm_worker)(launcher) for _ in range(workers))
         if target == BASIC_LAUNCHER:
             return [warm_worker(launcher)]
     except Exception:

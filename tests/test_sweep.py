@@ -21,7 +21,8 @@ from normbench import job as job_module
 from normbench.config import conf_dir, config_hash, group_options
 from normbench.errors import ConfigError
 from normbench.runs import RunDir
-from normbench.job import available_cpus, job_threads
+from normbench.devices import available_cpus
+from normbench.job import job_threads
 from normbench.sweep import plan_sweep, read_index, run_sweep
 
 from conftest import TINY, compose_cfg, run_cli
@@ -343,7 +344,6 @@ def test_submitit_local_launcher(tmp_path, monkeypatch):
 
 
 def test_job_threads_rule(monkeypatch):
-    monkeypatch.setattr("normbench.job.available_cpus", lambda: 16)
     monkeypatch.setattr("normbench.devices.available_cpus", lambda: 16)
     assert job_threads({"n_jobs": 4}) == 4
     assert job_threads({"n_jobs": 32}) == 1
@@ -367,7 +367,7 @@ def test_a_crash_outside_the_training_loop_fails_the_job_not_the_sweep(tmp_path,
     def boom(*args, **kwargs):
         raise RuntimeError("out of disk")
 
-    monkeypatch.setattr(job_module, "train", boom)
+    monkeypatch.setattr("normbench.train.train", boom)
     assert job_module.run_job(cfg, str(tmp_path), multirun=True) is None
     s = summary(tmp_path)
     assert s["status"] == "failed" and s["error"] == "RuntimeError: out of disk"
@@ -604,3 +604,11 @@ def test_the_plans_composed_configs_serve_the_job_processes_as_hydra_would_compo
                 assert OmegaConf.to_container(cfg) == OmegaConf.to_container(hydras_own(loader, master, job.overrides))
     finally:
         GlobalHydra.instance().clear()
+
+
+def test_the_multirun_child_never_imports_torch():
+    """The child launches jobs and never trains: what it imports (normbench.multirun, normbench.job
+    for Hydra's task function) must not load PyTorch, a second of CPU at every sweep's start."""
+    code = "import sys, normbench.multirun, normbench.job; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
