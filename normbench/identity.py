@@ -31,8 +31,10 @@ ADDED_KEYS = {"model.arch": "gpt2", "model.attn_softcap": 0.0, "model.logit_soft
 
 def config_hash(cfg: DictConfig) -> str:
     """A stable fingerprint of what a run computes: the resolved config without Hydra's node and NOT_HASHED."""
-    # Drop the hydra node before resolving: it may hold ${config_hash:} itself (the sweep subdir).
-    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    # Without Hydra's node, which may hold ${config_hash:} itself (the sweep subdir); group by group,
+    # not through a masked copy, which copies every node (a sweep hashes every job, twice).
+    plain = {key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+             for key, value in ((key, cfg[key]) for key in cfg if key != "hydra")}
     for dotted in NOT_HASHED:
         _drop(plain, dotted)
     for dotted, value in ADDED_KEYS.items():

@@ -612,3 +612,13 @@ def test_the_multirun_child_never_imports_torch():
     code = "import sys, normbench.multirun, normbench.job; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_a_configs_identity_is_what_it_was_when_its_runs_were_stored(tmp_path, monkeypatch):
+    """config_hash names run directories: the same config must hash the same across releases, or a
+    sweep run again would not find its results (these two were stored by normbench 6df1fde)."""
+    monkeypatch.chdir(tmp_path)
+    plan = plan_sweep(["experiment=lr_sensitivity"])
+    hashes = {" ".join(job.overrides): job.config_hash for job in plan.jobs}
+    assert hashes["norm=ln placement=pre train.lr=0.001 seed=0 experiment=lr_sensitivity"] == "cac3d1c006085bd2"
+    assert hashes["norm=rms placement=pre train.lr=0.1 seed=2 experiment=lr_sensitivity"] == "cfaf040d04cfd7d1"
