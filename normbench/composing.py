@@ -44,8 +44,13 @@ _adopted: list[bool] = []  # this process has read the shared file (once)
 
 
 def shared_bytes() -> bytes:
-    """What this process has composed (the sweep's plan composes every choice of groups), for ``share``."""
-    return pickle.dumps({"cwd": os.getcwd(), "bases": _bases})
+    """What this process has composed (the sweep's plan composes every choice of groups), for ``share``;
+    empty when it does not pickle (a structured config's class that a plugin scan has replaced since):
+    the job processes then compose it themselves."""
+    try:
+        return pickle.dumps({"cwd": os.getcwd(), "bases": _bases})
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return b""
 
 
 def share(blob: bytes) -> None:

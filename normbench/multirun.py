@@ -59,20 +59,26 @@ def start(overrides: list[str]) -> subprocess.Popen | None:
 
 
 def launch(warm: subprocess.Popen | None, args: list[str], composed: bytes = b"") -> subprocess.Popen:
-    """The running multirun over ``args``: the warm child told so, else (it is gone) a new child.
+    """The running multirun over ``args``: the warm child told so, else (none, or it is gone) a new child.
     ``composed``: the plan's composed configs (normbench.composing.shared_bytes), for the warm
     child's workers."""
     if warm is not None and warm.poll() is None:
-        try:
-            go = {"args": args, "composed": base64.b64encode(composed).decode()}
-            warm.stdin.write((json.dumps(go) + "\n").encode())
-            warm.stdin.close()
-            return warm
-        except OSError:  # it died while warming up
-            pass
+        go = {"args": args, "composed": base64.b64encode(composed).decode()}
+        # Written from a thread: the child reads it once warm, and the line is larger than a pipe
+        # holds; the watch starts meanwhile (and sees the child end, should it die warming up).
+        threading.Thread(target=_tell, args=(warm, (json.dumps(go) + "\n").encode()), daemon=True).start()
+        return warm
     abandon(warm)
     return subprocess.Popen(_command(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(),
                             start_new_session=True)
+
+
+def _tell(warm: subprocess.Popen, line: bytes) -> None:
+    try:
+        warm.stdin.write(line)
+        warm.stdin.close()
+    except OSError:  # it died warming up: its exit code and sweep.log say so
+        pass
 
 
 def copy_output(proc: subprocess.Popen, log: Path) -> threading.Thread:
