@@ -380,9 +380,10 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
     started = time.perf_counter()
     if child is None and not dry_run:
         child = multirun.start(args)
-    try:
+    try:  # until it is launched, the warming child goes with any error
         plan = plan_sweep(args)
         ray_preflight(plan.launcher)
+        at_launch = {} if dry_run else _write_plan(plan)
     except BaseException:
         multirun.abandon(child)
         raise
@@ -399,15 +400,8 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
     if not todo:
         multirun.abandon(child)
 
-    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(plan.sweep_dir / PLAN, json.dumps({"args": plan.args, "jobs": [
-        {"job": j.num, "overrides": j.overrides, "run_dir": j.run_dir.name, "config_hash": j.config_hash}
-        for j in plan.jobs]}, indent=1) + "\n")
     console.print(headline, soft_wrap=True)
     returncode = 0
-    # What each run directory held at launch, to tell this sweep's work from earlier results
-    # by a change of file, not by clock (a cluster's file server keeps its own time).
-    at_launch = {job.run_dir: (_mtime(job.run_dir / CONFIG), _mtime(job.run_dir / SUMMARY)) for job in plan.jobs}
     if todo:  # with nothing to run, Hydra has nothing to do either
         try:
             returncode = _launch(plan, retry_failed, console, poll_s, at_launch, child)
@@ -440,6 +434,17 @@ def run_sweep(args: list[str], dry_run: bool = False, retry_failed: bool = False
         return 1
     unfinished = [s for s in states if s not in (*FINISHED, "running elsewhere")]
     return 1 if "failed" in states or unfinished else 0
+
+
+def _write_plan(plan: Plan) -> dict:
+    """plan.json in the sweep directory; returns what each run directory holds at launch, to tell this
+    sweep's work from earlier results by a change of file, not by clock (a cluster's file server
+    keeps its own time)."""
+    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(plan.sweep_dir / PLAN, json.dumps({"args": plan.args, "jobs": [
+        {"job": j.num, "overrides": j.overrides, "run_dir": j.run_dir.name, "config_hash": j.config_hash}
+        for j in plan.jobs]}, indent=1) + "\n")
+    return {job.run_dir: (_mtime(job.run_dir / CONFIG), _mtime(job.run_dir / SUMMARY)) for job in plan.jobs}
 
 
 def _efficiency(plan: Plan, at_launch: dict, started: float) -> str:
@@ -484,10 +489,14 @@ def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float, at_
     console.print(f"[dim]Hydra's output: {plan.sweep_dir / LOG}[/dim]")
     extra = [f"++hydra.job.env_set.{RETRY_ENV}=1"] if retry_failed else []
     args = ["--multirun", *plan.args, *extra]
-    with open(plan.sweep_dir / LOG, "a", encoding="utf-8") as log:
-        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n")
-    # Its own process group: Ctrl-C or the death of this process stops every job it started.
-    proc = multirun.launch(child, args, composing.shared_bytes())
+    try:
+        with open(plan.sweep_dir / LOG, "a", encoding="utf-8") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n")
+        # Its own process group: Ctrl-C or the death of this process stops every job it started.
+        proc = multirun.launch(child, args, composing.shared_bytes())
+    except BaseException:
+        multirun.abandon(child)
+        raise
     output = multirun.copy_output(proc, plan.sweep_dir / LOG)
     previous = _forward_stop_signals(proc)
     try:

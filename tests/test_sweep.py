@@ -553,10 +553,21 @@ def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_not
     monkeypatch.chdir(tmp_path)
     shm = set(os.listdir("/dev/shm"))
     child = multirun.start([*TINY, *JOBLIB])
+
+    def its_group() -> list[int]:  # the child leads a process group of its own: its workers are in it
+        pids = []
+        for pid in _sweep_children(os.getpid()):
+            try:
+                if os.getpgid(pid) == child.pid:
+                    pids.append(pid)
+            except ProcessLookupError:
+                continue
+        return pids
+
     deadline = time.time() + 120
-    while len([p for p in _sweep_children(os.getpid()) if p != child.pid]) < 3 and time.time() < deadline:
-        time.sleep(0.1)  # joblib's resource tracker and its two workers
-    started = _sweep_children(os.getpid())
+    while len(its_group()) < 4 and time.time() < deadline:
+        time.sleep(0.1)  # the child, joblib's resource tracker and its two workers
+    started = its_group()
     assert len(started) >= 4, "the child never started its workers"
     multirun.abandon(child)
     deadline = time.time() + 30
