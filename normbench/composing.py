@@ -29,6 +29,7 @@ Pinned to Hydra 1.3's internals, as the plan's use of its basic sweeper is (pypr
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import pickle
 from pathlib import Path
@@ -40,7 +41,6 @@ from normbench.fileio import write_atomic
 _ABSENT = object()
 _bases: dict[tuple, DictConfig] = {}
 SHARED_ENV = "NORMBENCH_COMPOSED"  # the file of a sweep's composed configs its job processes read (share())
-_adopted: list[bool] = []  # this process has read the shared file (once)
 
 
 def shared_bytes() -> bytes:
@@ -60,8 +60,8 @@ def share(blob: bytes) -> None:
     write_atomic(Path(os.environ[SHARED_ENV]), blob)
 
 
+@functools.cache  # once per process: at its first choice of groups not composed yet
 def _adopt_shared() -> None:
-    _adopted.append(True)
     path = os.environ.get(SHARED_ENV)
     try:
         shared = pickle.loads(Path(path).read_bytes()) if path else None
@@ -116,7 +116,7 @@ def _compose(loader, master: DictConfig, overrides: list[str], hydras_own) -> Di
         return hydras_own(loader, master, overrides)
     key = (str(master.hydra.job.config_name), tuple(OmegaConf.to_container(master.hydra.overrides.hydra)),
            tuple(o.input_line for o in groups))
-    if key not in _bases and not _adopted:
+    if key not in _bases:
         _adopt_shared()
     if key not in _bases:
         _bases[key] = hydras_own(loader, master, [o.input_line for o in groups])

@@ -483,7 +483,7 @@ def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, co
 
 
 def _launch(plan: Plan, retry_failed: bool, console: Console, poll_s: float, at_launch: dict,
-            child: subprocess.Popen | None = None) -> int:
+            child: subprocess.Popen | None) -> int:
     """Run Hydra's multirun in the child process (the warmed one, else a new one), its output into
     sweep.log, and watch it; return its exit code."""
     console.print(f"[dim]Hydra's output: {plan.sweep_dir / LOG}[/dim]")

@@ -161,14 +161,13 @@ def git_commit() -> str | None:
 
 
 def environment(device: torch.device) -> dict:
-    commit = git_commit()
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "device_type": device.type,
         "threads": torch.get_num_threads(),
-        "git_commit": commit,
+        "git_commit": git_commit(),
         "hostname": platform.node(),
     }
 

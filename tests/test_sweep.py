@@ -595,7 +595,7 @@ def test_the_plans_composed_configs_serve_the_job_processes_as_hydra_would_compo
     blob = composing.shared_bytes()
     # A job process: its own (empty) cache, the shared file, the master config Hydra's multirun loads.
     monkeypatch.setattr(composing, "_bases", {})
-    monkeypatch.setattr(composing, "_adopted", [])
+    composing._adopt_shared.cache_clear()
     monkeypatch.setenv(composing.SHARED_ENV, str(tmp_path / "composed.pickle"))
     composing.share(blob)
     hydras_own = ConfigLoaderImpl.load_sweep_config.hydras_own
