@@ -203,6 +203,9 @@ def test_absent_chart_data_gives_a_note_not_an_empty_chart(tmp_path):
         assert f"chart {name} not drawn" in " ".join(text.split())
     page = (out / "report.html").read_text()
     assert "no per-layer stats records" in page and "no bench CSV among the inputs" in page
+    for name in SCALE_CHARTS:  # no size compared: no scale charts, and no note about them either
+        assert not (out / f"{name}.png").exists() and f"chart {name} not drawn" not in " ".join(text.split())
+    assert "against size" not in page
 
 
 def test_stale_charts_from_an_earlier_report_are_removed(tmp_path):
@@ -407,7 +410,7 @@ def test_logit_chart_draws_the_raw_attention_logit_when_a_run_was_soft_capped(tm
 def test_per_layer_and_loss_charts_draw_each_configuration_at_its_best_learning_rate(tmp_path, monkeypatch):
     """Tuned over train.lr, the per-layer chart has one line per configuration (at its best rate),
     not one per rate of the grid."""
-    drawn = capture_charts(monkeypatch, "grad_by_layer", "loss_curves")
+    drawn = capture_charts(monkeypatch, "grad_by_layer", "loss_curves", "grad_norm")
     for lr, final in ((0.001, 2.5), (0.01, 2.0), (0.1, 3.0)):
         for seed in (0, 1):
             make_run(tmp_path, f"ln_{lr}_{seed}", norm="ln", lr=lr, seed=seed, final=final + 0.01 * seed)
@@ -418,6 +421,7 @@ def test_per_layer_and_loss_charts_draw_each_configuration_at_its_best_learning_
     assert "at its best train.lr" in drawn["grad_by_layer"].get_suptitle()
     curves = set(lines_by_label(drawn["loss_curves"].axes[0])) - {"synthetic floor (Bayes-optimal loss)"}
     assert curves == {"ln lr=0.01", "rms lr=0.01"}, curves  # the loss curves too
+    assert set(lines_by_label(drawn["grad_norm"].axes[0])) == {"ln lr=0.01", "rms lr=0.01"}  # and the gradient norm
 
 
 def test_runs_without_logit_records_report_as_before(sweep):

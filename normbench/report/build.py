@@ -69,6 +69,8 @@ def _draw_charts(d, out: Path, formats, warn, console) -> list:
         except Exception as err:  # odd data in one chart must not cost the tables and the other charts
             warn(f"chart {name} failed: {err!r}")
             result = f"failed: {err!r}"
+        if result is None:  # not for these runs
+            continue
         if isinstance(result, str):
             console.print(f"[dim]note: chart {name} not drawn: {escape(result)}[/dim]")
             drawn.append((title, None, result))

@@ -1,7 +1,8 @@
 """Charts: one function per chart, registered with ``@chart(name, title)`` in display order.
 
-A chart function takes the ``ReportData`` and returns a matplotlib ``Figure``, or a string
-saying why it was not drawn (its data is missing); ``run_report`` saves each as ``NAME.png``
+A chart function takes the ``ReportData`` and returns a matplotlib ``Figure``, a string
+saying why it was not drawn (its data is missing), or None when it belongs to an analysis these
+runs were not asked for (the scale charts without a scale axis); ``run_report`` saves each as ``NAME.png``
 (plus the other formats asked for) and embeds it in report.html. Adding a chart is one
 decorated function here. Every chart uses one visual mapping: colour = norm, line style /
 bar hatch = placement, and a marker to tell apart configurations that share both (when the
@@ -52,7 +53,8 @@ RUN_CHARTS: set[str] = set()
 
 
 def chart(name: str, title: str, needs_runs: bool = True):
-    """Register a chart: ``draw(d: ReportData) -> Figure | str`` (the string: why not drawn)."""
+    """Register a chart: ``draw(d: ReportData) -> Figure | str | None`` (the string: why not drawn;
+    None: not for these runs, left out without a note)."""
     def register(draw):
         CHARTS.append((name, title, draw))
         if needs_runs:
@@ -315,16 +317,17 @@ def _size_chart(fig, ax, s, ylabel: str, title: str):
 
 
 def _scale_or_why(d: ReportData, without_tune: str | None = None):
-    """The scale axis, or why a scale chart is not drawn (``without_tune``: the reason when nothing is tuned)."""
+    """The scale axis, why a scale chart is not drawn (``without_tune``: the reason when nothing is
+    tuned), or None without a scale axis: a report that compares no sizes has no scale charts."""
     if d.scale is None:
-        return "no scale axis (no size key varies alone among the runs; pass --scale KEY)"
+        return None
     return without_tune if without_tune and not d.tune else d.scale
 
 
 @chart("scale_gap", "Difference to the baseline against size")
 def chart_scale_gap(d: ReportData):
     s = _scale_or_why(d)
-    if isinstance(s, str):
+    if s is None or isinstance(s, str):
         return s
     others = [c for c in s.configs if c != s.baseline]
     if not others:
@@ -352,7 +355,7 @@ def chart_scale_gap(d: ReportData):
 @chart("scale_best_value", "Best value of the tuned key against size")
 def chart_scale_best_value(d: ReportData):
     s = _scale_or_why(d, "no tuning key: no best value per size")
-    if isinstance(s, str):
+    if s is None or isinstance(s, str):
         return s
     styles, trend = _scale_styles(d), s.trend.set_index("config")
     fig, (ax,) = _figure(1, width=8.0, height=5.0)
@@ -375,7 +378,7 @@ def chart_scale_best_value(d: ReportData):
 def chart_scale_tuning(d: ReportData):
     """Wortsman et al.'s Fig. 1 at each size: how the LR curve moves as the model grows."""
     s = _scale_or_why(d, "no tuning key: one value per size")
-    if isinstance(s, str):
+    if s is None or isinstance(s, str):
         return s
     from normbench.report.stats import mean_ci  # noqa: PLC0415 (as in chart_tuning)
 
@@ -471,12 +474,12 @@ def chart_grad_by_layer(d: ReportData):
 
 @chart("grad_norm", "Global gradient norm over training")
 def chart_grad_norm(d: ReportData):
-    grads = _completed(d, d.grads)
+    grads = _completed(d, _at_best(d, d.grads))
     if not grads["grad_norm"].notna().any():
         return "no completed run logged stats records with grad_norm"
     fig, (ax,) = _figure(1, width=8)
     _bands(ax, d, grads, "step", "grad_norm")
-    ax.set(title="Global gradient norm over training (completed runs)", xlabel="step",
+    ax.set(title=f"Global gradient norm over training\n(completed runs{_at_best_note(d)})", xlabel="step",
            ylabel="grad norm (L2)", yscale="log")
     ax.grid(alpha=0.3)
     _legend(fig, [ax])
