@@ -3,7 +3,7 @@
 Builds a run exactly as ``normbench train`` does (the default config unless overrides
 are given), trains a few steps so AdamW's moments exist, then alternates, round after
 round, a block of training steps and one checkpoint written the way the loop writes it
-(normbench.checkpoint.save: gather the states, checksum, serialise, write atomically,
+(normbench.training.checkpoint.save: gather the states, checksum, serialise, write atomically,
 keep the previous one). Interleaving makes machine noise hit both alike. Prints the
 checkpoint's size, the median step and checkpoint times, loading and verifying one,
 and the overhead at the given cadence: checkpoint time / (cadence x step time).
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from normbench import checkpoint
-from normbench.config import conf_dir, parse_config
-from normbench.train import Run
+from normbench.training import checkpoint
+from normbench.training.config import conf_dir, parse_config
+from normbench.training.loop import Run
 
 
 def main() -> None:
@@ -48,23 +48,45 @@ def main() -> None:
                 state.train_step()
             step_s.append((time.perf_counter() - start) / args.block)
             start = time.perf_counter()
-            loop = {"val_losses": [1.0], "grad_norms": [1.0] * 100, "step_times": [0.1] * 100,
-                    "pending": torch.zeros(0, 2), "wall_s": 0.0, "resumed_at": []}
-            size = checkpoint.save(Path(tmp), {**state.checkpoint_state(), "step": round_, "config_hash": run.config_hash,
-                                               "metrics_bytes": 0, "loop": loop})
+            loop = {
+                "val_losses": [1.0],
+                "grad_norms": [1.0] * 100,
+                "step_times": [0.1] * 100,
+                "pending": torch.zeros(0, 2),
+                "wall_s": 0.0,
+                "resumed_at": [],
+            }
+            size = checkpoint.save(
+                Path(tmp),
+                {
+                    **state.checkpoint_state(),
+                    "step": round_,
+                    "config_hash": run.config_hash,
+                    "metrics_bytes": 0,
+                    "loop": loop,
+                },
+            )
             save_s.append(time.perf_counter() - start)
         start = time.perf_counter()
         assert checkpoint.load(Path(tmp), warn=print) is not None
         load_s = time.perf_counter() - start
     step, save = statistics.median(step_s), statistics.median(save_s)
-    print(f"model: {state.model.num_params():,} parameters ({run.model.n_layer} layers, width {run.model.d_model}), "
-          f"batch {run.train.batch_size}, torch threads {torch.get_num_threads()}")
+    print(
+        f"model: {state.model.num_params():,} parameters ({run.model.n_layer} layers, width {run.model.d_model}), "
+        f"batch {run.train.batch_size}, torch threads {torch.get_num_threads()}"
+    )
     print(f"checkpoint size        {size / 2**20:.2f} MiB")
-    print(f"step time (median)     {1000 * step:.1f} ms   (rounds: {', '.join(f'{1000 * s:.0f}' for s in step_s)})")
-    print(f"checkpoint write       {1000 * save:.1f} ms   (rounds: {', '.join(f'{1000 * s:.0f}' for s in save_s)})")
+    print(
+        f"step time (median)     {1000 * step:.1f} ms   (rounds: {', '.join(f'{1000 * s:.0f}' for s in step_s)})"
+    )
+    print(
+        f"checkpoint write       {1000 * save:.1f} ms   (rounds: {', '.join(f'{1000 * s:.0f}' for s in save_s)})"
+    )
     print(f"load + verify          {1000 * load_s:.1f} ms")
-    print(f"every {cadence} steps: {100 * save / (cadence * step):.2f}% of training time "
-          f"({save / step:.1f} steps' worth per checkpoint)")
+    print(
+        f"every {cadence} steps: {100 * save / (cadence * step):.2f}% of training time "
+        f"({save / step:.1f} steps' worth per checkpoint)"
+    )
 
 
 if __name__ == "__main__":

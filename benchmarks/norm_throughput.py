@@ -34,8 +34,8 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-from normbench.config import conf_dir, parse_config
-from normbench.train import Run
+from normbench.training.config import conf_dir, parse_config
+from normbench.training.loop import Run
 
 SIZES = {
     "default": [],
@@ -44,8 +44,9 @@ SIZES = {
 }
 
 
-def per_round_seconds(steps: dict, rounds: int, block: int, clock=time.perf_counter,
-                      warmup_rounds: int = 2) -> dict[str, list[float]]:
+def per_round_seconds(
+    steps: dict, rounds: int, block: int, clock=time.perf_counter, warmup_rounds: int = 2
+) -> dict[str, list[float]]:
     """Mean seconds per step of each fn in each round; blocks in a fresh shuffled order per round."""
     order, rng = list(steps), random.Random(0)
     seconds: dict[str, list[float]] = {name: [] for name in steps}
@@ -60,14 +61,31 @@ def per_round_seconds(steps: dict, rounds: int, block: int, clock=time.perf_coun
     return seconds
 
 
-def measure(size: list[str], norms: list[str], rounds: int, block: int, tmp: Path,
-            device: str = "cpu", precision: str = "fp32", overrides: tuple[str, ...] = ()):
+def measure(
+    size: list[str],
+    norms: list[str],
+    rounds: int,
+    block: int,
+    tmp: Path,
+    device: str = "cpu",
+    precision: str = "fp32",
+    overrides: tuple[str, ...] = (),
+):
     """(tokens per step, norm -> per-round seconds per step) for one size."""
     runs = {}
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         for name in norms:
-            cfg = compose("config", [*size, f"norm={name}", f"train.device={device}",
-                                     f"train.precision={precision}", "train.progress=false", *overrides])
+            cfg = compose(
+                "config",
+                [
+                    *size,
+                    f"norm={name}",
+                    f"train.device={device}",
+                    f"train.precision={precision}",
+                    "train.progress=false",
+                    *overrides,
+                ],
+            )
             runs[name] = Run(parse_config(cfg), tmp / name)
     first = next(iter(runs.values())).cfg
     tokens = first.train.batch_size * first.model.block_size
@@ -76,21 +94,29 @@ def measure(size: list[str], norms: list[str], rounds: int, block: int, tmp: Pat
     # processes held the core (as `normbench bench` does); with more, wall time.
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     if device.startswith("cuda"):
+
         def clock():  # kernels are asynchronous: a block ends when the GPU is done
             torch.cuda.synchronize()
             return time.perf_counter()
+
     return tokens, per_round_seconds(steps, rounds, block, clock)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="default,nanogpt", help=f"comma-separated, of {', '.join(SIZES)}")
     parser.add_argument("--norms", default="ln,rms,scale,dyt,bn,gn")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--block", type=int, default=3, help="steps per block")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: no oversubscription on a shared VM)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1: no oversubscription on a shared VM)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--precision", default="fp32", help="train.precision: fp32, bf16 or fp16 (half: CUDA only)")
+    parser.add_argument(
+        "--precision", default="fp32", help="train.precision: fp32, bf16 or fp16 (half: CUDA only)"
+    )
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every model")
     args = parser.parse_args()
     sizes, norms = args.sizes.split(","), args.norms.split(",")
@@ -98,23 +124,40 @@ def main() -> None:
         raise SystemExit("norm_throughput.py: --norms must include ln, the reference")
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
-        raise SystemExit(f"norm_throughput.py: unknown size {', '.join(unknown)}; allowed: {', '.join(SIZES)}")
+        raise SystemExit(
+            f"norm_throughput.py: unknown size {', '.join(unknown)}; allowed: {', '.join(SIZES)}"
+        )
     torch.set_num_threads(args.threads)
     console = Console()
-    table = Table(title=f"training tokens/s per norm, {args.rounds} rounds x {args.block} steps, "
-                        f"{args.device}, {args.precision}, {' '.join(args.overrides)}{', ' if args.overrides else ''}"
-                        f"{args.threads} thread(s), blocks interleaved in one process")
+    table = Table(
+        title=f"training tokens/s per norm, {args.rounds} rounds x {args.block} steps, "
+        f"{args.device}, {args.precision}, {' '.join(args.overrides)}{', ' if args.overrides else ''}"
+        f"{args.threads} thread(s), blocks interleaved in one process"
+    )
     for col in ("size", "norm", "tokens/s (median)", "vs ln (median of rounds)", "vs ln quartiles"):
         table.add_column(col, justify="right")
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
-            tokens, seconds = measure(SIZES[size], norms, args.rounds, args.block, Path(tmp) / size,
-                                     args.device, args.precision, tuple(args.overrides))
+            tokens, seconds = measure(
+                SIZES[size],
+                norms,
+                args.rounds,
+                args.block,
+                Path(tmp) / size,
+                args.device,
+                args.precision,
+                tuple(args.overrides),
+            )
             for name, s in seconds.items():
                 ratios = sorted(ln / mine for ln, mine in zip(seconds["ln"], s))  # throughput ratio per round
                 q = statistics.quantiles(ratios, n=4)
-                table.add_row(size, name, f"{tokens / statistics.median(s):,.0f}",
-                              f"{statistics.median(ratios):.3f}", f"{q[0]:.3f} to {q[2]:.3f}")
+                table.add_row(
+                    size,
+                    name,
+                    f"{tokens / statistics.median(s):,.0f}",
+                    f"{statistics.median(ratios):.3f}",
+                    f"{q[0]:.3f} to {q[2]:.3f}",
+                )
     console.print(table)
 
 

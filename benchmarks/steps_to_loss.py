@@ -50,7 +50,9 @@ def steps_to(evals: pd.DataFrame, run: int, target: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--a", required=True, help="KEY=VALUE[,KEY=VALUE]: the configuration under test")
     parser.add_argument("--b", required=True, help="KEY=VALUE[,KEY=VALUE]: the one it is compared with")
@@ -70,14 +72,21 @@ def main() -> None:
         reached = [s for s in steps[name].values() if not math.isnan(s)]
         ci = mean_ci(reached)
         mean = sum(reached) / len(reached) if reached else math.nan
-        print(f"{name} {spec} at {args.tune}={best:g}: final loss {part['final_val_loss'].mean():.4f} over "
-              f"{len(part)} seeds; steps to {target:.4f}: {mean:.0f}" + (f" [{ci.low:.0f}, {ci.high:.0f}]" if ci else "")
-              + (f"; seeds {missed} never reach it" if missed else ""))
+        print(
+            f"{name} {spec} at {args.tune}={best:g}: final loss {part['final_val_loss'].mean():.4f} over "
+            f"{len(part)} seeds; steps to {target:.4f}: {mean:.0f}"
+            + (f" [{ci.low:.0f}, {ci.high:.0f}]" if ci else "")
+            + (f"; seeds {missed} never reach it" if missed else "")
+        )
     a = {seed: s for seed, s in steps["A"].items() if not math.isnan(s)}
     b = {seed: s for seed, s in steps["B"].items() if not math.isnan(s)}
     diff = compare(a, b)
     ratio = (sum(a.values()) / len(a)) / (sum(b.values()) / len(b)) if a and b else math.nan
-    interval = f" [{diff.ci.low:+.0f}, {diff.ci.high:+.0f}] ({'paired by seed' if diff.paired else 'Welch'})" if diff.ci else ""
+    interval = (
+        f" [{diff.ci.low:+.0f}, {diff.ci.high:+.0f}] ({'paired by seed' if diff.paired else 'Welch'})"
+        if diff.ci
+        else ""
+    )
     print(f"A - B: {diff.diff:+.0f} steps{interval}; A needs {ratio:.2f}x B's steps to reach {target:.4f}")
 
 

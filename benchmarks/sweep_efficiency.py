@@ -26,7 +26,9 @@ def phases(run_dir: Path) -> dict[str, float]:
     summary = json.loads((run_dir / "summary.json").read_text())
     if "time_s" in summary:
         return dict(summary["time_s"])
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
     train = [r for r in records if r.get("kind") == "train"]
     steps, last = 0.0, 0
     for r in train:  # step_ms is the window's mean: times the window's length
@@ -36,7 +38,9 @@ def phases(run_dir: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--sweep-dir", type=Path, help="analyse this sweep directory instead of running one")
     parser.add_argument("--wall", type=float, help="with --sweep-dir: the sweep's wall time in seconds")
@@ -48,8 +52,10 @@ def main() -> None:
     if sweep_dir is None:
         sweep_dir = Path(tempfile.mkdtemp(prefix="sweep-efficiency-")) / "sweep"
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "normbench", "sweep", *args.overrides, f"hydra.sweep.dir={sweep_dir}"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "normbench", "sweep", *args.overrides, f"hydra.sweep.dir={sweep_dir}"],
+            check=True,
+        )
         wall = time.perf_counter() - start
     runs = [d for d in sorted(sweep_dir.iterdir()) if (d / "summary.json").exists()]
     total: dict[str, float] = {}
@@ -58,12 +64,18 @@ def main() -> None:
             total[phase] = total.get(phase, 0.0) + seconds
     worker_s = workers * wall
     print(f"{len(runs)} runs in {wall:.1f} s wall, {workers} worker(s): {worker_s:.0f} worker-seconds")
-    print(f"training steps: {total.get('steps', 0.0):.1f} s = {100 * total.get('steps', 0.0) / worker_s:.1f}% of the workers' time")
+    print(
+        f"training steps: {total.get('steps', 0.0):.1f} s = {100 * total.get('steps', 0.0) / worker_s:.1f}% of the workers' time"
+    )
     runs_s = sum(total.values())
-    print(f"inside the runs: {runs_s:.1f} s ({100 * runs_s / worker_s:.1f}%); outside them (start-up, Hydra, "
-          f"waiting): {worker_s - runs_s:.1f} s ({100 * (worker_s - runs_s) / worker_s:.1f}%)")
+    print(
+        f"inside the runs: {runs_s:.1f} s ({100 * runs_s / worker_s:.1f}%); outside them (start-up, Hydra, "
+        f"waiting): {worker_s - runs_s:.1f} s ({100 * (worker_s - runs_s) / worker_s:.1f}%)"
+    )
     for phase, seconds in sorted(total.items(), key=lambda kv: -kv[1]):
-        print(f"  {phase:<12} {seconds:8.1f} s  {100 * seconds / worker_s:5.1f}%   {1000 * seconds / max(1, len(runs)):7.0f} ms/run")
+        print(
+            f"  {phase:<12} {seconds:8.1f} s  {100 * seconds / worker_s:5.1f}%   {1000 * seconds / max(1, len(runs)):7.0f} ms/run"
+        )
 
 
 if __name__ == "__main__":

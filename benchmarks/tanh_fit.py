@@ -1,4 +1,4 @@
-"""Fit the rational tanh approximations of DyT's CPU kernel (normbench/kernels/norms_cpu.cpp).
+"""Fit the rational tanh approximations of DyT's CPU kernel (normbench/model/kernels/norms_cpu.cpp).
 
 tanh(x) ~ x P(x^2) / Q(x^2) on 0 < x <= c, tanh(c) beyond, with P(0) = Q(0) = 1, fitted for the
 smallest worst-case *relative* error by Lawson's algorithm (iteratively reweighted least squares
@@ -58,8 +58,10 @@ def rounded_fit(n_p: int, n_q: int, c: float):
     for key in [("p", k) for k in range(1, n_p)] + [("q", k) for k in range(1, n_q + 1)]:
         p, q = fit(n_p, n_q, c, fixed)
         fixed[key] = float(np.float32((p if key[0] == "p" else q)[key[1]]))
-    return (np.array([fixed[("p", k)] for k in range(n_p)]),
-            np.array([1.0] + [fixed[("q", k)] for k in range(1, n_q + 1)]))
+    return (
+        np.array([fixed[("p", k)] for k in range(n_p)]),
+        np.array([1.0] + [fixed[("q", k)] for k in range(1, n_q + 1)]),
+    )
 
 
 def worst_errors(p: np.ndarray, q: np.ndarray, c: float) -> tuple[float, float]:
@@ -88,8 +90,10 @@ def main() -> None:
     for name, (n_p, n_q, c) in fits.items():
         p, q = rounded_fit(int(n_p), int(n_q), c)
         in_double, in_float = worst_errors(p, q, c)
-        print(f"{name}: [{2 * int(n_p) - 1}/{2 * int(n_q)}] rational, clamped at {c}: worst relative error "
-              f"{in_double:.2e} (float64 evaluation), {in_float:.2e} (float32)")
+        print(
+            f"{name}: [{2 * int(n_p) - 1}/{2 * int(n_q)}] rational, clamped at {c}: worst relative error "
+            f"{in_double:.2e} (float64 evaluation), {in_float:.2e} (float32)"
+        )
         print("  p = {" + ", ".join(f"{v:.9e}f" for v in p) + "}")
         print("  q = {" + ", ".join(f"{v:.9e}f" for v in q) + "}")
 

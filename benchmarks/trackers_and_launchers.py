@@ -23,12 +23,29 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "offline",
-                   "WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true", "WANDB_BASE_URL": "http://127.0.0.1:9",
-                   "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"})
+os.environ.update(
+    {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "WANDB_MODE": "offline",
+        "WANDB_ERROR_REPORTING": "false",
+        "WANDB_SILENT": "true",
+        "WANDB_BASE_URL": "http://127.0.0.1:9",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+    }
+)
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["model=micro", "train.steps=100", "train.eval_every=50", "train.stats_every=50", "train.log_every=10",
-         "train.progress=false", "train.device=cpu", "train.threads=1"]
+SMALL = [
+    "model=micro",
+    "train.steps=100",
+    "train.eval_every=50",
+    "train.stats_every=50",
+    "train.log_every=10",
+    "train.progress=false",
+    "train.device=cpu",
+    "train.threads=1",
+]
 
 
 def trackers(repeats: int) -> None:
@@ -38,18 +55,21 @@ def trackers(repeats: int) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from normbench.config import conf_dir, parse_config
-    from normbench.fileio import read_jsonl
-    from normbench.sinks import MetricSinks
-    from normbench.train import train
+    from normbench.core.fileio import read_jsonl
+    from normbench.training.config import conf_dir, parse_config
+    from normbench.training.loop import train
+    from normbench.training.sinks import MetricSinks
 
     def run_config(choice: str, tmp: str):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return parse_config(compose("config", overrides=[*SMALL, f"logger={choice}", f"results_dir={tmp}"]))
+            return parse_config(
+                compose("config", overrides=[*SMALL, f"logger={choice}", f"results_dir={tmp}"])
+            )
 
     start = time.perf_counter()
-    import mlflow, wandb  # noqa: E401,F401  (paid once per process: a sweep's worker pays it once)
+    import mlflow  # noqa: F401  (paid once per process: a sweep's worker pays it once)
+
     imported = time.perf_counter() - start
     choices = ["jsonl", "[jsonl,mlflow]", "[jsonl,wandb]"]
     times: dict[str, list[float]] = {c: [] for c in choices}
@@ -73,8 +93,10 @@ def trackers(repeats: int) -> None:
                 if r:
                     times[choice].append(time.perf_counter() - start)
     base = statistics.median(times["jsonl"])
-    print(f"{len(records)} records of a {summary['steps']}-step run (training took {summary['wall_s']:.1f} s); "
-          f"import mlflow + wandb: {imported:.1f} s once per process")
+    print(
+        f"{len(records)} records of a {summary['steps']}-step run (training took {summary['wall_s']:.1f} s); "
+        f"import mlflow + wandb: {imported:.1f} s once per process"
+    )
     print(f"{'logger':<16} {'median s':>9} {'vs jsonl':>9}   runs")
     for choice in choices:
         med = statistics.median(times[choice])
@@ -89,20 +111,40 @@ def launchers() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "normbench", "sweep", *grid]
         start = time.perf_counter()
-        subprocess.run([*cmd, f"results_dir={tmp}/joblib", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
-                       check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [*cmd, f"results_dir={tmp}/joblib", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+            check=True,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+        )
         results["joblib, n_jobs=2"] = time.perf_counter() - start
         start = time.perf_counter()
-        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=80 * 2**20,
-                 _node_ip_address="127.0.0.1", log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=80 * 2**20,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+        )
         results["ray cluster start"] = time.perf_counter() - start
         try:
             address = ray.get_runtime_context().gcs_address
             assert address.startswith("127.0.0.1:"), address
             start = time.perf_counter()
-            subprocess.run([*cmd, f"results_dir={tmp}/ray", "hydra/launcher=ray_cluster",
-                            f"hydra.launcher.ray.init.address={address}", "hydra.launcher.ray.remote.num_gpus=0",
-                            "hydra.launcher.ray.remote.num_cpus=1"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    *cmd,
+                    f"results_dir={tmp}/ray",
+                    "hydra/launcher=ray_cluster",
+                    f"hydra.launcher.ray.init.address={address}",
+                    "hydra.launcher.ray.remote.num_gpus=0",
+                    "hydra.launcher.ray.remote.num_cpus=1",
+                ],
+                check=True,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+            )
             results["ray_cluster, 1 CPU a run"] = time.perf_counter() - start
         finally:
             ray.shutdown()

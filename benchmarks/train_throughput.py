@@ -6,8 +6,8 @@ per-step time over the steady state (the first 10 steps left out). The mean, not
 the median: a statistics step every 50 is an outlier a median would hide.
 
   bare        forward, backward, clip, learning rate, AdamW step, zero_grad: nothing else
-  normbench   normbench.train.train() with statistics at the default cadence
-  no-stats    normbench.train.train() with train.stats_every=0
+  normbench   normbench.training.loop.train() with statistics at the default cadence
+  no-stats    normbench.training.loop.train() with train.stats_every=0
 
 Prints tokens/s for each and the ratios (normbench / bare: the loop's overhead;
 normbench / no-stats: what the statistics cost). The order of the three rotates
@@ -38,12 +38,12 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-from normbench.config import conf_dir, parse_config
-from normbench.data import build_dataset
-from normbench.model import GPT
-from normbench.runs import RunDir
-from normbench.diagnostics import LayerStats
-from normbench.train import Run, build_optimizer, lr_factor, train
+from normbench.core.runs import RunDir
+from normbench.data.corpus import build_dataset
+from normbench.model.gpt import GPT
+from normbench.training.config import conf_dir, parse_config
+from normbench.training.diagnostics import LayerStats
+from normbench.training.loop import Run, build_optimizer, lr_factor, train
 
 
 def set_lr(optimizer: torch.optim.Optimizer, cfg, step: int) -> None:
@@ -111,8 +111,12 @@ def paired_steps(run):
             _, grad_norm = state.train_step(stats)
             stats.record(0, grad_norm, run.train.grad_clip)
 
-        steps = {"bare": bare_step, "normbench": normbench_step, "plain": lambda: state.train_step(None),
-                 **({"statistics": statistics_step} if stats else {})}
+        steps = {
+            "bare": bare_step,
+            "normbench": normbench_step,
+            "plain": lambda: state.train_step(None),
+            **({"statistics": statistics_step} if stats else {}),
+        }
         yield steps, {"bare": model, "normbench": state.model}
 
 
@@ -120,7 +124,7 @@ def alternate(steps: dict, rounds: int = 30, block: int = 5) -> dict[str, list[f
     """Mean seconds per step of each fn per round, blocks taking turns; two warm-up rounds left out."""
     per_round: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(rounds + 2):
-        for name in (list(steps) if r % 2 else list(steps)[::-1]):
+        for name in list(steps) if r % 2 else list(steps)[::-1]:
             start = time.perf_counter()
             for _ in range(block):
                 steps[name]()
@@ -146,13 +150,21 @@ def normbench_loop(run, tmp: Path, warmup: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--statistics-only", action="store_true", help="only price a statistics step")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the model/data/train config")
     args = parser.parse_args()
-    base = [f"train.steps={args.steps}", "train.progress=false", "train.device=cpu", "train.eval_every=100000", *args.overrides]
+    base = [
+        f"train.steps={args.steps}",
+        "train.progress=false",
+        "train.device=cpu",
+        "train.eval_every=100000",
+        *args.overrides,
+    ]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         runs = {
             "normbench": parse_config(compose("config", base)),
@@ -161,9 +173,11 @@ def main() -> None:
     bare_run = runs["normbench"]
     if bare_run.train.device != "cpu":
         # The bare loop is written for the CPU (no device moves, no synchronised timing).
-        raise SystemExit(f"train_throughput.py: compares the loops on the CPU only, got train.device="
-                         f"{bare_run.train.device}. On a GPU: normbench train train.device=cuda (tokens/s, MFU) "
-                         "and normbench bench --device cuda.")
+        raise SystemExit(
+            f"train_throughput.py: compares the loops on the CPU only, got train.device="
+            f"{bare_run.train.device}. On a GPU: normbench train train.device=cuda (tokens/s, MFU) "
+            "and normbench bench --device cuda."
+        )
     console = Console()
     if args.statistics_only:
         with paired_steps(bare_run) as (steps, _):
@@ -174,20 +188,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = ["bare", *runs]
-            for name in order[r % 3:] + order[: r % 3]:  # rotate, so no variant always runs first
+            for name in order[r % 3 :] + order[: r % 3]:  # rotate, so no variant always runs first
                 if name == "bare":
                     seconds["bare"].append(bare_loop(bare_run, args.steps, warmup))
                 else:
                     seconds[name].append(normbench_loop(runs[name], Path(tmp) / f"{name}-{r}", warmup))
     tokens = bare_run.train.batch_size * bare_run.model.block_size
     tps = {name: tokens / statistics.median(s) for name, s in seconds.items()}
-    table = Table(title=f"training throughput, {args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads")
+    table = Table(
+        title=f"training throughput, {args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads"
+    )
     for col in ("loop", "tokens/s (median of rounds)", "vs bare"):
         table.add_column(col, justify="right")
     for name, value in tps.items():
         table.add_row(name, f"{value:,.0f}", f"{value / tps['bare']:.3f}")
     console.print(table)
-    console.print(f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of throughput")
+    console.print(
+        f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of throughput"
+    )
     with paired_steps(bare_run) as (steps, _):
         rounds = alternate({name: steps[name] for name in ("bare", "normbench")})
         ops = {name: aten_ops(steps[name]) for name in ("bare", "plain")}
@@ -195,14 +213,18 @@ def main() -> None:
     bare, nb = (statistics.fmean(rounds[name]) for name in ("bare", "normbench"))
     ratios = sorted(b / n for b, n in zip(rounds["bare"], rounds["normbench"]))
     quartiles = statistics.quantiles(ratios, n=4)
-    console.print(f"alternating blocks of 5 steps, {len(ratios)} rounds: bare {1000 * bare:.1f} ms, normbench "
-                  f"{1000 * nb:.1f} ms per step; normbench / bare throughput {bare / nb:.3f} "
-                  f"(per round: median {statistics.median(ratios):.3f}, quartiles {quartiles[0]:.3f} to {quartiles[2]:.3f})")
+    console.print(
+        f"alternating blocks of 5 steps, {len(ratios)} rounds: bare {1000 * bare:.1f} ms, normbench "
+        f"{1000 * nb:.1f} ms per step; normbench / bare throughput {bare / nb:.3f} "
+        f"(per round: median {statistics.median(ratios):.3f}, quartiles {quartiles[0]:.3f} to {quartiles[2]:.3f})"
+    )
     extra = ops["plain"] - ops["bare"]
     missing = ops["bare"] - ops["plain"]
-    console.print(f"ATen ops in 10 steps (torch.profiler): bare {sum(ops['bare'].values()):,}, normbench "
-                  f"{sum(ops['plain'].values()):,}; normbench's extra: {dict(extra) or 'none'}; "
-                  f"bare's extra: {dict(missing) or 'none'}")
+    console.print(
+        f"ATen ops in 10 steps (torch.profiler): bare {sum(ops['bare'].values()):,}, normbench "
+        f"{sum(ops['plain'].values()):,}; normbench's extra: {dict(extra) or 'none'}; "
+        f"bare's extra: {dict(missing) or 'none'}"
+    )
 
 
 def price_statistics(console: Console, steps: dict, every: int) -> None:
@@ -212,9 +234,11 @@ def price_statistics(console: Console, steps: dict, every: int) -> None:
     priced = alternate({name: steps[name] for name in ("plain", "statistics")}, rounds=10, block=2)
     plain, with_stats = (statistics.fmean(priced[name]) for name in ("plain", "statistics"))
     extra = sorted(s - p for s, p in zip(priced["statistics"], priced["plain"]))
-    console.print(f"a statistics step takes {1000 * (with_stats - plain):.1f} ms more than a plain one "
-                  f"({1000 * plain:.1f} ms; per round: median {1000 * statistics.median(extra):.1f} ms): "
-                  f"{100 * (with_stats - plain) / (every * plain):.2f}% of throughput at train.stats_every={every}")
+    console.print(
+        f"a statistics step takes {1000 * (with_stats - plain):.1f} ms more than a plain one "
+        f"({1000 * plain:.1f} ms; per round: median {1000 * statistics.median(extra):.1f} ms): "
+        f"{100 * (with_stats - plain) / (every * plain):.2f}% of throughput at train.stats_every={every}"
+    )
 
 
 if __name__ == "__main__":

@@ -10,17 +10,19 @@ import gc
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from normbench.configtree import group_options  # not normbench.config, which imports torch
+from normbench.core.configtree import group_options  # not normbench.training.config, which imports torch
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def _groups_help() -> str:
-    lines = [f"  {g:<10} {', '.join(group_options(g))}" for g in ("norm", "placement", "model", "data", "train", "logger")]
+    lines = [
+        f"  {g:<10} {', '.join(group_options(g))}"
+        for g in ("norm", "placement", "model", "data", "train", "logger")
+    ]
     return "\n".join(lines)
 
 
@@ -39,8 +41,10 @@ def _root() -> None:
 
 
 def _hydra(args: list[str]) -> None:
-    from normbench import distributed
-    from normbench.job import hydra_main  # imported late: Hydra is slow to import and --help needs none of it
+    from normbench.sweeps.job import (
+        hydra_main,
+    )  # imported late: Hydra is slow to import and --help needs none of it
+    from normbench.training import distributed
 
     if distributed.is_main():
         sys.argv = ["normbench", *args]
@@ -88,7 +92,7 @@ hydra.sweep.dir=DIR is given). Running the same command again resumes: runs comp
 same config are kept, interrupted ones run again, diverged and failed ones are kept unless
 --retry-failed. The exit code is 1 if any run failed (diverging is a result, not a failure).
 
-[bold]Named experiments[/bold] (experiment=NAME): {', '.join(group_options('experiment'))}
+[bold]Named experiments[/bold] (experiment=NAME): {", ".join(group_options("experiment"))}
 
 [bold]Launchers[/bold]: hydra/launcher=joblib hydra.launcher.n_jobs=N (parallel on this machine:
 each job gets cpus // N torch threads), hydra/launcher=slurm (SLURM, one GPU per job; pip install
@@ -107,19 +111,25 @@ each job gets cpus // N torch threads), hydra/launcher=slurm (SLURM, one GPU per
 )
 def sweep(
     ctx: typer.Context,
-    dry_run: bool = typer.Option(False, "--dry-run", help="List the runs the sweep would make, and which already have results."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again the runs that diverged or failed."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="List the runs the sweep would make, and which already have results."
+    ),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Run again the runs that diverged or failed."
+    ),
 ) -> None:
-    from normbench import multirun
-    from normbench.errors import ConfigError
+    from normbench.core.errors import ConfigError
+    from normbench.sweeps import multirun
 
     flags = [a for a in ctx.args if a.startswith("-")]
     if flags:
-        _fail(f"unknown option {flags[0]}: sweep takes --dry-run, --retry-failed and Hydra overrides KEY=VALUE "
-              "(to see a run's config: normbench train --cfg job KEY=VALUE ...)")
-    # Started before normbench.sweep (and PyTorch) is imported: it warms up while this process plans.
+        _fail(
+            f"unknown option {flags[0]}: sweep takes --dry-run, --retry-failed and Hydra overrides KEY=VALUE "
+            "(to see a run's config: normbench train --cfg job KEY=VALUE ...)"
+        )
+    # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
     child = None if dry_run else multirun.start(ctx.args)
-    from normbench.sweep import run_sweep
+    from normbench.sweeps.sweep import run_sweep
 
     try:
         code = run_sweep(ctx.args, dry_run=dry_run, retry_failed=retry_failed, child=child)
@@ -135,17 +145,37 @@ def _fail(err: Exception) -> None:
 
 @app.command()
 def report(
-    paths: list[Path] = typer.Argument(None, help="Run or sweep directories (searched recursively) and bench CSV files. Default: results/"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. Default: a report/ folder beside the runs."),
-    group_by: Optional[str] = typer.Option(None, "--group-by", help="Comma-separated config keys to group by. Default: the keys that vary."),
-    metric: str = typer.Option("final_val_loss", "--metric", help="The summary field to rank configurations by."),
+    paths: list[Path] = typer.Argument(
+        None, help="Run or sweep directories (searched recursively) and bench CSV files. Default: results/"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output folder. Default: a report/ folder beside the runs."
+    ),
+    group_by: str | None = typer.Option(
+        None, "--group-by", help="Comma-separated config keys to group by. Default: the keys that vary."
+    ),
+    metric: str = typer.Option(
+        "final_val_loss", "--metric", help="The summary field to rank configurations by."
+    ),
     formats: str = typer.Option("png", "--format", help="Chart formats, comma-separated: png, svg, pdf."),
-    tune: Optional[str] = typer.Option(None, "--tune", help="Compare each configuration at its best value of this key, with its sensitivity to it. Default: train.lr when it varies; 'none' turns it off."),
-    scale: Optional[str] = typer.Option(None, "--scale", help="The size axis (model.d_model, model.n_layer, train.steps, ...): each comparison across sizes, its trend, the best value's drift. Default: the one size key that varies; 'none' turns it off."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="The configuration compared with across sizes, e.g. norm=ln,placement=pre. Default: the best at the largest size."),
+    tune: str | None = typer.Option(
+        None,
+        "--tune",
+        help="Compare each configuration at its best value of this key, with its sensitivity to it. Default: train.lr when it varies; 'none' turns it off.",
+    ),
+    scale: str | None = typer.Option(
+        None,
+        "--scale",
+        help="The size axis (model.d_model, model.n_layer, train.steps, ...): each comparison across sizes, its trend, the best value's drift. Default: the one size key that varies; 'none' turns it off.",
+    ),
+    baseline: str | None = typer.Option(
+        None,
+        "--baseline",
+        help="The configuration compared with across sizes, e.g. norm=ln,placement=pre. Default: the best at the largest size.",
+    ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
-    from normbench.errors import ConfigError
+    from normbench.core.errors import ConfigError
     from normbench.report import run_report
 
     try:
@@ -167,17 +197,23 @@ def report(
 def bench(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     dtype: str = typer.Option("fp32", "--dtype", help="Comma-separated: fp32, bf16, fp16."),
-    dims: Optional[str] = typer.Option(None, "--dims", help="Comma-separated widths. Default: 128 to 8192."),
-    tokens: Optional[int] = typer.Option(None, "--tokens", help="Tokens per call (rows of the (tokens, dim) input)."),
-    norms: Optional[str] = typer.Option(None, "--norms", help="Comma-separated norms. Default: the whole zoo."),
+    dims: str | None = typer.Option(None, "--dims", help="Comma-separated widths. Default: 128 to 8192."),
+    tokens: int | None = typer.Option(
+        None, "--tokens", help="Tokens per call (rows of the (tokens, dim) input)."
+    ),
+    norms: str | None = typer.Option(
+        None, "--norms", help="Comma-separated norms. Default: the whole zoo."
+    ),
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Also time torch.compile'd versions."),
     repeats: int = typer.Option(25, "--repeats", help="Timed blocks per median; more on a noisy machine."),
-    threads: int = typer.Option(1, "--threads", help="CPU threads while timing (1: CPU time of one thread, the default)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results as CSV here."),
+    threads: int = typer.Option(
+        1, "--threads", help="CPU threads while timing (1: CPU time of one thread, the default)."
+    ),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the results as CSV here."),
 ) -> None:
     """Micro-benchmark every norm (forward, forward+backward) against PyTorch's native op."""
-    from normbench.bench import run_bench
-    from normbench.errors import ConfigError
+    from normbench.core.errors import ConfigError
+    from normbench.training.bench import run_bench
 
     try:
         run_bench(
@@ -215,12 +251,14 @@ def coordcheck(
     param: str = typer.Option("both", "--param", help="sp, mup or both (side by side)."),
     out: Path = typer.Option(Path("coordcheck"), "--out", "-o", help="Output folder."),
 ) -> None:
-    from normbench.coordcheck import run_coordcheck
-    from normbench.errors import ConfigError
+    from normbench.core.errors import ConfigError
+    from normbench.training.coordcheck import run_coordcheck
 
     flags = [a for a in ctx.args if a.startswith("-")]
     if flags:
-        _fail(f"unknown option {flags[0]}: coordcheck takes --widths, --steps, --param, --out and Hydra overrides KEY=VALUE")
+        _fail(
+            f"unknown option {flags[0]}: coordcheck takes --widths, --steps, --param, --out and Hydra overrides KEY=VALUE"
+        )
     try:
         run_coordcheck(ctx.args, widths, steps, param, out)
     except ConfigError as err:

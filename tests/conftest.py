@@ -9,16 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hypothesis import settings
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-import torch
+from hypothesis import settings
 
-from normbench.config import conf_dir, parse_config
-from normbench.diagnostics import LayerStats
-from normbench.config import load_group
-from normbench.model import GPT
-from normbench.train import Run, train
+from normbench.model.gpt import GPT
+from normbench.training.config import conf_dir, load_group, parse_config
+from normbench.training.diagnostics import LayerStats
+from normbench.training.loop import Run, train
 
 # CI replays the same examples every time; locally hypothesis keeps exploring new ones.
 settings.register_profile("ci", derandomize=True)
@@ -69,7 +68,12 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     """The installed command as a user types it (python -m normbench), output captured."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "normbench", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "normbench", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -100,7 +104,10 @@ def stats_step(tmp_path, *overrides):
     stats = LayerStats(state.model)
     record_gen = state.batch_gen.get_state()
     attn_inputs = []
-    hooks = [b.attn.register_forward_pre_hook(lambda m, args: attn_inputs.append(args[0].detach())) for b in state.model.blocks]
+    hooks = [
+        b.attn.register_forward_pre_hook(lambda m, args: attn_inputs.append(args[0].detach()))
+        for b in state.model.blocks
+    ]
     weights = {n: t.detach().clone() for n, t in state.model.state_dict().items()}
     _, grad_norm = state.train_step(stats)
     for h in hooks:

@@ -10,18 +10,17 @@ import math
 
 import pytest
 import torch
-import yaml
-from omegaconf import OmegaConf
 import torch.nn.functional as F
-
-from normbench.causality import causal_leak
-from normbench.config import load_group, parse_config
-from normbench.errors import ConfigError
-from normbench.model import GPT
-from normbench.report.load import load_runs
-from normbench.train import LEAK_TOLERANCE, train
-
+import yaml
 from conftest import SYNTH, compose_cfg, randomize_norms, read_metrics, stats_step
+from omegaconf import OmegaConf
+
+from normbench.core.errors import ConfigError
+from normbench.model.causality import causal_leak
+from normbench.model.gpt import GPT
+from normbench.report.load import load_runs
+from normbench.training.config import load_group, parse_config
+from normbench.training.loop import LEAK_TOLERANCE, train
 
 VOCAB = 64
 EPS = 1e-6  # RMSNorm's eps (conf/norm/rms.yaml)
@@ -38,8 +37,12 @@ OPTIONS = {
 def model_with(option: str, norm: str = "rms", **extra) -> GPT:
     overrides, placement = OPTIONS[option]
     torch.manual_seed(0)
-    model = GPT(load_group("model", "micro", arch="llama", **{**overrides, **extra}), VOCAB, {"name": norm},
-                {"name": placement, "final_norm": True})
+    model = GPT(
+        load_group("model", "micro", arch="llama", **{**overrides, **extra}),
+        VOCAB,
+        {"name": norm},
+        {"name": placement, "final_norm": True},
+    )
     randomize_norms(model)
     return model
 
@@ -71,7 +74,11 @@ def test_attention_gate_multiplies_each_channel_of_each_head_by_sigmoid_of_the_i
         gate = 1 / (1 + torch.exp(-(x @ attn.gate.weight.T)))  # llama: no bias
         assert torch.allclose(attn(x), (y * gate) @ attn.proj.weight.T, atol=1e-6)
         # gpt2 with biases: the gate has one too.
-        attn = GPT(load_group("model", "micro", attn_gate=True), VOCAB, {"name": "ln"}, {"name": "pre"}).blocks[0].attn
+        attn = (
+            GPT(load_group("model", "micro", attn_gate=True), VOCAB, {"name": "ln"}, {"name": "pre"})
+            .blocks[0]
+            .attn
+        )
         torch.nn.init.normal_(attn.gate.bias)
         q, k, v = attn.heads(x)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 10, C)
@@ -126,7 +133,11 @@ def test_hybrid_block_is_qkv_norm_attention_then_a_post_norm_mlp():
         raw = (x @ attn.qkv.weight.T).split(C, dim=-1)
         q, k, v = (by_heads(ln(t, n), H) for t, n in zip(raw, (attn.q_norm, attn.k_norm, attn.v_norm)))
         q, k = attn.rotary(q), attn.rotary(k)
-        y = x + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 12, C) @ attn.proj.weight.T
+        y = (
+            x
+            + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 12, C)
+            @ attn.proj.weight.T
+        )
         h = ln(y, block.norm_mlp)
         assert torch.allclose(block(x), h + block.mlp(h), atol=1e-5)
 
@@ -139,8 +150,12 @@ def test_gradients_reach_every_parameter_of_the_option(option):
     model = model_with(option)
     idx = torch.randint(VOCAB, (2, 16))
     model(idx[:, :-1], idx[:, 1:])[1].backward()
-    names = {"attn_gate": ["gate"], "qk_norm_flat": ["q_norm", "k_norm"], "v_norm": ["v_norm"],
-             "hybrid": ["q_norm", "k_norm", "v_norm"]}[option]
+    names = {
+        "attn_gate": ["gate"],
+        "qk_norm_flat": ["q_norm", "k_norm"],
+        "v_norm": ["v_norm"],
+        "hybrid": ["q_norm", "k_norm", "v_norm"],
+    }[option]
     for p in (getattr(model.blocks[0].attn, name).weight for name in names):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
@@ -173,11 +188,16 @@ def test_the_option_is_causal_in_eval_and_train_mode(option):
 def test_bad_attention_options_are_refused_with_what_is_allowed():
     with pytest.raises(ConfigError, match=r"^unknown model.qk_norm_scope 'heads'; allowed: head, flat$"):
         load_group("model", qk_norm="rms", qk_norm_scope="heads").validate()
-    with pytest.raises(ConfigError, match=r"^model.v_norm=bn cannot normalize values \(batch statistics.*allowed: none, gn, ln, rms, scale$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model.v_norm=bn cannot normalize values \(batch statistics.*allowed: none, gn, ln, rms, scale$",
+    ):
         load_group("model", v_norm="bn").validate()
     with pytest.raises(ConfigError, match=r"^unknown model.v_norm 'foo'; allowed: none, gn, ln, rms, scale$"):
         load_group("model", v_norm="foo").validate()
-    with pytest.raises(ConfigError, match=r"^model.attn_gate must be true or false, got 1; allowed: false, true$"):
+    with pytest.raises(
+        ConfigError, match=r"^model.attn_gate must be true or false, got 1; allowed: false, true$"
+    ):
         dataclasses.replace(load_group("model"), attn_gate=1).validate()
     with pytest.raises(ConfigError, match=r"^placement=hybrid puts its own norm .* must be none; allowed: "):
         GPT(load_group("model", "micro", qk_norm="rms"), VOCAB, {"name": "rms"}, {"name": "hybrid"})
@@ -192,8 +212,9 @@ def test_stats_record_the_logits_after_and_before_the_caps(tmp_path):
     """Each layer's largest attention logit q·k/sqrt(d) and the output logits' log Z, by hand from the
     step's own inputs and weights: raw before the cap, and after it what the softmax sees."""
     attn_cap, logit_cap = 0.02, 1.0  # at init the attention logits are a few hundredths
-    record, weights, attn_inputs, x, _, state = stats_step(tmp_path, f"model.attn_softcap={attn_cap}",
-                                                           f"model.logit_softcap={logit_cap}")
+    record, weights, attn_inputs, x, _, state = stats_step(
+        tmp_path, f"model.attn_softcap={attn_cap}", f"model.logit_softcap={logit_cap}"
+    )
     n_head = state.cfg.model.n_head
     raws = []
     for i, inputs in enumerate(attn_inputs):
@@ -229,14 +250,25 @@ def test_without_a_cap_only_the_capped_names_are_written(tmp_path):
 
 
 def test_summary_carries_the_raw_peaks_and_a_report_fills_them_for_uncapped_and_older_runs(tmp_path):
-    capped = ["model=tiny", "train.steps=4", "train.stats_every=2", "train.eval_every=4", "train.batch_size=8",
-              "train.eval_batches=2", "train.progress=false", "train.device=cpu", *SYNTH]
+    capped = [
+        "model=tiny",
+        "train.steps=4",
+        "train.stats_every=2",
+        "train.eval_every=4",
+        "train.batch_size=8",
+        "train.eval_batches=2",
+        "train.progress=false",
+        "train.device=cpu",
+        *SYNTH,
+    ]
     runs = {"cap": [*capped, "model.attn_softcap=0.01", "model.logit_softcap=0.5"], "plain": capped}
     summaries = {}
     for name, overrides in runs.items():  # what a job does: the run, then its config beside it
         cfg = compose_cfg(overrides)
         summaries[name] = train(parse_config(cfg), tmp_path / name)
-        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(OmegaConf.to_container(cfg, resolve=True)))
+        (tmp_path / name / "config.yaml").write_text(
+            yaml.safe_dump(OmegaConf.to_container(cfg, resolve=True))
+        )
     summary, plain = summaries["cap"], summaries["plain"]
     assert summary["max_attn_logit"] < 0.01 < summary["max_attn_logit_raw"]
     assert summary["max_log_z_raw"] is not None and summary["max_log_z_raw"] != summary["max_log_z"]
@@ -247,8 +279,9 @@ def test_summary_carries_the_raw_peaks_and_a_report_fills_them_for_uncapped_and_
     (tmp_path / "old").mkdir()
     for name in ("config.yaml", "metrics.jsonl"):
         (tmp_path / "old" / name).write_text((tmp_path / "plain" / name).read_text())
-    (tmp_path / "old" / "summary.json").write_text(json.dumps({"status": "completed", "final_val_loss": 3.0,
-                                                              "max_attn_logit": 2.5, "max_log_z": 4.0}))
+    (tmp_path / "old" / "summary.json").write_text(
+        json.dumps({"status": "completed", "final_val_loss": 3.0, "max_attn_logit": 2.5, "max_log_z": 4.0})
+    )
     data = load_runs([tmp_path / "cap", tmp_path / "plain", tmp_path / "old"], warn=print)
     runs = data.runs.set_index(data.runs["run_dir"].map(lambda d: d.rsplit("/", 1)[-1]))
     assert runs.loc["cap", "max_attn_logit_raw"] == pytest.approx(summary["max_attn_logit_raw"])
@@ -264,17 +297,35 @@ def test_summary_carries_the_raw_peaks_and_a_report_fills_them_for_uncapped_and_
 
 
 @pytest.mark.slow  # four 100-step trainings
-@pytest.mark.parametrize("overrides", [
-    ["model.attn_gate=true"],
-    ["model.qk_norm=rms", "model.qk_norm_scope=flat"],
-    ["model.v_norm=rms"],
-    ["placement=hybrid"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.attn_gate=true"],
+        ["model.qk_norm=rms", "model.qk_norm_scope=flat"],
+        ["model.v_norm=rms"],
+        ["placement=hybrid"],
+    ],
+)
 def test_each_option_learns_in_the_llama_model(tmp_path, overrides):
     """normbench train model=micro model.arch=llama <option> train.steps=100 (batch 8): the loss falls far below init."""
-    cfg = compose_cfg(["model=micro", "model.arch=llama", "norm=rms", *overrides, "train.steps=100", "train.batch_size=8",
-                       "train.eval_every=100", "train.eval_batches=2", "train.progress=false", "train.device=cpu", *SYNTH])
+    cfg = compose_cfg(
+        [
+            "model=micro",
+            "model.arch=llama",
+            "norm=rms",
+            *overrides,
+            "train.steps=100",
+            "train.batch_size=8",
+            "train.eval_every=100",
+            "train.eval_batches=2",
+            "train.progress=false",
+            "train.device=cpu",
+            *SYNTH,
+        ]
+    )
     summary = train(parse_config(cfg), tmp_path)
     evals = [r["val_loss"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
     assert summary["status"] == "completed" and summary["causal_leak"]["eval"] < LEAK_TOLERANCE
-    assert evals[-1] < evals[0] - 0.6, evals  # from ln 64 = 4.16 to 3.35 (v_norm), 3.25 (hybrid), below 3.17 (the others) here
+    assert evals[-1] < evals[0] - 0.6, (
+        evals
+    )  # from ln 64 = 4.16 to 3.35 (v_norm), 3.25 (hybrid), below 3.17 (the others) here

@@ -9,9 +9,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from normbench.bench import COLUMNS, run_bench, time_ms
-from normbench.errors import ConfigError
-from normbench.norms import NORMS
+from normbench.core.errors import ConfigError
+from normbench.model.norms import NORMS
+from normbench.training.bench import COLUMNS, run_bench, time_ms
 
 NATIVE = {"ln", "rms", "bn", "gn"}
 
@@ -24,8 +24,16 @@ def quiet():
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "sub" / "bench.csv"
     console = quiet()
-    df = run_bench(dtypes=["fp32", "bf16"], dims=[32, 64], tokens=64, repeats=3, compile=False,
-                   threads=1, out=out, console=console)
+    df = run_bench(
+        dtypes=["fp32", "bf16"],
+        dims=[32, 64],
+        tokens=64,
+        repeats=3,
+        compile=False,
+        threads=1,
+        out=out,
+        console=console,
+    )
     return df, out, console.file.getvalue()
 
 
@@ -88,19 +96,24 @@ def test_ratio_to_ln_agrees_with_a_timing_made_here(monkeypatch):
     independently in this test (its own inputs, its own clock calls), and the copy bandwidth against a clone."""
     monkeypatch.setitem(NORMS, "ln3", ThriceLayerNorm)
     tokens, dim = 512, 256
-    df = run_bench(dims=[dim], tokens=tokens, norms=["ln3"], repeats=9, compile=False, threads=1, console=quiet())
+    df = run_bench(
+        dims=[dim], tokens=tokens, norms=["ln3"], repeats=9, compile=False, threads=1, console=quiet()
+    )
     row = df[df["pass"] == "fwd"].iloc[0]
 
     torch.manual_seed(0)
     xs = [torch.randn(tokens, dim, requires_grad=True) for _ in range(8)]
     ln3, ln = ThriceLayerNorm(dim), torch.nn.LayerNorm(dim)
     calls = iter(range(10**9))
-    nxt = lambda: xs[next(calls) % len(xs)]  # noqa: E731
+    nxt = lambda: xs[next(calls) % len(xs)]
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        mine = time_ms({"ln3": lambda: ln3(nxt()), "ln": lambda: ln(nxt()), "clone": lambda: nxt().detach().clone()},
-                       repeats=9, clock=time.thread_time)
+        mine = time_ms(
+            {"ln3": lambda: ln3(nxt()), "ln": lambda: ln(nxt()), "clone": lambda: nxt().detach().clone()},
+            repeats=9,
+            clock=time.thread_time,
+        )
     finally:
         torch.set_num_threads(saved)
     assert row.ratio_to_ln == pytest.approx(mine["ln3"] / mine["ln"], rel=0.35)
@@ -120,18 +133,21 @@ def test_timing_uses_blocks_for_fast_calls():
     assert ms < 0.1 and len(calls) > 100  # many calls per block, not one timer read per call
 
 
-@pytest.mark.parametrize("kwargs, allowed", [
-    (dict(dtypes=["fp8"]), "fp32"),
-    (dict(norms=["ln", "nope"]), "rms"),
-    (dict(device="tpu"), "cpu"),
-    (dict(device="banana"), "cpu"),
-    (dict(dims=[64, 0]), None),
-    (dict(dims=[]), None),
-    (dict(tokens=0), None),
-    (dict(repeats=0), None),
-    (dict(threads=0), None),
-    (dict(dims=[6], norms=["gn"]), 3),  # gn's 4 groups don't divide 6
-])
+@pytest.mark.parametrize(
+    "kwargs, allowed",
+    [
+        (dict(dtypes=["fp8"]), "fp32"),
+        (dict(norms=["ln", "nope"]), "rms"),
+        (dict(device="tpu"), "cpu"),
+        (dict(device="banana"), "cpu"),
+        (dict(dims=[64, 0]), None),
+        (dict(dims=[]), None),
+        (dict(tokens=0), None),
+        (dict(repeats=0), None),
+        (dict(threads=0), None),
+        (dict(dims=[6], norms=["gn"]), 3),  # gn's 4 groups don't divide 6
+    ],
+)
 def test_bad_input_raises_config_error(kwargs, allowed):
     with pytest.raises(ConfigError) as e:
         run_bench(**{"dims": [32], "tokens": 8, "compile": False, "console": quiet(), **kwargs})
@@ -159,7 +175,7 @@ def test_cpu_clock_counts_work_not_waiting():
 
 
 def test_compile_failure_is_skipped_with_a_note(monkeypatch):
-    import normbench.bench as bench
+    import normbench.training.bench as bench
 
     def broken(*args):
         raise RuntimeError("no C++ compiler found\nlong traceback...")
@@ -169,4 +185,8 @@ def test_compile_failure_is_skipped_with_a_note(monkeypatch):
     df = run_bench(dims=[32], tokens=16, norms="dyt", repeats=2, compile=True, console=console)
     assert set(df.impl) == {"normbench"} and df.ratio_to_compiled.isna().all()
     text = console.file.getvalue()
-    assert text.count("compiled skipped") == 1 and "no C++ compiler found" in text and "long traceback" not in text
+    assert (
+        text.count("compiled skipped") == 1
+        and "no C++ compiler found" in text
+        and "long traceback" not in text
+    )

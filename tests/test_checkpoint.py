@@ -2,31 +2,28 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-import io
-import threading
-
 import pytest
 import torch
+from conftest import compose_cfg, read_metrics, run_cli, tiny, train_tiny
 from rich.console import Console
 
-from normbench import checkpoint
-from normbench.config import parse_config
-from normbench.errors import ConfigError
-from normbench.model import GPT
-from normbench.runs import read_index
-from normbench.sinks import MetricSinks
-from normbench.sweep import run_sweep
-from normbench.train import train
-
-from conftest import compose_cfg, read_metrics, run_cli, tiny, train_tiny
+from normbench.core.errors import ConfigError
+from normbench.core.runs import read_index
+from normbench.model.gpt import GPT
+from normbench.sweeps.sweep import run_sweep
+from normbench.training import checkpoint
+from normbench.training.config import parse_config
+from normbench.training.sinks import MetricSinks
 
 TIMING = ("tokens_per_s", "step_ms")  # wall-clock figures: the only fields two identical runs may differ in
 LOSSES = ("status", "final_val_loss", "best_val_loss", "max_grad_norm", "clip_fraction", "steps", "params")
@@ -107,7 +104,9 @@ def test_checkpoints_do_not_change_the_run(references, tmp_path):
 
 # Right at a checkpoint, and between two (BatchNorm's running statistics and dropout's RNG restored).
 @pytest.mark.parametrize("variant, stop_at", [("ln-dropout", 10), ("bn-dropout", 13)])
-def test_sigterm_checkpoints_at_the_end_of_the_step_and_resume_is_exact(references, tmp_path, monkeypatch, variant, stop_at):
+def test_sigterm_checkpoints_at_the_end_of_the_step_and_resume_is_exact(
+    references, tmp_path, monkeypatch, variant, stop_at
+):
     overrides, ref = references(variant)
     with monkeypatch.context() as m:
         signal_at(m, stop_at)
@@ -137,7 +136,9 @@ def test_a_kill_resumes_from_the_last_checkpoint_and_cuts_the_log_back(reference
     assert_same_run(tmp_path, ref)
 
 
-def test_damaged_checkpoints_fall_back_to_the_previous_one_then_to_a_fresh_start(references, tmp_path, monkeypatch, capsys):
+def test_damaged_checkpoints_fall_back_to_the_previous_one_then_to_a_fresh_start(
+    references, tmp_path, monkeypatch, capsys
+):
     overrides, ref = references("ln-dropout")
     with monkeypatch.context() as m:
         signal_at(m, 13)
@@ -213,8 +214,15 @@ def test_submitit_requeue_hook_runs_after_the_checkpoint(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- real processes, real signals
 
-CLI_RUN = tiny("model=micro", "train.steps=40", "train.log_every=1", "train.eval_every=10", "train.threads=1",
-               "train.stats_every=0", "model.dropout=0.1")
+CLI_RUN = tiny(
+    "model=micro",
+    "train.steps=40",
+    "train.log_every=1",
+    "train.eval_every=10",
+    "train.threads=1",
+    "train.stats_every=0",
+    "model.dropout=0.1",
+)
 
 
 def _wait_for(predicate, proc, timeout=120):
@@ -245,8 +253,10 @@ def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp
     rng = __import__("random").Random(0)
 
     # kill -9 right after the first checkpoint, then mid-way between two, at a random step each time.
-    stops = [lambda: (run_dir / "checkpoint.pt").exists(),
-             lambda: _last_step(run_dir) >= 20 + rng.randrange(1, 9)]
+    stops = [
+        lambda: (run_dir / "checkpoint.pt").exists(),
+        lambda: _last_step(run_dir) >= 20 + rng.randrange(1, 9),
+    ]
     for ready in stops:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for(ready, proc)
@@ -314,7 +324,7 @@ def test_a_sweep_stopped_by_sigterm_lists_the_run_as_interrupted_and_resumes_it(
 def test_the_cli_refuses_another_configs_checkpoint_before_writing_anything(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         signal_at(m, 5)
-        from normbench.job import run_job
+        from normbench.sweeps.job import run_job
 
         cfg = compose_cfg(tiny(*RUN))
         with pytest.raises(SystemExit) as exit_:

@@ -7,18 +7,17 @@ import math
 
 import pytest
 import torch
+from conftest import SHARED_DATA, train_tiny
 
-from normbench.data import (
+from normbench.core.errors import ConfigError
+from normbench.data.corpus import (
     build_dataset,
     fetch_shakespeare,
     sample_synthetic,
     synthetic_transitions,
     uniform_floor,
 )
-from normbench.config import load_group
-from normbench.errors import ConfigError
-
-from conftest import SHARED_DATA, train_tiny
+from normbench.training.config import load_group
 
 
 def slow_true_logprob(seq: list[int], transitions: torch.Tensor, copy_prob: float) -> list[float]:
@@ -45,7 +44,13 @@ def test_synthetic_logprob_matches_the_process_definition():
 
 
 def test_uniform_iid_process_has_floor_ln_vocab():
-    data = build_dataset(load_group("data", vocab_size=50, concentration=None, copy_prob=0.0, train_sequences=8, val_sequences=8), 16, 8)
+    data = build_dataset(
+        load_group(
+            "data", vocab_size=50, concentration=None, copy_prob=0.0, train_sequences=8, val_sequences=8
+        ),
+        16,
+        8,
+    )
     assert data.floor_loss == pytest.approx(math.log(50), abs=1e-12) == pytest.approx(uniform_floor(50))
 
 
@@ -62,7 +67,9 @@ def test_copy_always_makes_repeated_contexts_deterministic():
 
 
 def test_markov_floor_is_the_empirical_transition_entropy():
-    cfg = load_group("data", vocab_size=16, concentration=0.2, copy_prob=0.0, train_sequences=8, val_sequences=64)
+    cfg = load_group(
+        "data", vocab_size=16, concentration=0.2, copy_prob=0.0, train_sequences=8, val_sequences=64
+    )
     data = build_dataset(cfg, 32, 64)
     val = data.val[:64]
     by_hand = -data.transitions[val[:, :-1], val[:, 1:]].log().mean().item()
@@ -114,7 +121,9 @@ def test_shakespeare_downloads_verifies_and_reuses_cache(tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 30)
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
-    cfg = load_group("data", "shakespeare", url=source.as_uri(), sha256=digest, cache_dir=str(tmp_path / "cache"))
+    cfg = load_group(
+        "data", "shakespeare", url=source.as_uri(), sha256=digest, cache_dir=str(tmp_path / "cache")
+    )
     cached = fetch_shakespeare(cfg)
     assert cached.read_bytes() == source.read_bytes()
     source.unlink()  # the second call must not touch the "network"
@@ -134,8 +143,13 @@ def test_parallel_first_downloads_do_not_race(tmp_path, monkeypatch):
 
     source = tmp_path / "input.txt"
     source.write_text("Before we proceed any further, hear me speak.\n" * 100)
-    cfg = load_group("data", "shakespeare", url=source.as_uri(), sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
-                     cache_dir=str(tmp_path / "cache"))
+    cfg = load_group(
+        "data",
+        "shakespeare",
+        url=source.as_uri(),
+        sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
+        cache_dir=str(tmp_path / "cache"),
+    )
     jobs = 4
     barrier = threading.Barrier(jobs, timeout=30)
     real_replace = os.replace
@@ -151,7 +165,7 @@ def test_parallel_first_downloads_do_not_race(tmp_path, monkeypatch):
     def job():
         try:
             results.append(fetch_shakespeare(cfg))
-        except Exception as err:  # noqa: BLE001 - the test reports whatever a job met
+        except Exception as err:
             errors.append(err)
 
     threads = [threading.Thread(target=job) for _ in range(jobs)]
@@ -161,20 +175,26 @@ def test_parallel_first_downloads_do_not_race(tmp_path, monkeypatch):
         t.join(timeout=60)
     assert not errors, errors
     assert len(results) == jobs and all(r.read_bytes() == source.read_bytes() for r in results)
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["tinyshakespeare.txt"], "temporary files left behind"
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["tinyshakespeare.txt"], (
+        "temporary files left behind"
+    )
 
 
 def test_shakespeare_checksum_mismatch_is_refused(tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("tampered")
-    cfg = load_group("data", "shakespeare", url=source.as_uri(), sha256="0" * 64, cache_dir=str(tmp_path / "cache"))
+    cfg = load_group(
+        "data", "shakespeare", url=source.as_uri(), sha256="0" * 64, cache_dir=str(tmp_path / "cache")
+    )
     with pytest.raises(ConfigError, match="SHA-256"):
         fetch_shakespeare(cfg)
     assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
 
 
 def test_shakespeare_offline_names_the_local_alternative(tmp_path):
-    cfg = load_group("data", "shakespeare", url=(tmp_path / "missing.txt").as_uri(), cache_dir=str(tmp_path / "cache"))
+    cfg = load_group(
+        "data", "shakespeare", url=(tmp_path / "missing.txt").as_uri(), cache_dir=str(tmp_path / "cache")
+    )
     with pytest.raises(ConfigError, match=r"data=text data.path="):
         fetch_shakespeare(cfg)
 

@@ -9,12 +9,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from normbench.config import parse_config
-from normbench.diagnostics import PARTS, LayerStats
-from normbench.train import Run
-
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
+
+from normbench.training.config import parse_config
+from normbench.training.diagnostics import PARTS, LayerStats
+from normbench.training.loop import Run
 
 
 def stats_records(run_dir):
@@ -62,10 +61,16 @@ def test_per_layer_norms_match_a_direct_computation(tmp_path):
         for key, path in PARTS.items():
             module = block.get_submodule(path)
             names = [f"blocks.{i}.{path}.{n}" for n, _ in module.named_parameters()]
-            assert layer["grad_norm"][key] == pytest.approx(norm([p.grad for p in module.parameters()]), rel=1e-4)
-            assert layer["weight_norm"][key] == pytest.approx(norm([weights_before[n] for n in names]), rel=1e-4)
+            assert layer["grad_norm"][key] == pytest.approx(
+                norm([p.grad for p in module.parameters()]), rel=1e-4
+            )
+            assert layer["weight_norm"][key] == pytest.approx(
+                norm([weights_before[n] for n in names]), rel=1e-4
+            )
             update = norm([dict(model.named_parameters())[n].detach() - weights_before[n] for n in names])
-            assert layer["update_ratio"][key] == pytest.approx(update / norm([weights_before[n] for n in names]), rel=1e-3)
+            assert layer["update_ratio"][key] == pytest.approx(
+                update / norm([weights_before[n] for n in names]), rel=1e-3
+            )
         norm_grads = [p.grad for n in ("norm_attn", "norm_mlp") for p in getattr(block, n).parameters()]
         assert layer["grad_norm"]["norm"] == pytest.approx(norm(norm_grads), rel=1e-4)
         assert layer["resid_rms"] == pytest.approx(float(resid[i].pow(2).mean().sqrt()), rel=1e-5)
@@ -82,7 +87,7 @@ def test_statistics_hook_the_blocks_for_their_own_step_only(tmp_path):
     """Between statistics steps the blocks run hook-free: no per-step cost that grows with depth."""
     state = Run(parse_config(compose_cfg(tiny("model.n_layer=3"))), tmp_path)
     stats = LayerStats(state.model)
-    hooked = lambda: sum(len(b._forward_hooks) for b in state.model.blocks)  # noqa: E731
+    hooked = lambda: sum(len(b._forward_hooks) for b in state.model.blocks)
     assert hooked() == 0
     state.train_step(stats)
     assert hooked() == 0
@@ -95,7 +100,9 @@ def test_statistics_hook_the_blocks_for_their_own_step_only(tmp_path):
 def test_statistics_do_not_change_training(tmp_path):
     train_tiny(tmp_path / "on", "train.stats_every=1", "norm=bn", "seed=2")
     train_tiny(tmp_path / "off", "train.stats_every=0", "norm=bn", "seed=2")
-    curve = lambda d: [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(d) if r["kind"] != "stats"]  # noqa: E731
+    curve = lambda d: [
+        (r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(d) if r["kind"] != "stats"
+    ]
     assert curve(tmp_path / "on") == curve(tmp_path / "off")
 
 
@@ -114,7 +121,15 @@ def test_tensorboard_mirror_matches_the_jsonl(tmp_path):
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"train_loss", "val_loss", "lr", "tokens_per_s", "grad_norm", "layers.0.grad_norm.mlp_out", "layers.1.resid_rms"} <= tags
+    assert {
+        "train_loss",
+        "val_loss",
+        "lr",
+        "tokens_per_s",
+        "grad_norm",
+        "layers.0.grad_norm.mlp_out",
+        "layers.1.resid_rms",
+    } <= tags
     jsonl = {r["step"]: r["train_loss"] for r in read_metrics(tmp_path) if r["kind"] == "train"}
     board = {e.step: e.value for e in events.Scalars("train_loss")}
     assert board.keys() == jsonl.keys()
@@ -139,7 +154,9 @@ def test_attention_logit_statistics_match_a_hand_computation(tmp_path, qk_norm):
         T = x.shape[1]
         logits = torch.einsum("bhid,bhjd->bhij", q.double(), k.double()) / math.sqrt(hd)
         allowed = torch.tensor([[j <= t for j in range(T)] for t in range(T)])
-        assert record["layers"][i]["max_attn_logit"] == pytest.approx(float(logits[..., allowed].max()), rel=1e-5)
+        assert record["layers"][i]["max_attn_logit"] == pytest.approx(
+            float(logits[..., allowed].max()), rel=1e-5
+        )
         p = logits.masked_fill(~allowed, -math.inf).softmax(-1)
         entropy = -(p * p.clamp_min(1e-300).log()).sum(-1).mean()
         assert record["layers"][i]["attn_entropy"] == pytest.approx(float(entropy), rel=1e-5)
@@ -181,22 +198,32 @@ def test_logit_diagnostics_off_with_the_statistics(tmp_path):
 @pytest.mark.parametrize("norm", ["dyt", "derf"])
 def test_saturation_of_point_wise_norms_matches_a_direct_count(tmp_path, norm):
     """The fraction of each point-wise norm's inputs with |alpha x| (Derf: |alpha x + s|) > 2, per layer."""
-    from normbench.diagnostics import SATURATION
+    from normbench.training.diagnostics import SATURATION
 
     overrides = [f"norm={norm}", "norm.alpha_init=60.0", "model.n_layer=2"]
     cfg = parse_config(compose_cfg(tiny("train.grad_clip=0", *overrides)))
     state = Run(cfg, tmp_path / "run")
     stats = LayerStats(state.model)
     inputs = {}
-    norms = {f"{i}.{n}": m for i, b in enumerate(state.model.blocks) for n, m in b.named_children() if n.startswith("norm")}
+    norms = {
+        f"{i}.{n}": m
+        for i, b in enumerate(state.model.blocks)
+        for n, m in b.named_children()
+        if n.startswith("norm")
+    }
     norms["final_norm"] = state.model.norm_final
     with torch.no_grad():  # a shift away from 0, so Derf's s is in the count
         for m in norms.values():
             if norm == "derf":
                 m.shift.fill_(0.5)
+
     def keep(key):
         def store(module, args, output):
-            inputs[key] = (args[0].detach(), module.alpha.item(), module.shift.item() if norm == "derf" else 0.0)
+            inputs[key] = (
+                args[0].detach(),
+                module.alpha.item(),
+                module.shift.item() if norm == "derf" else 0.0,
+            )
 
         return store
 
@@ -220,4 +247,7 @@ def test_saturation_of_point_wise_norms_matches_a_direct_count(tmp_path, norm):
 
 def test_norms_with_statistics_have_no_saturation(tmp_path):
     record = stats_step(tmp_path, "norm=ln")[0]
-    assert all("saturation" not in layer for layer in record["layers"]) and "saturation" not in record["final_norm"]
+    assert (
+        all("saturation" not in layer for layer in record["layers"])
+        and "saturation" not in record["final_norm"]
+    )

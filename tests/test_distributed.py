@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from normbench import distributed
-from normbench.errors import ConfigError
-from normbench.norms import build_norm
-
 from conftest import REPO, TINY, compose_cfg, read_metrics, run_cli, train_tiny
+
+from normbench.core.errors import ConfigError
+from normbench.model.norms import build_norm
+from normbench.training import distributed
 
 TIMEOUT_S = 180
 # The small corpus, spelled out: both runs of a comparison must train on the same data.
@@ -56,9 +55,23 @@ def torchrun(tmp_path: Path, *overrides: str, nproc: int = 2) -> tuple[str, Path
         "PYTHONUNBUFFERED": "1",
         "TMPDIR": str(tmp),
     }
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "normbench", "train", *TINY, *CORPUS, "train.threads=1", *overrides]
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "normbench",
+        "train",
+        *TINY,
+        *CORPUS,
+        "train.threads=1",
+        *overrides,
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -91,8 +104,17 @@ def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
     runs = list((cwd / "results" / "runs").iterdir())
     assert len(runs) == 1, runs
     two_dir = runs[0]
-    assert {p.name for p in two_dir.iterdir()} == {".hydra", ".lock", "config.yaml", "metrics.jsonl", "summary.json", "normbench.log"}
-    assert out.count("run completed") == 1 and out.count("20/20") == 1, out  # one summary table, one progress bar
+    assert {p.name for p in two_dir.iterdir()} == {
+        ".hydra",
+        ".lock",
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "normbench.log",
+    }
+    assert out.count("run completed") == 1 and out.count("20/20") == 1, (
+        out
+    )  # one summary table, one progress bar
 
     two = json.loads((two_dir / "summary.json").read_text())
     assert (one["world_size"], two["world_size"]) == (1, 2)
@@ -100,12 +122,16 @@ def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
     assert two["status"] == "completed"
 
     assert curve(two_dir, "train", "step") == curve(tmp_path / "one", "train", "step")
-    assert curve(two_dir, "train", "train_loss") == pytest.approx(curve(tmp_path / "one", "train", "train_loss"), rel=1e-5)
+    assert curve(two_dir, "train", "train_loss") == pytest.approx(
+        curve(tmp_path / "one", "train", "train_loss"), rel=1e-5
+    )
     # BatchNorm's val loss is looser: the biases in front of a BatchNorm get an exactly-zero gradient,
     # AdamW turns its float noise into lr-sized steps, and those move the running means that eval
     # uses. One process with 1 vs 2 threads differs by the same ~1e-4; the train-mode loss is immune.
     val_rel = 1e-3 if norm == "bn" else 1e-5
-    assert curve(two_dir, "eval", "val_loss") == pytest.approx(curve(tmp_path / "one", "eval", "val_loss"), rel=val_rel)
+    assert curve(two_dir, "eval", "val_loss") == pytest.approx(
+        curve(tmp_path / "one", "eval", "val_loss"), rel=val_rel
+    )
     assert two["causal_leak"]["eval"] < 1e-4
     if norm == "bn":  # every rank probes the same tokens, so the synchronized statistics are one rank's
         assert two["causal_leak"]["train"] == pytest.approx(one["causal_leak"]["train"], rel=1e-2)
@@ -176,9 +202,25 @@ def test_two_ranks_stopped_by_sigterm_resume_exactly(tmp_path):
     (tmp_path / "resume").mkdir()
     torchrun(tmp_path / "ref", *run, "train.checkpoint_every=0", f"hydra.run.dir={tmp_path / 'ref' / 'run'}")
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "normbench",
-           "train", *TINY, *CORPUS, "train.threads=1", *run, f"hydra.run.dir={run_dir}"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "normbench",
+        "train",
+        *TINY,
+        *CORPUS,
+        "train.threads=1",
+        *run,
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + TIMEOUT_S
@@ -197,7 +239,7 @@ def test_two_ranks_stopped_by_sigterm_resume_exactly(tmp_path):
     assert len(saved["rng"]) == 2 and saved["step"] >= 10
     torchrun(tmp_path / "resume", *run, f"hydra.run.dir={run_dir}")
     timing = ("tokens_per_s", "step_ms")
-    strip = lambda d: [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(d)]  # noqa: E731
+    strip = lambda d: [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(d)]
     assert strip(run_dir) == strip(tmp_path / "ref" / "run")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_at"] and summary["world_size"] == 2

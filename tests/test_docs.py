@@ -1,6 +1,7 @@
 """The documentation holds together: README.md stays a short front door, and every relative link in
 README.md and docs/ points at a file that exists and, with a #anchor into a markdown file, at one of
 its headings (GitHub's slugs). Standard library and pytest only."""
+
 import re
 import sys
 from pathlib import Path
@@ -103,7 +104,11 @@ def test_checker_finds_broken_links(tmp_path, monkeypatch):
         encoding="utf-8",
     )
     problems = broken_links(tmp_path / "a.md")
-    assert [p.split(": ", 1)[1].split(" (")[0] for p in problems] == ["#same-2", "#not-a-heading", "missing.md"]
+    assert [p.split(": ", 1)[1].split(" (")[0] for p in problems] == [
+        "#same-2",
+        "#not-a-heading",
+        "missing.md",
+    ]
 
 
 def test_slugs_follow_github():
@@ -111,6 +116,8 @@ def test_slugs_follow_github():
     assert slug("Trackers: MLflow and Weights & Biases") == "trackers-mlflow-and-weights--biases"
     assert slug("SLURM: hydra/launcher=slurm") == "slurm-hydralauncherslurm"
     assert slug("lr_sensitivity: each norm at its best learning rate (90 runs)") == (
-        "lr_sensitivity-each-norm-at-its-best-learning-rate-90-runs")
+        "lr_sensitivity-each-norm-at-its-best-learning-rate-90-runs"
+    )
     assert slug("Per-run peak memory and `normbench --help` (issue 17)") == (
-        "per-run-peak-memory-and-normbench---help-issue-17")
+        "per-run-peak-memory-and-normbench---help-issue-17"
+    )

@@ -6,20 +6,19 @@ import math
 
 import pytest
 import torch
+from conftest import SMALL_MODEL as CFG
+from conftest import build, compose_cfg, randomize_norms, tiny
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from normbench.config import parse_config
-from normbench.diagnostics import attention_logits
-from normbench.config import load_group
-from normbench.causality import causal_leak
-from normbench.model import GPT, qk_norms
-from normbench.norms import NORMS
-from normbench.perf import flops_per_token
-from normbench.placements import PLACEMENTS
-from normbench.train import LEAK_TOLERANCE, Run
-
-from conftest import SMALL_MODEL as CFG, build, compose_cfg, randomize_norms, tiny
+from normbench.model.causality import causal_leak
+from normbench.model.gpt import GPT, qk_norms
+from normbench.model.norms import NORMS
+from normbench.model.placements import PLACEMENTS
+from normbench.training.config import load_group, parse_config
+from normbench.training.diagnostics import attention_logits
+from normbench.training.loop import LEAK_TOLERANCE, Run
+from normbench.training.perf import flops_per_token
 
 N_LAYER, D, VOCAB = 2, 128, 64
 
@@ -46,11 +45,17 @@ def intended_std(name: str, shape: torch.Size, init: str, placement: str) -> flo
     return 0.02 / math.sqrt(2 * N_LAYER) if residual else 0.02
 
 
-@pytest.mark.parametrize("init, placement", [("gpt2", "pre"), ("xavier", "pre"), ("gpt2", "deepnorm"), ("xavier", "deepnorm")])
+@pytest.mark.parametrize(
+    "init, placement", [("gpt2", "pre"), ("xavier", "pre"), ("gpt2", "deepnorm"), ("xavier", "deepnorm")]
+)
 def test_every_parameter_starts_with_its_intended_std(init, placement):
     torch.manual_seed(0)
-    model = GPT(load_group("model", n_layer=N_LAYER, n_head=4, d_model=D, block_size=32, init=init), VOCAB,
-                {"name": "ln"}, {"name": placement, "final_norm": placement != "deepnorm"})
+    model = GPT(
+        load_group("model", n_layer=N_LAYER, n_head=4, d_model=D, block_size=32, init=init),
+        VOCAB,
+        {"name": "ln"},
+        {"name": placement, "final_norm": placement != "deepnorm"},
+    )
     assert model.head.weight is model.tok_emb.weight
     checked = 0
     for name, p in model.named_parameters():
@@ -74,7 +79,12 @@ def test_every_parameter_starts_with_its_intended_std(init, placement):
 
 def test_gpt2_init_scales_residual_projections():
     torch.manual_seed(0)
-    model = GPT(load_group("model", n_layer=8, d_model=256, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "pre"})
+    model = GPT(
+        load_group("model", n_layer=8, d_model=256, n_head=4, block_size=8),
+        50,
+        {"name": "ln"},
+        {"name": "pre"},
+    )
     assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
     assert model.head.weight is model.tok_emb.weight
@@ -82,7 +92,9 @@ def test_gpt2_init_scales_residual_projections():
 
 def test_xavier_init_option(tmp_path):
     torch.manual_seed(0)
-    state = Run(parse_config(compose_cfg(tiny("model.init=xavier", "model.d_model=64", "model.n_layer=4"))), tmp_path)
+    state = Run(
+        parse_config(compose_cfg(tiny("model.init=xavier", "model.d_model=64", "model.n_layer=4"))), tmp_path
+    )
     fc = state.model.blocks[0].mlp.fc.weight
     proj = state.model.blocks[0].mlp.proj.weight
     assert fc.abs().max().item() <= math.sqrt(6 / (64 + 256)) + 1e-6
@@ -141,8 +153,11 @@ def test_qk_norm_normalizes_each_head_over_head_dim(qk_norm):
     q, k, _ = attn.heads(x)
     for t, norm in ((q, attn.q_norm), (k, attn.k_norm)):
         unscaled = t / norm.weight
-        assert torch.allclose(unscaled.pow(2).mean(-1) if qk_norm == "rms" else unscaled.var(-1, unbiased=False),
-                              torch.ones(3, CFG.n_head, 8), atol=1e-3)
+        assert torch.allclose(
+            unscaled.pow(2).mean(-1) if qk_norm == "rms" else unscaled.var(-1, unbiased=False),
+            torch.ones(3, CFG.n_head, 8),
+            atol=1e-3,
+        )
         if qk_norm == "ln":
             assert torch.allclose(unscaled.mean(-1), torch.zeros(3, CFG.n_head, 8), atol=1e-4)
 
@@ -162,15 +177,20 @@ def test_qk_norm_bounds_the_attention_logit(qk_norm):
             q, k, _ = attn.heads(x)
         largest[which] = float(attention_logits(q, k).max())
         if which != "none":
-            bound = math.sqrt(head_dim) * float(attn.q_norm.weight.detach().abs().max() * attn.k_norm.weight.detach().abs().max())
+            bound = math.sqrt(head_dim) * float(
+                attn.q_norm.weight.detach().abs().max() * attn.k_norm.weight.detach().abs().max()
+            )
     assert largest[qk_norm] <= bound * (1 + 1e-5)
     assert largest["none"] > 10 * bound, "without QK-norm the same weights must break the bound"
 
 
 def test_qk_norm_and_placement_options_are_checked():
-    from normbench.errors import ConfigError
+    from normbench.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="model.qk_norm=bn cannot normalize queries and keys.*allowed: none, gn, ln, rms, scale"):
+    with pytest.raises(
+        ConfigError,
+        match="model.qk_norm=bn cannot normalize queries and keys.*allowed: none, gn, ln, rms, scale",
+    ):
         load_group("model", qk_norm="bn").validate()
     with pytest.raises(ConfigError, match="model.qk_norm=dyt cannot"):
         load_group("model", qk_norm="dyt").validate()
@@ -183,7 +203,9 @@ def test_qk_norm_and_placement_options_are_checked():
 
 def llama(**overrides) -> GPT:
     torch.manual_seed(0)
-    return GPT(load_group("model", "micro", arch="llama", **overrides), VOCAB, {"name": "rms"}, {"name": "pre"})
+    return GPT(
+        load_group("model", "micro", arch="llama", **overrides), VOCAB, {"name": "rms"}, {"name": "pre"}
+    )
 
 
 def rope_by_hand(x: torch.Tensor, m: float, base: float = 10000.0) -> torch.Tensor:
@@ -199,7 +221,7 @@ def rope_by_hand(x: torch.Tensor, m: float, base: float = 10000.0) -> torch.Tens
 
 
 def test_rotary_matches_the_hand_rotation():
-    from normbench.layers import Rotary
+    from normbench.model.layers import Rotary
 
     torch.manual_seed(0)
     x = torch.randn(7, 16, dtype=torch.float64)
@@ -209,32 +231,34 @@ def test_rotary_matches_the_hand_rotation():
 
 
 def test_rotary_dot_product_depends_on_the_offset_only():
-    from normbench.layers import Rotary
+    from normbench.model.layers import Rotary
 
     torch.manual_seed(0)
     rope = Rotary(32)
     q, k = torch.randn(32), torch.randn(32)
-    at = lambda x, pos: rope(x[None, :], torch.tensor([float(pos)]))[0]  # noqa: E731
+    at = lambda x, pos: rope(x[None, :], torch.tensor([float(pos)]))[0]
     for m, n in ((5, 2), (0, 9), (13, 13)):
         dot = at(q, m) @ at(k, n)
         for t in (1, 7, 100):
             assert torch.allclose(at(q, m + t) @ at(k, n + t), dot, atol=1e-4), (m, n, t)
-    assert not torch.allclose(at(q, 5) @ at(k, 2), at(q, 5) @ at(k, 3), atol=1e-3), "the offset itself must matter"
+    assert not torch.allclose(at(q, 5) @ at(k, 2), at(q, 5) @ at(k, 3), atol=1e-3), (
+        "the offset itself must matter"
+    )
 
 
 def test_rotary_at_position_zero_is_the_identity_and_keeps_each_pair_norm():
-    from normbench.layers import Rotary
+    from normbench.model.layers import Rotary
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 10, 8)  # (B, heads, T, head_dim)
     rotated = Rotary(8)(x)
     assert torch.equal(rotated[..., 0, :], x[..., 0, :])
-    pairs = lambda t: t[..., :4].pow(2) + t[..., 4:].pow(2)  # noqa: E731  # pair i = (i, i + d/2)
+    pairs = lambda t: t[..., :4].pow(2) + t[..., 4:].pow(2)  # pair i = (i, i + d/2)
     assert torch.allclose(pairs(rotated), pairs(x), atol=1e-5)
 
 
 def test_llama_parameter_count_by_formula_and_no_biases():
-    from normbench.layers import swiglu_hidden
+    from normbench.model.layers import swiglu_hidden
 
     cfg = load_group("model", "micro", arch="llama")
     model = llama()
@@ -250,7 +274,9 @@ def test_llama_parameter_count_by_formula_and_no_biases():
     assert not [n for n in names if "bias" in n]
     assert all(m.bias is None for m in model.modules() if isinstance(m, torch.nn.Linear))
     # model.bias=true is for gpt2: llama has none, and a norm's own bias option is its own.
-    ln_model = GPT(load_group("model", "micro", arch="llama", bias=True), VOCAB, {"name": "ln"}, {"name": "pre"})
+    ln_model = GPT(
+        load_group("model", "micro", arch="llama", bias=True), VOCAB, {"name": "ln"}, {"name": "pre"}
+    )
     assert all(m.bias is None for m in ln_model.modules() if isinstance(m, torch.nn.Linear))
     assert ln_model.blocks[0].norm_attn.bias is not None
 
@@ -260,13 +286,16 @@ def test_swiglu_matches_the_hand_formula():
 
     mlp = llama().blocks[0].mlp
     x = torch.randn(3, 5, mlp.fc.in_features)
-    assert mlp.w1.shape == mlp.w3.shape == (mlp.hidden, x.shape[-1]) and mlp.w2.shape == (x.shape[-1], mlp.hidden)
+    assert mlp.w1.shape == mlp.w3.shape == (mlp.hidden, x.shape[-1]) and mlp.w2.shape == (
+        x.shape[-1],
+        mlp.hidden,
+    )
     expected = (F.silu(x @ mlp.w1.T) * (x @ mlp.w3.T)) @ mlp.w2.T
     assert torch.allclose(mlp(x), expected, atol=1e-6)
 
 
 def test_llama_attention_applies_rotary_after_qk_norm():
-    from normbench.layers import Rotary
+    from normbench.model.layers import Rotary
 
     attn = llama(qk_norm="rms").blocks[0].attn
     randomize_norms(attn)
@@ -282,7 +311,7 @@ def test_llama_attention_applies_rotary_after_qk_norm():
 
 
 def test_arch_is_validated():
-    from normbench.errors import ConfigError
+    from normbench.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown model.arch 'gpt3'; allowed: gpt2, llama"):
         load_group("model", arch="gpt3").validate()
@@ -299,7 +328,9 @@ def test_every_norm_in_every_placement_trains_and_is_causal_in_llama(norm, place
     """A few Adam steps on random tokens: the loss stays finite and falls, and eval mode is causal
     (train mode too, except BatchNorm's, whose batch statistics leak by design)."""
     torch.manual_seed(0)
-    cfg = load_group("model", "tiny", arch="llama", n_layer=2, qk_norm="rms" if placement == "reordered" else "none")
+    cfg = load_group(
+        "model", "tiny", arch="llama", n_layer=2, qk_norm="rms" if placement == "reordered" else "none"
+    )
     model = GPT(cfg, VOCAB, {"name": norm}, {"name": placement, "final_norm": placement != "deepnorm"})
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     idx = torch.randint(VOCAB, (8, cfg.block_size))
@@ -323,7 +354,11 @@ def test_attention_softcap_caps_the_logits_and_matches_the_hand_computation():
     import torch.nn.functional as F
 
     cap = 2.0
-    attn = GPT(load_group("model", "micro", attn_softcap=cap), VOCAB, {"name": "ln"}, {"name": "pre"}).blocks[0].attn
+    attn = (
+        GPT(load_group("model", "micro", attn_softcap=cap), VOCAB, {"name": "ln"}, {"name": "pre"})
+        .blocks[0]
+        .attn
+    )
     with torch.no_grad():
         attn.qkv.weight.mul_(30)  # logits far beyond the cap
     x = torch.randn(2, 10, attn.qkv.in_features)
@@ -339,7 +374,9 @@ def test_attention_softcap_caps_the_logits_and_matches_the_hand_computation():
         assert torch.allclose(attn(x), attn.proj(by_hand.transpose(1, 2).reshape(B, T, C)), atol=1e-5)
         # The diagnostics read the capped logits, the ones the softmax sees.
         assert attention_logits(q, k, cap).amax() <= cap
-        assert torch.allclose(attention_logits(q, k, cap).masked_fill(future, 0), capped.masked_fill(future, 0), atol=1e-5)
+        assert torch.allclose(
+            attention_logits(q, k, cap).masked_fill(future, 0), capped.masked_fill(future, 0), atol=1e-5
+        )
     # Without the cap the attention is SDPA's, which the same weights make very different.
     uncapped = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert not torch.allclose(uncapped, by_hand, atol=1e-2)
@@ -367,7 +404,12 @@ def test_softcap_zero_is_bit_identical_to_no_cap_code(arch):
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    model = GPT(load_group("model", "micro", arch=arch, attn_softcap=0.0, logit_softcap=0.0), VOCAB, {"name": "ln"}, {"name": "pre"})
+    model = GPT(
+        load_group("model", "micro", arch=arch, attn_softcap=0.0, logit_softcap=0.0),
+        VOCAB,
+        {"name": "ln"},
+        {"name": "pre"},
+    )
     idx = torch.randint(VOCAB, (2, 16))
     with torch.no_grad():
         logits, _ = model(idx)
@@ -396,7 +438,7 @@ def test_new_model_keys_at_their_old_values_leave_the_config_hash_as_before(tmp_
     import yaml
     from omegaconf import OmegaConf, open_dict
 
-    from normbench.identity import ADDED_KEYS, config_hash
+    from normbench.core.identity import ADDED_KEYS, config_hash
     from normbench.report.load import load_runs
 
     cfg = compose_cfg(["model=micro", "norm=dyt"])
@@ -407,7 +449,12 @@ def test_new_model_keys_at_their_old_values_leave_the_config_hash_as_before(tmp_
             group, leaf = key.split(".")
             del old[group][leaf]
     assert config_hash(old) == config_hash(cfg)
-    for change in ("model.arch=llama", "model.attn_softcap=30", "model.logit_softcap=15.0", "norm.alpha_init_attn=0.8"):
+    for change in (
+        "model.arch=llama",
+        "model.attn_softcap=30",
+        "model.logit_softcap=15.0",
+        "norm.alpha_init_attn=0.8",
+    ):
         assert config_hash(compose_cfg(["model=micro", "norm=dyt", change])) != config_hash(cfg), change
     for name, conf in (("old", old), ("new", cfg)):
         run = tmp_path / name

@@ -14,19 +14,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import compose_cfg, tiny
 from typer.testing import CliRunner
 
 from normbench.cli import app
-from normbench.config import load_group, parse_config
-from normbench.coordcheck import coord_check, growth, parse_params, parse_widths
-from normbench.errors import ConfigError
-from normbench.identity import config_hash
-from normbench.model import GPT
-from normbench.norms import NORMS
-from normbench.placements import PLACEMENTS
-from normbench.train import Run, build_optimizer, lr_factor
-
-from conftest import compose_cfg, tiny
+from normbench.core.errors import ConfigError
+from normbench.core.identity import config_hash
+from normbench.model.gpt import GPT
+from normbench.model.norms import NORMS
+from normbench.model.placements import PLACEMENTS
+from normbench.training.config import load_group, parse_config
+from normbench.training.coordcheck import coord_check, growth, parse_params, parse_widths
+from normbench.training.loop import Run, build_optimizer, lr_factor
 
 VOCAB = 64
 HIDDEN = ("attn.qkv.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
@@ -45,11 +44,18 @@ def mup_model(d_model: int, base_width: int, placement: str = "pre", **options) 
 # five training losses of `tiny(model=micro, ...)`, seed 0. The tolerance only absorbs another CPU's
 # float rounding; any change to the model, its init or the optimizer moves these by far more.
 BEFORE = {
-    (): (1657.1281557730138, [4.17733097076416, 4.100411891937256, 4.08245849609375, 4.014734745025635, 3.993896961212158]),
-    ("placement=post", "norm=rms"): (1593.1281557730138, [4.165657997131348, 4.144288539886475, 4.123541355133057,
-                                                          4.067139625549316, 4.015585422515869]),
-    ("model.arch=llama", "model.init=xavier"): (7641.178532008304, [4.165156841278076, 4.157865047454834,
-                                                                    4.114455699920654, 4.094946384429932, 4.101080894470215]),
+    (): (
+        1657.1281557730138,
+        [4.17733097076416, 4.100411891937256, 4.08245849609375, 4.014734745025635, 3.993896961212158],
+    ),
+    ("placement=post", "norm=rms"): (
+        1593.1281557730138,
+        [4.165657997131348, 4.144288539886475, 4.123541355133057, 4.067139625549316, 4.015585422515869],
+    ),
+    ("model.arch=llama", "model.init=xavier"): (
+        7641.178532008304,
+        [4.165156841278076, 4.157865047454834, 4.114455699920654, 4.094946384429932, 4.101080894470215],
+    ),
 }
 
 
@@ -60,11 +66,16 @@ def test_param_sp_is_the_model_of_before_the_option(tmp_path, extra):
     assert state.model.readout_mult is None and all(b.attn.scale is None for b in state.model.blocks)
     init = sum(float(p.detach().double().abs().sum()) for p in state.model.parameters())
     losses = [float(state.train_step()[0]) for _ in range(5)]
-    assert (init, losses) == (pytest.approx(BEFORE[extra][0], rel=1e-9), pytest.approx(BEFORE[extra][1], rel=1e-6))
+    assert (init, losses) == (
+        pytest.approx(BEFORE[extra][0], rel=1e-9),
+        pytest.approx(BEFORE[extra][1], rel=1e-6),
+    )
     # The optimizer of before: two groups at train.lr, decay on the matrices but the embeddings.
     decay, no_decay = state.optimizer.param_groups
     assert decay["lr"] == no_decay["lr"] == run.train.lr * lr_factor(5, run.train)
-    assert {id(p) for p in decay["params"]} == {id(p) for n, p in state.model.named_parameters() if n.endswith(HIDDEN)}
+    assert {id(p) for p in decay["params"]} == {
+        id(p) for n, p in state.model.named_parameters() if n.endswith(HIDDEN)
+    }
 
 
 def test_sp_and_base_width_null_keep_the_config_hash_and_mup_changes_it():
@@ -83,7 +94,10 @@ def test_mup_init_std_per_parameter_class(init):
     model = mup_model(d, base, init=init)
     checked = 0
     for name, p in model.named_parameters():
-        if name in ("tok_emb.weight", "pos_emb.weight"):  # input weights (and the tied readout): SP's N(0, 0.02)
+        if name in (
+            "tok_emb.weight",
+            "pos_emb.weight",
+        ):  # input weights (and the tied readout): SP's N(0, 0.02)
             expected = 0.02
         elif name.endswith(".bias"):
             assert torch.all(p == 0), name
@@ -106,7 +120,12 @@ def test_mup_init_std_per_parameter_class(init):
 def test_deepnorm_keeps_its_own_init_under_mup():
     """DeepNorm's Xavier-normal x beta already scales as 1/sqrt(fan): μP leaves those matrices as SP has them."""
     torch.manual_seed(0)
-    sp = GPT(load_group("model", "micro", d_model=256), VOCAB, {"name": "ln"}, {"name": "deepnorm", "final_norm": False})
+    sp = GPT(
+        load_group("model", "micro", d_model=256),
+        VOCAB,
+        {"name": "ln"},
+        {"name": "deepnorm", "final_norm": False},
+    )
     mup = mup_model(256, 32, "deepnorm")
     for (name, a), b in zip(sp.named_parameters(), mup.parameters()):
         assert torch.equal(a, b), name
@@ -144,7 +163,9 @@ def test_mup_readout_and_attention_multipliers_by_hand():
         x = model.tok_emb(idx) + model.pos_emb(torch.arange(16))
         for block in model.blocks:
             q, k, v = block.attn.heads(block.norm_attn(x))
-            weights = ((q @ k.transpose(-2, -1)) * math.sqrt(base / n_head) / head_dim).masked_fill(future, -math.inf)
+            weights = ((q @ k.transpose(-2, -1)) * math.sqrt(base / n_head) / head_dim).masked_fill(
+                future, -math.inf
+            )
             y = weights.softmax(-1) @ v
             x = x + block.attn.proj(y.transpose(1, 2).reshape(2, 16, d))
             x = x + block.mlp(block.norm_mlp(x))
@@ -178,7 +199,9 @@ def test_every_norm_and_placement_builds_and_runs_under_mup(norm, placement):
 def test_coordinate_check_is_flat_under_mup_and_grows_under_sp():
     """3 Adam steps at lr 1e-2, widths 32 and 256 (n_head fixed): under μP every block's output RMS
     moves less than 2x, under SP the widest model's blows up (TP5 Fig. 5, microsoft/mup's check)."""
-    overrides = tiny("model=micro", "model.n_layer=2", "model.block_size=16", "train.batch_size=4", "train.lr=1e-2")
+    overrides = tiny(
+        "model=micro", "model.n_layer=2", "model.block_size=16", "train.batch_size=4", "train.lr=1e-2"
+    )
     table = coord_check(overrides, [32, 256], steps=3, params=["sp", "mup"])
     assert sorted(table.step.unique()) == [0, 1, 2, 3] and set(table.layer) == {"block1", "block2", "logits"}
     ratios = growth(table).set_index(["param", "layer"]).ratio
@@ -191,9 +214,21 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_sp():
 
 
 def test_coordcheck_command_writes_csv_and_chart(tmp_path):
-    result = CliRunner().invoke(app, ["coordcheck", *tiny("model=micro", "model.n_layer=1", "model.block_size=8",
-                                                          "train.batch_size=2"),
-                                      "--widths", "16,32", "--steps", "1", "--param", "mup", "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "coordcheck",
+            *tiny("model=micro", "model.n_layer=1", "model.block_size=8", "train.batch_size=2"),
+            "--widths",
+            "16,32",
+            "--steps",
+            "1",
+            "--param",
+            "mup",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     csv = (tmp_path / "coordcheck.csv").read_text().splitlines()
     assert csv[0] == "param,width,step,layer,rms" and len(csv) == 1 + 2 * 2 * 2
@@ -204,12 +239,18 @@ def test_coordcheck_command_writes_csv_and_chart(tmp_path):
 # ---------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"param": "ntk"}, "unknown model.param 'ntk'; allowed: sp, mup"),
-    ({"param": "mup", "base_width": 0}, "model.base_width must be a positive integer (or null), got 0"),
-    ({"param": "mup", "base_width": -32}, "model.base_width must be a positive integer (or null), got -32"),
-    ({"param": "mup", "base_width": None}, "model.param=mup needs model.base_width"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"param": "ntk"}, "unknown model.param 'ntk'; allowed: sp, mup"),
+        ({"param": "mup", "base_width": 0}, "model.base_width must be a positive integer (or null), got 0"),
+        (
+            {"param": "mup", "base_width": -32},
+            "model.base_width must be a positive integer (or null), got -32",
+        ),
+        ({"param": "mup", "base_width": None}, "model.param=mup needs model.base_width"),
+    ],
+)
 def test_bad_param_options_are_refused_in_one_line(options, message):
     cfg = dataclasses.replace(load_group("model", "micro"), **options)
     with pytest.raises(ConfigError) as err:
@@ -217,16 +258,22 @@ def test_bad_param_options_are_refused_in_one_line(options, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--widths", "32,x"], "--widths takes two or more positive integers, got '32,x'"),
-    (["--widths", "0,32"], "--widths takes two or more positive integers, got '0,32'"),
-    (["--widths", "-32,64"], "--widths takes two or more positive integers, got '-32,64'"),
-    (["--widths", "64"], "--widths takes two or more positive integers, got '64'"),
-    (["--param", "ntk"], "unknown --param 'ntk'; allowed: sp, mup, both"),
-    (["--steps", "0"], "--steps must be a positive integer, got 0"),
-    (["model.param=mup", "model.base_width=0"], "model.base_width must be a positive integer (or null), got 0"),
-    (["--lr", "1"], "unknown option --lr"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--widths", "32,x"], "--widths takes two or more positive integers, got '32,x'"),
+        (["--widths", "0,32"], "--widths takes two or more positive integers, got '0,32'"),
+        (["--widths", "-32,64"], "--widths takes two or more positive integers, got '-32,64'"),
+        (["--widths", "64"], "--widths takes two or more positive integers, got '64'"),
+        (["--param", "ntk"], "unknown --param 'ntk'; allowed: sp, mup, both"),
+        (["--steps", "0"], "--steps must be a positive integer, got 0"),
+        (
+            ["model.param=mup", "model.base_width=0"],
+            "model.base_width must be a positive integer (or null), got 0",
+        ),
+        (["--lr", "1"], "unknown option --lr"),
+    ],
+)
 def test_bad_coordcheck_input_is_one_line(tmp_path, args, message):
     result = CliRunner().invoke(app, ["coordcheck", *tiny("model=micro"), *args, "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from normbench import kernels, norms
-from normbench.errors import ConfigError
-from normbench.norms import NORMS, build_norm, norm_options
+from normbench.core.errors import ConfigError
+from normbench.model import kernels, norms
+from normbench.model.norms import NORMS, build_norm, norm_options
 
 
 def randomize(module: nn.Module, seed: int = 0) -> nn.Module:
@@ -65,7 +65,7 @@ def reference(name: str, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_every_registered_norm_has_a_reference_and_a_yaml():
-    from normbench.config import group_options
+    from normbench.training.config import group_options
 
     assert sorted(NORMS) == group_options("norm")
     for name in NORMS:
@@ -114,7 +114,7 @@ def test_norm_gradients_match_finite_differences(name):
     torch.manual_seed(2)
     norm = randomize(build_norm(name, 8).double()).train()
     names = [n for n, _ in norm.named_parameters()]
-    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))  # noqa: E731
+    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))
     x = (torch.randn(2, 3, 8, dtype=torch.float64) * 2 + 0.5).requires_grad_()
     assert torch.autograd.gradcheck(call, (x, *norm.parameters()))
 
@@ -126,7 +126,9 @@ def test_scalenorm_gradient_of_a_clamped_token():
     x[1] *= 1e-9  # ||x|| far below eps
     x.requires_grad_()
     norm = build_norm("scale", 6, eps=1e-5).double()
-    assert torch.autograd.gradcheck(lambda x, g: torch.func.functional_call(norm, {"weight": g}, (x,)), (x, gain))
+    assert torch.autograd.gradcheck(
+        lambda x, g: torch.func.functional_call(norm, {"weight": g}, (x,)), (x, gain)
+    )
     dy = torch.randn(4, 6, dtype=torch.float64)
     torch.autograd.backward(norm(x), dy)
     assert torch.allclose(x.grad[1], norm.weight.detach() / 1e-5 * dy[1])
@@ -167,7 +169,7 @@ def test_groupnorm_is_per_token_never_across_time():
     assert torch.equal(gn(x)[:, :3], gn(future_changed)[:, :3])
     # ...whereas the channels-second layout mixes time, which is why we don't use it.
     trap = nn.GroupNorm(2, 8)
-    leaky = lambda t: trap(t.transpose(1, 2)).transpose(1, 2)  # noqa: E731
+    leaky = lambda t: trap(t.transpose(1, 2)).transpose(1, 2)
     assert not torch.allclose(leaky(x)[:, :3], leaky(future_changed)[:, :3])
 
 
@@ -216,9 +218,13 @@ def test_derf_by_hand_and_its_gradients():
     """y = gamma * erf(alpha x + s) + beta: alpha0 = 0.5, s0 = 0, gamma ones, beta zeros; then random
     values against torch.special.erf written out, and every gradient against finite differences."""
     norm = build_norm("derf", 6)
-    assert norm.alpha.shape == norm.shift.shape == () and norm.alpha.item() == 0.5 and norm.shift.item() == 0.0
+    assert (
+        norm.alpha.shape == norm.shift.shape == () and norm.alpha.item() == 0.5 and norm.shift.item() == 0.0
+    )
     assert torch.equal(norm.weight, torch.ones(6)) and torch.equal(norm.bias, torch.zeros(6))
-    assert norm.statistics is None and build_norm("derf", 6, alpha_init=0.3).alpha.item() == pytest.approx(0.3)
+    assert norm.statistics is None and build_norm("derf", 6, alpha_init=0.3).alpha.item() == pytest.approx(
+        0.3
+    )
     assert build_norm("derf", 6, bias=False).bias is None
     x = torch.tensor([[-3.0, -1.0, 0.0, 0.5, 2.0, 10.0]])
     assert torch.allclose(norm(x), torch.special.erf(0.5 * x), atol=1e-7)
@@ -228,11 +234,13 @@ def test_derf_by_hand_and_its_gradients():
         norm.weight.copy_(torch.linspace(0.5, 2.0, 6, dtype=torch.float64))
         norm.bias.copy_(torch.linspace(-1.0, 1.0, 6, dtype=torch.float64))
     x = x.double()
-    by_hand = [[norm.weight[j].item() * math.erf(0.7 * x[0, j].item() - 0.2) + norm.bias[j].item() for j in range(6)]]
+    by_hand = [
+        [norm.weight[j].item() * math.erf(0.7 * x[0, j].item() - 0.2) + norm.bias[j].item() for j in range(6)]
+    ]
     assert torch.allclose(norm(x), torch.tensor(by_hand, dtype=torch.float64), atol=1e-12)
     names = [n for n, _ in norm.named_parameters()]
     assert names == ["alpha", "shift", "weight", "bias"]
-    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))  # noqa: E731
+    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))
     x = (torch.randn(2, 3, 6, dtype=torch.float64) * 2).requires_grad_()
     params = [p.detach().clone().requires_grad_() for p in norm.parameters()]
     assert torch.autograd.gradcheck(call, (x, *params))
@@ -260,7 +268,9 @@ def test_half_precision_statistics_in_float32(name, dtype):
 
 
 def test_bad_norm_name_and_options_are_clear():
-    with pytest.raises(ConfigError, match="unknown norm 'foo'; allowed: bn, derf, dyt, gn, ln, none, rms, scale"):
+    with pytest.raises(
+        ConfigError, match="unknown norm 'foo'; allowed: bn, derf, dyt, gn, ln, none, rms, scale"
+    ):
         build_norm("foo", 8)
     with pytest.raises(ConfigError, match="norm 'rms' has no option bias; allowed: norm.eps"):
         build_norm("rms", 8, bias=False)
@@ -270,16 +280,19 @@ def test_bad_norm_name_and_options_are_clear():
         build_norm("ln", 8, eps=0.0)
 
 
-# --- normbench's fused CPU kernels (normbench/kernels) -----------------------------------------
+# --- normbench's fused CPU kernels (normbench/model/kernels) -----------------------------------------
 
 FUSED = ["rms", "gn", "scale", "dyt"]
-needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler here: the fused CPU kernels are not built")
+needs_kernels = pytest.mark.skipif(
+    not kernels.available(), reason="no C++ compiler here: the fused CPU kernels are not built"
+)
 
 
 def ran_fused(out: torch.Tensor) -> bool:
     """Whether out came from a fused kernel: their autograd nodes are the C++ ones in norms_cpu.cpp."""
-    return out.grad_fn is not None and out.grad_fn.name().endswith(("::RMSNormFn>", "::GroupNormFn>", "::ScaleNormFn>",
-                                                                     "::DyTFn>"))
+    return out.grad_fn is not None and out.grad_fn.name().endswith(
+        ("::RMSNormFn>", "::GroupNormFn>", "::ScaleNormFn>", "::DyTFn>")
+    )
 
 
 def forward_backward(norm, x, dy):
@@ -292,8 +305,10 @@ def forward_backward(norm, x, dy):
 
 
 @needs_kernels
-@pytest.mark.parametrize("name, options", [("rms", {}), ("gn", {}), ("gn", {"groups": 1}), ("scale", {}), ("dyt", {}),
-                                           ("dyt", {"bias": False})])
+@pytest.mark.parametrize(
+    "name, options",
+    [("rms", {}), ("gn", {}), ("gn", {"groups": 1}), ("scale", {}), ("dyt", {}), ("dyt", {"bias": False})],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("threads", [1, 4])
 @pytest.mark.parametrize("width", [100, 128])
@@ -338,7 +353,7 @@ def test_fused_kernel_gradients_in_float64(name):
     torch.manual_seed(4)
     norm = randomize(build_norm(name, 12).double()).train()
     names = [n for n, _ in norm.named_parameters()]
-    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))  # noqa: E731
+    call = lambda x, *params: torch.func.functional_call(norm, dict(zip(names, params)), (x,))
     x = (torch.randn(5, 12, dtype=torch.float64) * 2 + 0.5).requires_grad_()
     assert ran_fused(call(x, *norm.parameters()))
     assert torch.autograd.gradcheck(call, (x, *norm.parameters()))
@@ -378,14 +393,18 @@ def test_fused_dyt_tanh_is_accurate_over_its_range():
     out16 = norm(x16)
     assert out16.dtype == torch.bfloat16 and out16.flatten()[-1].isnan()
     rounded = torch.tanh(x16.double()).bfloat16()
-    off = (out16.double() - rounded.double()).flatten()[:-1].abs() / rounded.double().flatten()[:-1].abs().clamp_min(1e-30)
+    off = (out16.double() - rounded.double()).flatten()[:-1].abs() / rounded.double().flatten()[
+        :-1
+    ].abs().clamp_min(1e-30)
     assert off.max().item() <= torch.finfo(torch.bfloat16).eps  # at most one bf16 step, and rarely that
     assert (off > 0).float().mean().item() < 0.01
 
 
 def test_kernel_build_failure_falls_back_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(kernels, "_state", {})
-    monkeypatch.setattr(kernels, "_load", lambda: (_ for _ in ()).throw(RuntimeError("Error building extension\ndetails")))
+    monkeypatch.setattr(
+        kernels, "_load", lambda: (_ for _ in ()).throw(RuntimeError("Error building extension\ndetails"))
+    )
     assert not kernels.available() and not kernels.available()  # asked twice, said once
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fused CPU norm kernels unavailable (Error building extension)" in err
@@ -410,20 +429,26 @@ def test_no_compiler_still_trains_with_one_line_saying_so(tmp_path):
     from conftest import run_cli, tiny
 
     env = {"CXX": str(tmp_path / "no-such-c++"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    result = run_cli("train", *tiny("norm=rms", "train.steps=4"), f"hydra.run.dir={tmp_path / 'run'}", env=env)
+    result = run_cli(
+        "train", *tiny("norm=rms", "train.steps=4"), f"hydra.run.dir={tmp_path / 'run'}", env=env
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "fused CPU norm kernels unavailable" in line]
     assert len(lines) == 1 and "no C++ compiler" in lines[0]
     assert (tmp_path / "run" / "summary.json").exists()
 
 
-@pytest.mark.parametrize("name, math_fn", [("scale", "_scale_norm_math"), ("dyt", "_dyt_math"), ("derf", "_derf_math")])
+@pytest.mark.parametrize(
+    "name, math_fn", [("scale", "_scale_norm_math"), ("dyt", "_dyt_math"), ("derf", "_derf_math")]
+)
 def test_gpu_math_matches_the_norm(name, math_fn, monkeypatch):
     """The plain-op math that torch.compile fuses on a GPU is the norm's math (checked here on the CPU)."""
     torch.manual_seed(5)
     norm = randomize(build_norm(name, 24)).double()
     x = torch.randn(3, 4, 24, dtype=torch.float64)
-    params = [norm.weight, 1e-5] if name == "scale" else [p for _, p in norm.named_parameters()]  # dyt: alpha,
+    params = (
+        [norm.weight, 1e-5] if name == "scale" else [p for _, p in norm.named_parameters()]
+    )  # dyt: alpha,
     # weight, bias; derf: alpha, shift, weight, bias: the math functions' order
     assert torch.allclose(getattr(norms, math_fn)(x, *params), reference(name, norm, x), atol=1e-12)
 
@@ -462,7 +487,9 @@ def test_norm_on_cuda_matches_float64(name, dtype):
     for what, g, w in zip(["out", "dx", *(n for n, _ in gpu.named_parameters())], got, want):
         err = (g.double().cpu() - w).abs().max().item()
         scale = w.abs().max().item()
-        assert err <= ulps * max(scale, 1.0), f"{name} {dtype} {what}: error {err:.3g}, largest value {scale:.3g}"
+        assert err <= ulps * max(scale, 1.0), (
+            f"{name} {dtype} {what}: error {err:.3g}, largest value {scale:.3g}"
+        )
 
 
 def test_layer_and_group_norm_params_follow_x_off_the_cpu():
@@ -478,8 +505,8 @@ def test_layer_and_group_norm_params_follow_x_off_the_cpu():
 
 def test_dyt_alpha_init_per_position_reaches_each_norm_and_defaults_to_alpha_init():
     """The DyT paper's LLaMA recipe: alpha0 per position (before attention, before the MLP, the final norm)."""
-    from normbench.config import load_group
-    from normbench.model import GPT
+    from normbench.model.gpt import GPT
+    from normbench.training.config import load_group
 
     cfg = load_group("model", "micro", arch="llama")
     per_position = {"alpha_init_attn": 0.8, "alpha_init_mlp": 0.2, "alpha_init_final": 0.3}
@@ -488,7 +515,10 @@ def test_dyt_alpha_init_per_position_reaches_each_norm_and_defaults_to_alpha_ini
         for block in model.blocks:
             for name, norm in block.named_children():
                 if name.startswith("norm"):
-                    assert norm.alpha.item() == pytest.approx(0.8 if "attn" in name else 0.2), (placement, name)
+                    assert norm.alpha.item() == pytest.approx(0.8 if "attn" in name else 0.2), (
+                        placement,
+                        name,
+                    )
         assert model.norm_final.alpha.item() == pytest.approx(0.3)
     # Unset (null, the YAML's default): every norm starts at alpha_init, the model of before bit for bit.
     torch.manual_seed(0)

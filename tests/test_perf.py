@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from normbench.perf import StepTimer
-
 from conftest import train_tiny
+
+from normbench.training.perf import StepTimer
 
 
 @pytest.mark.parametrize("n", [2, 3, 10, 11, 20, 37])
@@ -40,20 +39,32 @@ def test_step_timer_excludes_warmup():
 
 def test_summary_performance_fields(tmp_path):
     summary = train_tiny(tmp_path, "train.peak_flops=1e12")
-    for key in ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "mfu", "max_grad_norm", "clip_fraction"):
+    for key in (
+        "tokens_per_s",
+        "step_ms_p50",
+        "step_ms_p90",
+        "peak_mem_mb",
+        "mfu",
+        "max_grad_norm",
+        "clip_fraction",
+    ):
         assert summary[key] is not None and summary[key] >= 0, key
     assert summary["step_ms_p90"] >= summary["step_ms_p50"]
     # MFU is model FLOPs per second over the given peak.
-    assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * summary["flops_per_token"] / 1e12, rel=1e-6)
+    assert summary["mfu"] == pytest.approx(
+        summary["tokens_per_s"] * summary["flops_per_token"] / 1e12, rel=1e-6
+    )
     assert (summary["peak_flops"], summary["peak_flops_source"]) == (1e12, "train.peak_flops")
 
 
 def test_peak_flops_on_a_listed_gpu_is_its_datasheet_figure(monkeypatch):
     """No GPU needed: the name decides, and nothing is measured."""
-    import normbench.perf as perf
+    import normbench.training.perf as perf
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(perf, "_measure_matmul_flops", lambda *a, **k: pytest.fail("a listed GPU is not measured"))
+    monkeypatch.setattr(
+        perf, "_measure_matmul_flops", lambda *a, **k: pytest.fail("a listed GPU is not measured")
+    )
     cuda = torch.device("cuda")
     assert perf.peak_flops(cuda, torch.bfloat16) == (989.4e12, "datasheet bf16: NVIDIA H100 80GB HBM3")
     assert perf.peak_flops(cuda, torch.float16)[0] == 989.4e12
@@ -69,7 +80,7 @@ def test_peak_flops_on_a_listed_gpu_is_its_datasheet_figure(monkeypatch):
 
 def test_measured_peak_keeps_the_highest_figure(monkeypatch, tmp_path):
     """A measurement on a busy machine is a lower bound: a slower one never replaces a faster one."""
-    import normbench.perf as perf
+    import normbench.training.perf as perf
 
     monkeypatch.setenv("NORMBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(perf, "_MEASURED_HERE", {})
@@ -107,11 +118,17 @@ print(json.dumps([large, small]))
 
 
 @pytest.mark.slow  # two runs in a fresh process, one with a 4096-token corpus
-@pytest.mark.skipif(not LINUX_RSS, reason="resetting the peak resident set needs Linux's /proc/self/clear_refs")
+@pytest.mark.skipif(
+    not LINUX_RSS, reason="resetting the peak resident set needs Linux's /proc/self/clear_refs"
+)
 def test_a_small_run_after_a_large_one_reports_its_own_peak(tmp_path):
     """The second of two runs in one process must not inherit the first's peak."""
-    done = subprocess.run([sys.executable, "-c", TWO_RUNS, str(tmp_path), str(Path(__file__).parent)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_RUNS, str(tmp_path), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     large, small = json.loads(done.stdout.strip().splitlines()[-1])
     assert large["peak_mem_kind"] == small["peak_mem_kind"] == "cpu_rss"
@@ -126,8 +143,8 @@ MEMORY_RUNS = """
 import sys, tempfile
 sys.path.insert(0, {tests!r})
 from conftest import compose_cfg
-from normbench.config import parse_config
-from normbench.train import train
+from normbench.training.config import parse_config
+from normbench.training.loop import train
 common = ["model.n_layer=4", "model.n_head=4", "train.batch_size=64", "train.steps=10", "train.stats_every=0",
           "train.progress=false", "train.eval_batches=2", "train.device=cpu"]
 for d in sys.argv[1:]:
@@ -136,10 +153,14 @@ for d in sys.argv[1:]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the resident high-water mark resets on Linux only")
+@pytest.mark.skipif(
+    not Path("/proc/self/clear_refs").exists(), reason="the resident high-water mark resets on Linux only"
+)
 def test_a_runs_peak_memory_is_its_own_whatever_ran_before_it_in_the_process():
     code = MEMORY_RUNS.format(tests=str(Path(__file__).parent))
-    after_big = subprocess.run([sys.executable, "-c", code, "512", "64"], capture_output=True, text=True, check=True)
+    after_big = subprocess.run(
+        [sys.executable, "-c", code, "512", "64"], capture_output=True, text=True, check=True
+    )
     alone = subprocess.run([sys.executable, "-c", code, "64"], capture_output=True, text=True, check=True)
     big, small_after_big = map(float, after_big.stdout.split())
     small_alone = float(alone.stdout)
@@ -154,12 +175,14 @@ def test_a_finished_run_is_freed_without_the_garbage_collector(tmp_path, monkeyp
     import gc
     import weakref
 
-    import normbench.train as train_module
+    import normbench.training.loop as train_module
 
     overrides = ("train.steps=3", "train.eval_every=3", "train.checkpoint_every=2")
     train_tiny(tmp_path / "first", *overrides)
     built = []
-    monkeypatch.setattr(train_module, "remember_run", lambda *objects: built.extend(map(weakref.ref, objects)))
+    monkeypatch.setattr(
+        train_module, "remember_run", lambda *objects: built.extend(map(weakref.ref, objects))
+    )
     gc.collect()
     gc.disable()
     try:
@@ -167,24 +190,32 @@ def test_a_finished_run_is_freed_without_the_garbage_collector(tmp_path, monkeyp
         alive = [type(ref()).__name__ for ref in built if ref() is not None]
     finally:
         gc.enable()
-    assert len(built) == 2 and alive == [], f"still alive after the run returned: {alive} (a reference cycle?)"
+    assert len(built) == 2 and alive == [], (
+        f"still alive after the run returned: {alive} (a reference cycle?)"
+    )
 
 
 def test_tf32_is_set_both_ways_every_run(tmp_path, monkeypatch):
     seen = []
-    import normbench.train
+    import normbench.training.loop
 
-    real = normbench.train.build_dataset
+    real = normbench.training.loop.build_dataset
 
     def spy(*args, **kwargs):  # called while the run is set up, after the switches are set
         seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(normbench.train, "build_dataset", spy)
+    monkeypatch.setattr(normbench.training.loop, "build_dataset", spy)
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         for tf32 in ("true", "false", "true"):
-            train_tiny(tmp_path / f"{len(seen)}", f"train.tf32={tf32}", "train.steps=1", "train.log_every=1", "train.eval_every=1")
+            train_tiny(
+                tmp_path / f"{len(seen)}",
+                f"train.tf32={tf32}",
+                "train.steps=1",
+                "train.log_every=1",
+                "train.eval_every=1",
+            )
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
     assert seen == [(True, True), (False, False), (True, True)]
@@ -192,13 +223,21 @@ def test_tf32_is_set_both_ways_every_run(tmp_path, monkeypatch):
 
 def test_threads_are_set_every_run(tmp_path):
     """train.threads=0 means PyTorch's default, also after a run that asked for another count."""
-    import normbench.train
+    import normbench.training.loop
 
-    default = normbench.train.DEFAULT_THREADS
+    default = normbench.training.loop.DEFAULT_THREADS
     other = 1 if default != 1 else 2
     try:
-        first = train_tiny(tmp_path / "a", f"train.threads={other}", "train.steps=1", "train.log_every=1", "train.eval_every=1")
-        second = train_tiny(tmp_path / "b", "train.threads=0", "train.steps=1", "train.log_every=1", "train.eval_every=1")
+        first = train_tiny(
+            tmp_path / "a",
+            f"train.threads={other}",
+            "train.steps=1",
+            "train.log_every=1",
+            "train.eval_every=1",
+        )
+        second = train_tiny(
+            tmp_path / "b", "train.threads=0", "train.steps=1", "train.log_every=1", "train.eval_every=1"
+        )
     finally:
         torch.set_num_threads(default)
     assert first["env"]["threads"] == other

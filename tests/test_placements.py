@@ -7,13 +7,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from normbench.config import load_group
-from normbench.model import GPT
-from normbench.placements import PLACEMENTS
-
 from conftest import build, randomize_norms
 
+from normbench.model.gpt import GPT
+from normbench.model.placements import PLACEMENTS
+from normbench.training.config import load_group
 
 # ---------------------------------------------------------------- placements against hand-built blocks
 
@@ -29,7 +27,9 @@ def hand_post(block, x):
 
 
 def ln(norm, x):
-    return (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt() * norm.weight + norm.bias
+    return (x - x.mean(-1, keepdim=True)) / (
+        x.var(-1, unbiased=False, keepdim=True) + 1e-5
+    ).sqrt() * norm.weight + norm.bias
 
 
 def run_by_hand(model, idx, block_fn):
@@ -39,14 +39,21 @@ def run_by_hand(model, idx, block_fn):
     return model.head(ln(model.norm_final, x))
 
 
-@pytest.mark.parametrize("placement, post_fraction, block_fn", [
-    ("lns", None, lambda l, b, x: hand_pre(b, x, scale=1 / math.sqrt(l))),
-    ("mixln", 0.25, lambda l, b, x: hand_post(b, x) if l <= 1 else hand_pre(b, x)),
-    ("mixln", 0.5, lambda l, b, x: hand_post(b, x) if l <= 2 else hand_pre(b, x)),
-    ("mixln", 0.0, lambda l, b, x: hand_pre(b, x)),
-    ("mixln", 1.0, lambda l, b, x: hand_post(b, x)),
-    ("reordered", None, lambda l, b, x: (lambda x: x + ln(b.norm_mlp_out, b.mlp(x)))(x + ln(b.norm_attn_out, b.attn(x)))),
-])
+@pytest.mark.parametrize(
+    "placement, post_fraction, block_fn",
+    [
+        ("lns", None, lambda l, b, x: hand_pre(b, x, scale=1 / math.sqrt(l))),
+        ("mixln", 0.25, lambda l, b, x: hand_post(b, x) if l <= 1 else hand_pre(b, x)),
+        ("mixln", 0.5, lambda l, b, x: hand_post(b, x) if l <= 2 else hand_pre(b, x)),
+        ("mixln", 0.0, lambda l, b, x: hand_pre(b, x)),
+        ("mixln", 1.0, lambda l, b, x: hand_post(b, x)),
+        (
+            "reordered",
+            None,
+            lambda l, b, x: (lambda x: x + ln(b.norm_mlp_out, b.mlp(x)))(x + ln(b.norm_attn_out, b.attn(x))),
+        ),
+    ],
+)
 def test_new_placements_match_hand_built_blocks(placement, post_fraction, block_fn):
     options = {} if post_fraction is None else {"post_fraction": post_fraction}
     model = build(placement, **options)
@@ -67,11 +74,16 @@ def test_every_placement_is_in_the_registry():
 def test_deepnorm_alpha_and_beta_init():
     torch.manual_seed(0)
     n_layer, d = 6, 256
-    model = GPT(load_group("model", n_layer=n_layer, d_model=d, n_head=4, block_size=8), 50, {"name": "ln"}, {"name": "deepnorm", "final_norm": False})
+    model = GPT(
+        load_group("model", n_layer=n_layer, d_model=d, n_head=4, block_size=8),
+        50,
+        {"name": "ln"},
+        {"name": "deepnorm", "final_norm": False},
+    )
     block = model.blocks[0]
     assert block.alpha == pytest.approx((2 * n_layer) ** 0.25)
     beta = (8 * n_layer) ** -0.25
-    xavier = lambda fan_in, fan_out, gain: gain * math.sqrt(2.0 / (fan_in + fan_out))  # noqa: E731
+    xavier = lambda fan_in, fan_out, gain: gain * math.sqrt(2.0 / (fan_in + fan_out))
     q, k, v = block.attn.qkv.weight.split(d)
     assert q.std().item() == pytest.approx(xavier(d, d, 1.0), rel=0.05)
     assert v.std().item() == pytest.approx(xavier(d, d, beta), rel=0.05)
@@ -90,8 +102,12 @@ def test_post_placement_normalizes_the_residual_stream():
     torch.manual_seed(0)
     idx = torch.randint(16, (2, 8))
     for placement, normalized in (("post", True), ("pre", False)):
-        model = GPT(load_group("model", n_layer=2, d_model=32, n_head=2, block_size=8), 16, {"name": "ln", "bias": False},
-                    {"name": placement, "final_norm": False})
+        model = GPT(
+            load_group("model", n_layer=2, d_model=32, n_head=2, block_size=8),
+            16,
+            {"name": "ln", "bias": False},
+            {"name": placement, "final_norm": False},
+        )
         outs = []
         model.blocks[-1].register_forward_hook(lambda m, i, o: outs.append(o))
         model(idx)
@@ -100,6 +116,7 @@ def test_post_placement_normalizes_the_residual_stream():
 
 
 # ---------------------------------------------------------------- nGPT
+
 
 def ngpt_model(arch: str = "llama", d_model: int = 32, dtype=torch.float32, **options) -> GPT:
     torch.manual_seed(0)
@@ -118,17 +135,17 @@ def ngpt_block_by_hand(block, h):
     q, k, v = (h @ block.attn.qkv.weight.T).split(C, dim=-1)
     q, k, v = (t.view(B, T, H, d).transpose(1, 2) for t in (q, k, v))
     q, k = block.attn.rotary(q), block.attn.rotary(k)
-    s_qk = (block.attn.s_qk.raw * (1.0 / C ** -0.5)).view(H, 1, d)  # init 1, scale 1/sqrt(d_model)
+    s_qk = (block.attn.s_qk.raw * (1.0 / C**-0.5)).view(H, 1, d)  # init 1, scale 1/sqrt(d_model)
     q, k = s_qk * unit_by_hand(q), s_qk * unit_by_hand(k)
     logits = (q @ k.transpose(-2, -1)) * math.sqrt(d)  # softmax scale sqrt(d_head), not 1/sqrt(d_head)
     logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     attn = block.attn.proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C))
-    alpha_a = block.alpha_attn.raw * (0.05 / C ** -0.5)
+    alpha_a = block.alpha_attn.raw * (0.05 / C**-0.5)
     h = unit_by_hand(h + alpha_a * (unit_by_hand(attn) - h))
     s_uv = block.s_uv.raw  # init 1, scale 1
     v_gate, u = (h @ block.mlp.fc.weight.T * s_uv).chunk(2, dim=-1)
     mlp = block.mlp.proj(u * F.silu(v_gate * math.sqrt(C)))
-    alpha_m = block.alpha_mlp.raw * (0.05 / C ** -0.5)
+    alpha_m = block.alpha_mlp.raw * (0.05 / C**-0.5)
     return unit_by_hand(h + alpha_m * (unit_by_hand(mlp) - h))
 
 
@@ -144,7 +161,7 @@ def test_ngpt_matches_the_papers_formulas_by_hand():
         expected = ngpt_block_by_hand(block, h)
         torch.testing.assert_close(block(h), expected)
         h = expected
-    s_z = model.hooks.s_z.raw * (1.0 / 32 ** -0.5)
+    s_z = model.hooks.s_z.raw * (1.0 / 32**-0.5)
     torch.testing.assert_close(model(idx)[0], s_z * (h @ model.tok_emb.weight.T))  # tied head, no final norm
 
 
@@ -152,18 +169,25 @@ def ngpt_vectors(model) -> list[torch.Tensor]:
     """Every vector nGPT keeps on the unit sphere: embedding rows, input projections' rows, output projections' columns."""
     vectors = [model.tok_emb.weight] + ([model.pos_emb.weight] if model.pos_emb is not None else [])
     for block in model.blocks:
-        vectors += [block.attn.qkv.weight, block.mlp.fc.weight, block.attn.proj.weight.T, block.mlp.proj.weight.T]
+        vectors += [
+            block.attn.qkv.weight,
+            block.mlp.fc.weight,
+            block.attn.proj.weight.T,
+            block.mlp.proj.weight.T,
+        ]
     return vectors
 
 
 @pytest.mark.parametrize("arch", [pytest.param("gpt2", marks=pytest.mark.slow), "llama"])
 def test_ngpt_hidden_states_and_weight_vectors_have_unit_norm_after_every_step(tmp_path, arch):
-    from normbench.config import parse_config
-    from normbench.train import Run
-
     from conftest import compose_cfg, tiny
 
-    state = Run(parse_config(compose_cfg(tiny("placement=ngpt", f"model.arch={arch}", "model.n_layer=2"))), tmp_path)
+    from normbench.training.config import parse_config
+    from normbench.training.loop import Run
+
+    state = Run(
+        parse_config(compose_cfg(tiny("placement=ngpt", f"model.arch={arch}", "model.n_layer=2"))), tmp_path
+    )
     model = state.model
     hidden = []
     hooks = [model.blocks[0].register_forward_pre_hook(lambda m, args: hidden.append(args[0].detach()))]
@@ -178,7 +202,9 @@ def test_ngpt_hidden_states_and_weight_vectors_have_unit_norm_after_every_step(t
             torch.testing.assert_close(h.norm(dim=-1), torch.ones(h.shape[:-1]), msg=f"step {step}")
     for h in hooks:
         h.remove()
-    assert all(g["weight_decay"] == 0.0 for g in state.optimizer.param_groups if g["params"])  # no weight decay
+    assert all(
+        g["weight_decay"] == 0.0 for g in state.optimizer.param_groups if g["params"]
+    )  # no weight decay
 
 
 @pytest.mark.slow
@@ -187,7 +213,13 @@ def test_ngpt_gradients_match_finite_differences():
     In model.arch=gpt2: the rotary embeddings of llama compute in float32, below gradcheck's precision."""
     model = ngpt_model("gpt2", d_model=8).double()
     idx = torch.randint(16, (1, 6))
-    names = ["tok_emb.weight", "pos_emb.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.proj.weight", *(n for n, _ in model.named_parameters() if n.endswith(".raw"))]
+    names = [
+        "tok_emb.weight",
+        "pos_emb.weight",
+        "blocks.0.attn.qkv.weight",
+        "blocks.1.mlp.proj.weight",
+        *(n for n, _ in model.named_parameters() if n.endswith(".raw")),
+    ]
     values = [model.get_parameter(n).detach().clone().requires_grad_() for n in names]
 
     def logits(*values):
@@ -210,8 +242,8 @@ def test_ngpt_in_bf16_is_within_tolerance_of_fp32(arch):
 
 
 def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
-    from normbench.errors import ConfigError
-    from normbench.placements import placement_options
+    from normbench.core.errors import ConfigError
+    from normbench.model.placements import placement_options
 
     cfg = load_group("model", "tiny", arch="llama", n_layer=2)
     models = []
@@ -224,7 +256,9 @@ def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
         torch.testing.assert_close(other(idx)[0], models[0](idx)[0])
     with pytest.raises(ConfigError, match=r"placement.alpha_init must be a number > 0, got -1.*allowed"):
         placement_options({"name": "ngpt", "alpha_init": -1})
-    with pytest.raises(ConfigError, match=r"placement=ngpt keeps every weight at unit norm.*allowed: model.param=sp"):
+    with pytest.raises(
+        ConfigError, match=r"placement=ngpt keeps every weight at unit norm.*allowed: model.param=sp"
+    ):
         GPT(load_group("model", "tiny", param="mup", base_width=32), 16, {"name": "ln"}, {"name": "ngpt"})
 
 

@@ -11,7 +11,6 @@ import json
 import os
 
 import pytest
-
 from conftest import run_cli
 
 LOOPBACK = {
@@ -29,8 +28,14 @@ pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install 'nor
 
 @pytest.fixture
 def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=80 * 2**20,
-             _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=80 * 2**20,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+    )
     try:
         address = ray.get_runtime_context().gcs_address
         assert address.startswith("127.0.0.1:"), address
@@ -40,11 +45,26 @@ def cluster():
 
 
 def test_a_sweep_runs_on_a_local_ray_cluster_and_resumes(cluster, tmp_path):
-    args = ["sweep", "norm=ln,rms", "seed=0,1", "model=micro", "data.train_sequences=128", "data.val_sequences=32",
-            "train.steps=10", "train.batch_size=8", "train.eval_every=10", "train.eval_batches=1", "train.log_every=5",
-            "train.warmup_steps=2", "train.stats_every=0", f"results_dir={tmp_path}/results",
-            "hydra/launcher=ray_cluster", f"hydra.launcher.ray.init.address={cluster}",
-            "hydra.launcher.ray.remote.num_gpus=0", "hydra.launcher.ray.remote.num_cpus=1"]
+    args = [
+        "sweep",
+        "norm=ln,rms",
+        "seed=0,1",
+        "model=micro",
+        "data.train_sequences=128",
+        "data.val_sequences=32",
+        "train.steps=10",
+        "train.batch_size=8",
+        "train.eval_every=10",
+        "train.eval_batches=1",
+        "train.log_every=5",
+        "train.warmup_steps=2",
+        "train.stats_every=0",
+        f"results_dir={tmp_path}/results",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.ray.init.address={cluster}",
+        "hydra.launcher.ray.remote.num_gpus=0",
+        "hydra.launcher.ray.remote.num_cpus=1",
+    ]
     first = run_cli(*args, cwd=tmp_path, timeout=540)
     assert first.returncode == 0, first.stdout + first.stderr
     sweep_dirs = list((tmp_path / "results" / "sweeps").iterdir())
@@ -65,10 +85,20 @@ def test_a_sweep_runs_on_a_local_ray_cluster_and_resumes(cluster, tmp_path):
 
 def test_a_run_no_node_can_hold_is_refused_before_anything_is_submitted(cluster, tmp_path):
     # The preset's request (4 CPUs, 1 GPU per run) on this 2-CPU cluster without a GPU.
-    result = run_cli("sweep", "norm=ln,rms", "model=micro", f"results_dir={tmp_path}/results",
-                     "hydra/launcher=ray_cluster", f"hydra.launcher.ray.init.address={cluster}", cwd=tmp_path, timeout=300)
+    result = run_cli(
+        "sweep",
+        "norm=ln,rms",
+        "model=micro",
+        f"results_dir={tmp_path}/results",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.ray.init.address={cluster}",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert (f"each run asks Ray for 4 CPUs and 1 GPU, but the largest node of the Ray cluster at {cluster} has "
-            "2 CPUs and 0 GPUs: no run could ever start; set hydra.launcher.ray.remote.num_cpus=2 "
-            "hydra.launcher.ray.remote.num_gpus=0") in " ".join(result.stderr.split())
+    assert (
+        f"each run asks Ray for 4 CPUs and 1 GPU, but the largest node of the Ray cluster at {cluster} has "
+        "2 CPUs and 0 GPUs: no run could ever start; set hydra.launcher.ray.remote.num_cpus=2 "
+        "hydra.launcher.ray.remote.num_gpus=0"
+    ) in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr and not (tmp_path / "results").exists()

@@ -11,21 +11,49 @@ import time
 import pandas as pd
 import pytest
 import yaml
+from conftest import run_cli
 from rich.console import Console
 
-from normbench.report import charts as charts_module
-from normbench.errors import ConfigError
+from normbench.core.errors import ConfigError
 from normbench.report import CHARTS, default_group_keys, load_runs, run_report
+from normbench.report import charts as charts_module
 
-from conftest import run_cli
-
-RUN_CHARTS = ["loss_curves", "final_loss", "grad_by_layer", "grad_norm", "throughput", "stability", "tuning", "logits"]
+RUN_CHARTS = [
+    "loss_curves",
+    "final_loss",
+    "grad_by_layer",
+    "grad_norm",
+    "throughput",
+    "stability",
+    "tuning",
+    "logits",
+]
 SCALE_CHARTS = ["scale_gap", "scale_best_value", "scale_tuning"]  # with a scale axis only (test_report_scale)
 
 
-def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_layer=2, status="completed",
-             final=2.0, best=None, floor=1.5, tokens_per_s=1000.0, stats=True, leaks=None, summary=True,
-             eps=1e-5, steps=(10, 20, 30), init=4.0, threads=0, logits=None):
+def make_run(
+    root,
+    name,
+    *,
+    norm="ln",
+    placement="pre",
+    seed=0,
+    lr=0.003,
+    n_layer=2,
+    status="completed",
+    final=2.0,
+    best=None,
+    floor=1.5,
+    tokens_per_s=1000.0,
+    stats=True,
+    leaks=None,
+    summary=True,
+    eps=1e-5,
+    steps=(10, 20, 30),
+    init=4.0,
+    threads=0,
+    logits=None,
+):
     """Write config.yaml, metrics.jsonl and summary.json the way a training run leaves them.
 
     ``logits``: one (max_attn_logit, max_log_z) per step for the stats records (None: a run from
@@ -33,35 +61,87 @@ def make_run(root, name, *, norm="ln", placement="pre", seed=0, lr=0.003, n_laye
     run = root / name
     run.mkdir(parents=True)
     config = {
-        "seed": seed, "out_dir": str(run),
+        "seed": seed,
+        "out_dir": str(run),
         "norm": {"name": norm, "eps": eps, "bias": True},
         "placement": {"name": placement, "final_norm": True},
         "model": {"n_layer": n_layer, "n_head": 2, "d_model": 64, "block_size": 64, "dropout": 0.0},
         "data": {"name": "synthetic", "vocab_size": 64},
-        "train": {"steps": steps[-1], "batch_size": 32, "lr": lr, "warmup_steps": 3, "betas": [0.9, 0.95],
-                  "threads": threads, "progress": threads == 0},
+        "train": {
+            "steps": steps[-1],
+            "batch_size": 32,
+            "lr": lr,
+            "warmup_steps": 3,
+            "betas": [0.9, 0.95],
+            "threads": threads,
+            "progress": threads == 0,
+        },
     }
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     lines = [] if init is None else [{"kind": "eval", "step": 0, "val_loss": init}]  # None: an older run
     for i, step in enumerate(steps):
         if stats:
-            layers = [{"grad_norm": {"attn_in": 1.0, "attn_out": 1.0, "mlp_in": 1.0, "mlp_out": (layer + 1) * (i + 1.0),
-                                     "norm": 0.1},
-                       "weight_norm": {}, "update_ratio": {}, "resid_rms": 1.0 + layer} for layer in range(n_layer)]
-            record = {"kind": "stats", "step": step - 10, "grad_norm": 1.0 + i, "clipped": False, "layers": layers}
+            layers = [
+                {
+                    "grad_norm": {
+                        "attn_in": 1.0,
+                        "attn_out": 1.0,
+                        "mlp_in": 1.0,
+                        "mlp_out": (layer + 1) * (i + 1.0),
+                        "norm": 0.1,
+                    },
+                    "weight_norm": {},
+                    "update_ratio": {},
+                    "resid_rms": 1.0 + layer,
+                }
+                for layer in range(n_layer)
+            ]
+            record = {
+                "kind": "stats",
+                "step": step - 10,
+                "grad_norm": 1.0 + i,
+                "clipped": False,
+                "layers": layers,
+            }
             if logits is not None:
-                record.update(max_attn_logit=logits[i][0], max_log_z=logits[i][1], mean_log_z=0.0, max_output_logit=1.0)
+                record.update(
+                    max_attn_logit=logits[i][0], max_log_z=logits[i][1], mean_log_z=0.0, max_output_logit=1.0
+                )
             lines.append(record)
-        lines.append({"kind": "train", "step": step, "train_loss": final + 1.0 - 0.1 * i, "lr": lr,
-                      "tokens_per_s": tokens_per_s, "step_ms": 20.0, "tokens": step * 2048})
+        lines.append(
+            {
+                "kind": "train",
+                "step": step,
+                "train_loss": final + 1.0 - 0.1 * i,
+                "lr": lr,
+                "tokens_per_s": tokens_per_s,
+                "step_ms": 20.0,
+                "tokens": step * 2048,
+            }
+        )
         lines.append({"kind": "eval", "step": step, "val_loss": final + 0.5 - 0.1 * i})
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     if summary:
-        s = {"status": status, "final_val_loss": final, "best_val_loss": final if best is None else best,
-             "floor_loss": floor, "tokens_per_s": tokens_per_s, "step_ms_p50": 20.0, "step_ms_p90": 25.0,
-             "peak_mem_mb": 100.0, "mfu": None, "wall_s": 1.0, "steps": steps[-1], "params": 1000,
-             "causal_leak": {"train": 0.0, "eval": 0.0}, "leaks_future": leaks, "max_grad_norm": 3.0,
-             "clip_fraction": 0.0, "error": None, "env": {"torch": "2.13"}}
+        s = {
+            "status": status,
+            "final_val_loss": final,
+            "best_val_loss": final if best is None else best,
+            "floor_loss": floor,
+            "tokens_per_s": tokens_per_s,
+            "step_ms_p50": 20.0,
+            "step_ms_p90": 25.0,
+            "peak_mem_mb": 100.0,
+            "mfu": None,
+            "wall_s": 1.0,
+            "steps": steps[-1],
+            "params": 1000,
+            "causal_leak": {"train": 0.0, "eval": 0.0},
+            "leaks_future": leaks,
+            "max_grad_norm": 3.0,
+            "clip_fraction": 0.0,
+            "error": None,
+            "env": {"torch": "2.13"},
+        }
         if logits is not None:
             finite = [v for v in logits if all(map(math.isfinite, v))]
             s.update(max_attn_logit=max(v[0] for v in finite), max_log_z=max(v[1] for v in finite))
@@ -89,15 +169,27 @@ def sweep(tmp_path_factory):
     """ln/pre seeds 2.0 2.2 2.4; rms/pre seeds 2.0 2.2 plus one diverged run with a huge loss."""
     root = tmp_path_factory.mktemp("sweep")
     for seed, final in enumerate([2.0, 2.2, 2.4]):
-        make_run(root, f"ln_pre_s{seed}", norm="ln", seed=seed, final=final, best=final - 0.1,
-                 tokens_per_s=1000.0 * (seed + 1))
+        make_run(
+            root,
+            f"ln_pre_s{seed}",
+            norm="ln",
+            seed=seed,
+            final=final,
+            best=final - 0.1,
+            tokens_per_s=1000.0 * (seed + 1),
+        )
     make_run(root, "rms_pre_s0", norm="rms", eps=1e-6, seed=0, final=2.0)
     make_run(root, "rms_pre_s1", norm="rms", eps=1e-6, seed=1, final=2.2)
     make_run(root, "rms_pre_s2", norm="rms", eps=1e-6, seed=2, final=50.0, status="diverged")
     (root / "bench.csv").write_text(
         "norm,impl,dim,dtype,device,pass,ms,gb_per_s,ratio_to_native\n"
-        + "".join(f"{n},{impl},{dim},float32,cpu,fwd,{dim / 1000 * (2 if impl == 'native' else 1)},1.0,1.0\n"
-                  for n in ("ln", "rms") for impl in ("normbench", "native") for dim in (256, 512, 1024)))
+        + "".join(
+            f"{n},{impl},{dim},float32,cpu,fwd,{dim / 1000 * (2 if impl == 'native' else 1)},1.0,1.0\n"
+            for n in ("ln", "rms")
+            for impl in ("normbench", "native")
+            for dim in (256, 512, 1024)
+        )
+    )
     out, text = report([root, root / "bench.csv"])
     return root, out, text
 
@@ -125,7 +217,16 @@ def test_summary_csv_md_and_terminal_table(sweep):
     _, out, text = sweep
     runs = pd.read_csv(out / "summary.csv")
     assert len(runs) == 6
-    for col in ("run_dir", "norm", "placement", "seed", "status", "final_val_loss", "train.lr", "causal_leak.train"):
+    for col in (
+        "run_dir",
+        "norm",
+        "placement",
+        "seed",
+        "status",
+        "final_val_loss",
+        "train.lr",
+        "causal_leak.train",
+    ):
         assert col in runs
     assert sorted(runs["status"]) == ["completed"] * 5 + ["diverged"]
     md = (out / "summary.md").read_text()
@@ -135,7 +236,9 @@ def test_summary_csv_md_and_terminal_table(sweep):
 
 def test_every_chart_drawn_when_data_present(sweep):
     _, out, _ = sweep
-    for name in [n for n in RUN_CHARTS if n not in ("stability", "tuning", "logits")] + ["bench"]:  # lr is fixed
+    for name in [n for n in RUN_CHARTS if n not in ("stability", "tuning", "logits")] + [
+        "bench"
+    ]:  # lr is fixed
         assert (out / f"{name}.png").stat().st_size > 1000, name
         assert not (out / f"{name}.svg").exists(), name  # only when asked for
     assert not (out / "stability.png").exists()
@@ -221,8 +324,16 @@ def test_stability_map_and_leaks_future(tmp_path, monkeypatch):
     for lr in (1e-3, 1e-2):
         for seed in (0, 1):
             make_run(tmp_path, f"ln_{lr}_{seed}", norm="ln", lr=lr, seed=seed, final=2.0 + seed * 0.1)
-            make_run(tmp_path, f"bn_{lr}_{seed}", norm="bn", lr=lr, seed=seed, leaks=True,
-                     status="diverged" if lr == 1e-2 else "completed", final=float("nan") if lr == 1e-2 else 2.5)
+            make_run(
+                tmp_path,
+                f"bn_{lr}_{seed}",
+                norm="bn",
+                lr=lr,
+                seed=seed,
+                leaks=True,
+                status="diverged" if lr == 1e-2 else "completed",
+                final=float("nan") if lr == 1e-2 else 2.5,
+            )
     out, text = report([tmp_path])
     assert (out / "stability.png").exists()
     agg = pd.read_csv(out / "aggregate.csv")
@@ -260,9 +371,14 @@ def test_explicit_group_by(tmp_path, monkeypatch):
 
 def test_user_mistakes_raise_config_error(tmp_path):
     make_run(tmp_path, "a")
-    cases = [dict(paths=[tmp_path], metric="accuracy"), dict(paths=[tmp_path / "nope"]),
-             dict(paths=[tmp_path], group_by=["train.momentum"]), dict(paths=[tmp_path], formats=("gif",)),
-             dict(paths=[tmp_path / "a" / "config.yaml"]), dict(paths=[])]
+    cases = [
+        dict(paths=[tmp_path], metric="accuracy"),
+        dict(paths=[tmp_path / "nope"]),
+        dict(paths=[tmp_path], group_by=["train.momentum"]),
+        dict(paths=[tmp_path], formats=("gif",)),
+        dict(paths=[tmp_path / "a" / "config.yaml"]),
+        dict(paths=[]),
+    ]
     for case in cases:
         with pytest.raises(ConfigError):
             run_report(console=quiet(), **case)
@@ -298,9 +414,18 @@ def test_200_runs(tmp_path):
             for lr in lrs:
                 for seed in range(10):
                     diverged = lr == 1e-1 and placement == "post"
-                    make_run(tmp_path, f"r{i:03d}", norm=norm, placement=placement, lr=lr, seed=seed,
-                             status="diverged" if diverged else "completed", final=2.0 + lr + 0.01 * seed,
-                             steps=tuple(range(10, 310, 10)), logits=[(1.0 + j, 4.0) for j in range(30)])
+                    make_run(
+                        tmp_path,
+                        f"r{i:03d}",
+                        norm=norm,
+                        placement=placement,
+                        lr=lr,
+                        seed=seed,
+                        status="diverged" if diverged else "completed",
+                        final=2.0 + lr + 0.01 * seed,
+                        steps=tuple(range(10, 310, 10)),
+                        logits=[(1.0 + j, 4.0) for j in range(30)],
+                    )
                     i += 1
     start = time.perf_counter()
     out, _ = report([tmp_path])
@@ -315,15 +440,25 @@ def test_200_runs(tmp_path):
 @pytest.mark.slow  # a sweep's job processes
 def test_report_of_a_sweep_with_an_invalid_job_counts_it_as_the_index_does(tmp_path, monkeypatch):
     """A job whose config does not validate fails before training (no metrics.jsonl): still counted."""
-    from normbench.sweep import read_index, run_sweep
-
     from conftest import TINY
+
+    from normbench.core.runs import read_index
+    from normbench.sweeps.sweep import run_sweep
 
     only_charts(monkeypatch, "final_loss")
     monkeypatch.chdir(tmp_path)
     sweep_dir = tmp_path / "sw"
-    code = run_sweep(["model.n_head=2,3", *TINY, "data.train_sequences=64", "data.val_sequences=16",
-                      f"hydra.sweep.dir={sweep_dir}"], console=quiet(), poll_s=0.2)
+    code = run_sweep(
+        [
+            "model.n_head=2,3",
+            *TINY,
+            "data.train_sequences=64",
+            "data.val_sequences=16",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        console=quiet(),
+        poll_s=0.2,
+    )
     assert code == 1  # n_head=3 does not divide d_model=32
     failed = [r for r in read_index(sweep_dir) if r["status"] == "failed"]
     index_failed = len(failed)
@@ -348,6 +483,7 @@ def test_pdf_and_svg_charts(tmp_path, monkeypatch):
 
 # --- logit diagnostics (issue #14) and implementation cost (issue #13) -------------------------------------------
 
+
 def capture_charts(monkeypatch, *names) -> dict:
     """Draw only ``names`` and keep each chart's Figure (or its not-drawn reason) to read its plotted data."""
     drawn = {}
@@ -356,8 +492,12 @@ def capture_charts(monkeypatch, *names) -> dict:
         def wrapped(d):
             drawn[name] = draw(d)
             return drawn[name]
+
         return wrapped
-    monkeypatch.setattr(charts_module, "CHARTS", tuple((n, t, keep(n, f)) for n, t, f in CHARTS if n in names))
+
+    monkeypatch.setattr(
+        charts_module, "CHARTS", tuple((n, t, keep(n, f)) for n, t, f in CHARTS if n in names)
+    )
     return drawn
 
 
@@ -369,8 +509,15 @@ def test_logit_chart_plots_the_seed_mean_and_skips_non_finite_values(tmp_path, m
     drawn = capture_charts(monkeypatch, "logits")
     make_run(tmp_path, "ln0", norm="ln", seed=0, logits=[(2.0, 4.0), (4.0, 4.5), (8.0, 5.0)])
     make_run(tmp_path, "ln1", norm="ln", seed=1, logits=[(4.0, 4.2), (6.0, 4.4), (10.0, 5.2)])
-    make_run(tmp_path, "rms0", norm="rms", seed=0, status="diverged", final=math.nan,
-             logits=[(1.0, 4.0), (2.0, 4.1), (math.inf, math.nan)])
+    make_run(
+        tmp_path,
+        "rms0",
+        norm="rms",
+        seed=0,
+        status="diverged",
+        final=math.nan,
+        logits=[(1.0, 4.0), (2.0, 4.1), (math.inf, math.nan)],
+    )
     out, text = report([tmp_path])
     attn, log_z = drawn["logits"].axes[:2]
     assert attn.get_yscale() == "log" and log_z.get_yscale() == "linear"
@@ -403,7 +550,9 @@ def test_logit_chart_draws_the_raw_attention_logit_when_a_run_was_soft_capped(tm
     attn, raw, log_z = drawn["logits"].axes[:3]
     assert "before the soft-cap" in raw.get_title() and "log Z" in log_z.get_title()
     assert lines_by_label(raw)["ln"][1] == pytest.approx([2.0, 40.0, 400.0])
-    assert lines_by_label(raw)["rms"][1] == pytest.approx([2.0, 4.0, 8.0])  # uncapped: raw is what softmax saw
+    assert lines_by_label(raw)["rms"][1] == pytest.approx(
+        [2.0, 4.0, 8.0]
+    )  # uncapped: raw is what softmax saw
     assert lines_by_label(attn)["ln"][1] == pytest.approx([2.0, 10.0, 20.0])
 
 
@@ -414,14 +563,19 @@ def test_per_layer_and_loss_charts_draw_each_configuration_at_its_best_learning_
     for lr, final in ((0.001, 2.5), (0.01, 2.0), (0.1, 3.0)):
         for seed in (0, 1):
             make_run(tmp_path, f"ln_{lr}_{seed}", norm="ln", lr=lr, seed=seed, final=final + 0.01 * seed)
-            make_run(tmp_path, f"rms_{lr}_{seed}", norm="rms", lr=lr, seed=seed, final=final + 0.3 - 0.01 * seed)
+            make_run(
+                tmp_path, f"rms_{lr}_{seed}", norm="rms", lr=lr, seed=seed, final=final + 0.3 - 0.01 * seed
+            )
     report([tmp_path])
     labels = set(lines_by_label(drawn["grad_by_layer"].axes[0]))
     assert labels == {"ln lr=0.01", "rms lr=0.01"}, labels
     assert "at its best train.lr" in drawn["grad_by_layer"].get_suptitle()
     curves = set(lines_by_label(drawn["loss_curves"].axes[0])) - {"synthetic floor (Bayes-optimal loss)"}
     assert curves == {"ln lr=0.01", "rms lr=0.01"}, curves  # the loss curves too
-    assert set(lines_by_label(drawn["grad_norm"].axes[0])) == {"ln lr=0.01", "rms lr=0.01"}  # and the gradient norm
+    assert set(lines_by_label(drawn["grad_norm"].axes[0])) == {
+        "ln lr=0.01",
+        "rms lr=0.01",
+    }  # and the gradient norm
 
 
 def test_runs_without_logit_records_report_as_before(sweep):
@@ -454,17 +608,29 @@ BENCH_HEADER = "norm,impl,dim,dtype,device,pass,tokens,ms,gb_per_s,copy_gb_per_s
 
 def bench_csv(path, rows) -> None:
     """rows: (norm, impl, dim, pass, ratio_to_ln, gb_per_s); LayerNorm's native op takes 1 ms, copy runs at 10 GB/s."""
-    path.write_text(BENCH_HEADER + "".join(f"{n},{impl},{dim},fp32,cpu,{pass_},1024,{ratio},{gb},10.0,{ratio}\n"
-                                           for n, impl, dim, pass_, ratio, gb in rows))
+    path.write_text(
+        BENCH_HEADER
+        + "".join(
+            f"{n},{impl},{dim},fp32,cpu,{pass_},1024,{ratio},{gb},10.0,{ratio}\n"
+            for n, impl, dim, pass_, ratio, gb in rows
+        )
+    )
 
 
-SLOW_BENCH = [("ln", "normbench", 256, "fwd", 1.0, 5.0), ("ln", "native", 256, "fwd", 1.0, 5.0),
-              ("rms", "normbench", 256, "fwd", 1.05, 4.0), ("rms", "normbench", 1024, "fwd+bwd", 1.3, 3.0),
-              ("rms", "native", 256, "fwd", 2.5, 2.0),  # PyTorch's op, not normbench's: not listed
-              ("scale", "normbench", 256, "fwd", 1.0, 5.0), ("scale", "normbench", 1024, "fwd+bwd", 1.09, 5.0),
-              ("dyt", "normbench", 256, "fwd", 1.2, 6.0), ("dyt", "normbench", 1024, "fwd+bwd", 1.15, 6.0),
-              ("gn", "normbench", 128, "fwd", 1.4, 4.0), ("gn", "native", 128, "fwd", 6.0, 1.0),
-              ("bn", "normbench", 256, "fwd", 3.0, 1.0)]  # BatchNorm's math differs: not listed
+SLOW_BENCH = [
+    ("ln", "normbench", 256, "fwd", 1.0, 5.0),
+    ("ln", "native", 256, "fwd", 1.0, 5.0),
+    ("rms", "normbench", 256, "fwd", 1.05, 4.0),
+    ("rms", "normbench", 1024, "fwd+bwd", 1.3, 3.0),
+    ("rms", "native", 256, "fwd", 2.5, 2.0),  # PyTorch's op, not normbench's: not listed
+    ("scale", "normbench", 256, "fwd", 1.0, 5.0),
+    ("scale", "normbench", 1024, "fwd+bwd", 1.09, 5.0),
+    ("dyt", "normbench", 256, "fwd", 1.2, 6.0),
+    ("dyt", "normbench", 1024, "fwd+bwd", 1.15, 6.0),
+    ("gn", "normbench", 128, "fwd", 1.4, 4.0),
+    ("gn", "native", 128, "fwd", 6.0, 1.0),
+    ("bn", "normbench", 256, "fwd", 3.0, 1.0),
+]  # BatchNorm's math differs: not listed
 
 
 def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch):
@@ -473,11 +639,14 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
 
     bench_csv(tmp_path / "b.csv", SLOW_BENCH)
     note = implementation_note(read_bench([tmp_path / "b.csv"]))
-    assert note == ("Implementations not at their limit on cpu: dyt (1.20x LayerNorm at 256 fp32 fwd); "
-                    "gn (1.40x LayerNorm at 128 fp32 fwd); rms (1.30x LayerNorm at 1024 fp32 fwd+bwd) — "
-                    "throughput differences there measure the implementation, not the norm.")
+    assert note == (
+        "Implementations not at their limit on cpu: dyt (1.20x LayerNorm at 256 fp32 fwd); "
+        "gn (1.40x LayerNorm at 128 fp32 fwd); rms (1.30x LayerNorm at 1024 fp32 fwd+bwd) — "
+        "throughput differences there measure the implementation, not the norm."
+    )
     assert implementation_note(read_bench([tmp_path / "b.csv"]), norms=["ln", "scale"]).startswith(
-        "Implementations at their limit in the bench: scale within 1.1x")
+        "Implementations at their limit in the bench: scale within 1.1x"
+    )
 
     drawn = capture_charts(monkeypatch, "bench", "throughput")
     make_run(tmp_path / "runs", "a", norm="ln", stats=False)
@@ -488,8 +657,11 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
     ratio_ax = fig.axes[0]
     copy_ax = next(a for a in fig.axes if "bandwidth" in a.get_title() and "fwd+bwd" in a.get_title())
     assert ratio_ax.get_yscale() == "log"
-    references = {(line.get_linestyle(), tuple(line.get_ydata())) for line in ratio_ax.get_lines()
-                  if not line.get_label().startswith(("ln", "rms", "scale", "dyt", "bn", "gn"))}
+    references = {
+        (line.get_linestyle(), tuple(line.get_ydata()))
+        for line in ratio_ax.get_lines()
+        if not line.get_label().startswith(("ln", "rms", "scale", "dyt", "bn", "gn"))
+    }
     assert references == {("--", (1.0, 1.0)), (":", (1.1, 1.1))}  # LayerNorm = 1 and the 1.1x goal
     assert lines_by_label(copy_ax)["rms (normbench)"] == ([1024], pytest.approx([30.0]))  # 3 / 10 GB/s
     assert "rms (native)" not in lines_by_label(copy_ax)
@@ -505,8 +677,10 @@ def test_without_a_bench_csv_the_throughput_note_says_the_cost_is_unknown(tmp_pa
     make_run(tmp_path, "a", norm="ln", stats=False)
     make_run(tmp_path, "b", norm="rms", stats=False)
     out, _ = report([tmp_path])
-    for text in (drawn["throughput"].get_supxlabel().replace("\n", " ").replace("\u00a0", " "),
-                 (out / "summary.md").read_text()):
+    for text in (
+        drawn["throughput"].get_supxlabel().replace("\n", " ").replace("\u00a0", " "),
+        (out / "summary.md").read_text(),
+    ):
         assert "implementation cost on this device is unknown" in text
         assert "`normbench bench --out bench.csv`" in text and "`normbench report RUNS bench.csv`" in text
     # one norm: nothing compared, no note
@@ -521,31 +695,39 @@ def test_old_bench_csv_without_ratio_to_ln(sweep, tmp_path, monkeypatch):
     root, _, _ = sweep  # its bench.csv predates ratio_to_ln: derived from its own LayerNorm native rows
     bench = read_bench([root / "bench.csv"])
     rms = bench[bench["norm"].eq("rms") & bench["impl"].eq("normbench")]
-    assert list(rms["ratio_to_ln"]) == pytest.approx([0.5, 0.5, 0.5])  # dim/1000 ms over ln native's 2·dim/1000
+    assert list(rms["ratio_to_ln"]) == pytest.approx(
+        [0.5, 0.5, 0.5]
+    )  # dim/1000 ms over ln native's 2·dim/1000
     drawn = capture_charts(monkeypatch, "bench")
     report([root / "bench.csv"], out=tmp_path / "r1")
     assert lines_by_label(drawn["bench"].axes[0])["rms (normbench)"][1] == pytest.approx([0.5, 0.5, 0.5])
     # no LayerNorm native row either: the times, as before
-    (tmp_path / "old.csv").write_text("norm,impl,dim,dtype,device,pass,ms\nrms,normbench,256,fp32,cpu,fwd,0.25\n")
+    (tmp_path / "old.csv").write_text(
+        "norm,impl,dim,dtype,device,pass,ms\nrms,normbench,256,fp32,cpu,fwd,0.25\n"
+    )
     report([tmp_path / "old.csv"], out=tmp_path / "r2")
     ax = drawn["bench"].axes[0]
     assert ax.get_ylabel() == "time per call (ms)" and lines_by_label(ax)["rms (normbench)"][1] == [0.25]
 
 
 def test_a_sweep_in_progress_with_nothing_finished_is_one_line_saying_what_runs(tmp_path):
-    from normbench.runs import RunLock
+    from normbench.core.runs import RunLock
 
     sweep_dir = tmp_path / "S"
     for name in ("running", "killed"):
         make_run(sweep_dir, name, summary=False)
-    (sweep_dir / "plan.json").write_text(json.dumps({"jobs": [{"run_dir": d} for d in ("running", "killed", "later")]}))
+    (sweep_dir / "plan.json").write_text(
+        json.dumps({"jobs": [{"run_dir": d} for d in ("running", "killed", "later")]})
+    )
     lock = RunLock(sweep_dir / "running")
     assert lock.acquire() is None  # a job trains it now
     try:
         with pytest.raises(ConfigError) as e:
             run_report([sweep_dir], console=quiet())
-        assert str(e.value) == (f"nothing finished yet in {sweep_dir}: 1 running, 1 interrupted, 1 pending; "
-                                "run normbench report again once a run has finished")
+        assert str(e.value) == (
+            f"nothing finished yet in {sweep_dir}: 1 running, 1 interrupted, 1 pending; "
+            "run normbench report again once a run has finished"
+        )
         result = run_cli("report", str(sweep_dir))
         assert result.returncode == 2 and "nothing finished yet" in result.stderr
         assert "Traceback" not in result.stderr and "warning" not in result.stderr
@@ -554,11 +736,15 @@ def test_a_sweep_in_progress_with_nothing_finished_is_one_line_saying_what_runs(
 
 
 def test_every_placement_has_its_own_chart_style():
-    from normbench.placements import PLACEMENTS
+    from normbench.model.placements import PLACEMENTS
 
     styles = [charts_module.placement_style(name) for name in PLACEMENTS]
-    assert len({str(ls) for ls, _ in styles}) == len(PLACEMENTS) and len({h for _, h in styles}) == len(PLACEMENTS)
-    assert charts_module.placement_style("a-new-placement") == charts_module.placement_style("a-new-placement")
+    assert len({str(ls) for ls, _ in styles}) == len(PLACEMENTS) and len({h for _, h in styles}) == len(
+        PLACEMENTS
+    )
+    assert charts_module.placement_style("a-new-placement") == charts_module.placement_style(
+        "a-new-placement"
+    )
 
 
 def test_hybrid_placement_has_a_fixed_style_no_other_placement_uses():

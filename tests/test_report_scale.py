@@ -14,21 +14,24 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import run_cli
 from scipy import stats as scipy_stats
+from test_report import make_run, only_charts, quiet, report
 
-from normbench.errors import ConfigError
+from normbench.core.errors import ConfigError
 from normbench.report import run_report
 from normbench.report.stats import NEEDS_SEEDS
-
-from conftest import run_cli
-from test_report import make_run, only_charts, quiet, report
 
 WIDTHS = (16, 32, 64, 128)
 PARAMS = {w: 12 * 2 * w * w + 64 * w for w in WIDTHS}  # a GPT's count at 2 layers, vocab 64: ~4x per doubling
 # per-seed noise shared by both configurations (same data order, same init) and each one's own
 SHARED = (0.00, 0.03, -0.02)
-OWN = {16: (0.004, -0.003, 0.001), 32: (-0.002, 0.005, -0.004), 64: (0.003, 0.000, -0.004),
-       128: (-0.001, 0.004, -0.002)}
+OWN = {
+    16: (0.004, -0.003, 0.001),
+    32: (-0.002, 0.005, -0.004),
+    64: (0.003, 0.000, -0.004),
+    128: (-0.001, 0.004, -0.002),
+}
 
 
 def scale_run(root, name, *, d_model, final=2.0, lr=0.003, seed=0, **kwargs):
@@ -49,7 +52,9 @@ def plant(root, gap, widths=WIDTHS, seeds=(0, 1, 2)):
         for seed in seeds:
             ln = 3.0 - 0.2 * i + SHARED[seed]
             scale_run(root, f"ln-{w}-s{seed}", norm="ln", d_model=w, seed=seed, final=ln)
-            scale_run(root, f"rms-{w}-s{seed}", norm="rms", d_model=w, seed=seed, final=ln + gap(w) + OWN[w][seed])
+            scale_run(
+                root, f"rms-{w}-s{seed}", norm="rms", d_model=w, seed=seed, final=ln + gap(w) + OWN[w][seed]
+            )
 
 
 def hand_fit(gap):
@@ -65,16 +70,22 @@ def hand_fit(gap):
 
 def test_a_gap_growing_linearly_in_log_params_is_reported_as_growing(tmp_path, monkeypatch):
     only_charts(monkeypatch, "scale_gap")
-    gap = lambda w: 0.01 * math.log2(PARAMS[w] / PARAMS[16])  # noqa: E731
+    gap = lambda w: 0.01 * math.log2(PARAMS[w] / PARAMS[16])
     plant(tmp_path, gap)
     out, text = report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
     trend = pd.read_csv(out / "trend.csv").set_index("config")
     rms = trend.loc["rms"]
     slope, var_seeds, var_scatter = hand_fit(gap)
-    assert rms["slope_per_doubling"] == pytest.approx(slope, rel=1e-9) and slope == pytest.approx(0.01, abs=2e-3)
+    assert rms["slope_per_doubling"] == pytest.approx(slope, rel=1e-9) and slope == pytest.approx(
+        0.01, abs=2e-3
+    )
     half = scipy_stats.t.ppf(0.975, rms["slope_df"]) * math.sqrt(var_seeds)  # the seeds' variance
-    assert rms["lack_of_fit_p"] == pytest.approx(scipy_stats.chi2.sf(var_scatter / var_seeds * 2, 2))  # 4 sizes: 2 df
-    assert (rms["slope_ci_low"], rms["slope_ci_high"]) == pytest.approx((slope - half, slope + half), rel=1e-9)
+    assert rms["lack_of_fit_p"] == pytest.approx(
+        scipy_stats.chi2.sf(var_scatter / var_seeds * 2, 2)
+    )  # 4 sizes: 2 df
+    assert (rms["slope_ci_low"], rms["slope_ci_high"]) == pytest.approx(
+        (slope - half, slope + half), rel=1e-9
+    )
     assert rms["slope_ci_low"] > 0 and rms["trend"] == "grows" and rms["sizes_fitted"] == 4
     assert trend.loc["ln", "trend"] == "baseline"
     # each size's difference is the paired one: the mean of the per-seed differences, its t interval
@@ -92,7 +103,7 @@ def test_a_gap_growing_linearly_in_log_params_is_reported_as_growing(tmp_path, m
 
 def test_a_constant_gap_is_no_trend(tmp_path, monkeypatch):
     only_charts(monkeypatch)
-    gap = lambda w: 0.05  # noqa: E731
+    gap = lambda w: 0.05
     plant(tmp_path, gap)
     out, _ = report([tmp_path], scale_key="model.d_model", baseline="norm=ln,placement=pre")
     rms = pd.read_csv(out / "trend.csv").set_index("config").loc["rms"]
@@ -115,8 +126,15 @@ def test_best_lr_per_size_its_drift_and_sensitivity_match_a_hand_computation(tmp
         for i, (w, lr_best) in enumerate(best.items()):
             for lr in GRID:
                 for seed in (0, 1):
-                    scale_run(tmp_path, f"{norm}-{w}-{lr:g}-s{seed}", norm=norm, d_model=w, lr=lr, seed=seed,
-                              final=3.0 - 0.2 * i + 0.1 * abs(math.log10(lr / lr_best)) + 0.01 * seed)
+                    scale_run(
+                        tmp_path,
+                        f"{norm}-{w}-{lr:g}-s{seed}",
+                        norm=norm,
+                        d_model=w,
+                        lr=lr,
+                        seed=seed,
+                        final=3.0 - 0.2 * i + 0.1 * abs(math.log10(lr / lr_best)) + 0.01 * seed,
+                    )
     out, text = report([tmp_path])  # train.lr tuned, model.d_model detected
     table = pd.read_csv(out / "scale.csv")
     for norm, best in BEST.items():
@@ -140,7 +158,7 @@ def test_best_lr_per_size_its_drift_and_sensitivity_match_a_hand_computation(tmp
 
 def test_a_size_with_one_seed_is_not_compared_and_claims_no_trend(tmp_path, monkeypatch):
     only_charts(monkeypatch)
-    gap = lambda w: 0.1 * math.log2(w)  # noqa: E731  a steep gap: only the seeds can hold a claim back
+    gap = lambda w: 0.1 * math.log2(w)
     plant(tmp_path, gap, widths=(16,))
     plant(tmp_path, gap, widths=(32,), seeds=(0,))
     out, text = report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
@@ -162,9 +180,19 @@ def test_bad_scale_and_baseline_are_one_line_errors_listing_what_varies(tmp_path
         for lr in (1e-3, 1e-2):
             for norm in ("ln", "rms"):
                 # norm.eps follows the norm's name: it varies, but is no axis to offer
-                scale_run(tmp_path, f"{norm}-{w}-{lr:g}", norm=norm, d_model=w, lr=lr, eps=1e-6 if norm == "rms" else 1e-5)
-    for key, message in [("model.n_head", "does not vary"), ("norm", "not numeric"),
-                         ("train.lr", "is the tuning key")]:
+                scale_run(
+                    tmp_path,
+                    f"{norm}-{w}-{lr:g}",
+                    norm=norm,
+                    d_model=w,
+                    lr=lr,
+                    eps=1e-6 if norm == "rms" else 1e-5,
+                )
+    for key, message in [
+        ("model.n_head", "does not vary"),
+        ("norm", "not numeric"),
+        ("train.lr", "is the tuning key"),
+    ]:
         with pytest.raises(ConfigError, match=message) as e:
             run_report([tmp_path], scale_key=key, console=quiet())
         assert e.value.allowed == ["model.d_model", "none"]  # the numeric keys that vary besides --tune
@@ -196,17 +224,32 @@ def test_trend_words_flip_only_when_the_measured_gap_is_significant_on_both_side
     # μP against SP: no gap at the base width (the same model), then a growing one; the fitted line
     # crosses 0 just above the smallest size, which is not a change of sign.
     rising = Fit(slope=0.016, low=0.014, high=0.018, df=4, method="seeds", first=-0.0002, last=0.063)
-    assert trend_word(rising, [0.0, 0.03, 0.06], ci_low=[0.0, 0.02, 0.05], ci_high=[0.0, 0.04, 0.07]) == "grows"
+    assert (
+        trend_word(rising, [0.0, 0.03, 0.06], ci_low=[0.0, 0.02, 0.05], ci_high=[0.0, 0.04, 0.07]) == "grows"
+    )
     # DyT-like: better at the smallest budget, worse at the largest, both beyond their intervals.
     flipping = Fit(slope=0.02, low=0.01, high=0.03, df=4, method="seeds", first=-0.03, last=0.03)
-    assert trend_word(flipping, [-0.03, 0.0, 0.03], ci_low=[-0.05, -0.01, 0.01], ci_high=[-0.01, 0.01, 0.05]) == "flips sign"
+    assert (
+        trend_word(flipping, [-0.03, 0.0, 0.03], ci_low=[-0.05, -0.01, 0.01], ci_high=[-0.01, 0.01, 0.05])
+        == "flips sign"
+    )
     # A gap closing toward 0 from below, and one whose slope interval includes 0.
     closing = Fit(slope=0.01, low=0.005, high=0.015, df=4, method="seeds", first=-0.05, last=-0.01)
-    assert trend_word(closing, [-0.05, -0.03, -0.01], ci_low=[-0.06, -0.04, -0.02], ci_high=[-0.04, -0.02, 0.0]) == "shrinks"
+    assert (
+        trend_word(closing, [-0.05, -0.03, -0.01], ci_low=[-0.06, -0.04, -0.02], ci_high=[-0.04, -0.02, 0.0])
+        == "shrinks"
+    )
     # DyT against LayerNorm over token budgets: +0.70, +0.32, +0.09, +0.02, +0.004, closing fast and
     # levelling off; the straight line through them ends below 0, the gaps never do.
     levelling = Fit(slope=-0.06, low=-0.071, high=-0.050, df=8, method="seeds", first=0.45, last=-0.03)
-    assert trend_word(levelling, [0.70, 0.32, 0.09, 0.02, 0.004], ci_low=[0.47, 0.18, 0.06, -0.01, -0.02],
-                      ci_high=[0.92, 0.47, 0.13, 0.05, 0.03]) == "shrinks"
+    assert (
+        trend_word(
+            levelling,
+            [0.70, 0.32, 0.09, 0.02, 0.004],
+            ci_low=[0.47, 0.18, 0.06, -0.01, -0.02],
+            ci_high=[0.92, 0.47, 0.13, 0.05, 0.03],
+        )
+        == "shrinks"
+    )
     flat = Fit(slope=0.01, low=-0.005, high=0.025, df=4, method="seeds", first=0.01, last=0.03)
     assert trend_word(flat, [0.02], ci_low=[0.0], ci_high=[0.05]) == "no trend"

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compose_cfg, read_metrics, tiny, train_tiny
 
-from normbench.job import run_job
-from normbench.runs import RunDir, RunLock, write_index
-from normbench import sinks
-
-from conftest import compose_cfg, read_metrics, run_cli, tiny, train_tiny
+from normbench.core.runs import RunDir, RunLock, write_index
+from normbench.sweeps.job import run_job
+from normbench.training import sinks
 
 HASH, OTHER = "a" * 16, "b" * 16
 
@@ -35,22 +34,25 @@ def _dir(tmp_path, summary=None, config_hash=None, checkpoint_hash=None) -> RunD
     return run
 
 
-@pytest.mark.parametrize("held, sweep, retry, resume, action", [
-    # (summary status, config.yaml hash, checkpoint hash)
-    (("completed", HASH, None), True, False, "auto", "reuse"),
-    (("diverged", HASH, None), True, False, "auto", "reuse"),
-    (("diverged", HASH, None), True, True, "auto", "fresh"),    # --retry-failed
-    (("completed", HASH, None), False, False, "auto", "fresh"),  # normbench train never reuses
-    (("completed", OTHER, None), True, False, "auto", "fresh"),  # a result of another config
-    ((None, HASH, HASH), True, False, "auto", "resume"),
-    ((None, HASH, None), True, False, "auto", "resume"),         # killed before its first checkpoint
-    ((None, HASH, HASH), False, False, "never", "fresh"),
-    ((None, None, HASH), False, False, "auto", "resume"),        # train() from Python: no config.yaml
-    ((None, OTHER, OTHER), False, False, "auto", "refuse"),
-    ((None, OTHER, OTHER), False, False, "never", "fresh"),
-    ((None, OTHER, OTHER), True, False, "auto", "fresh"),        # a sweep's directory is its config's
-    ((None, None, None), False, False, "auto", "fresh"),
-])
+@pytest.mark.parametrize(
+    "held, sweep, retry, resume, action",
+    [
+        # (summary status, config.yaml hash, checkpoint hash)
+        (("completed", HASH, None), True, False, "auto", "reuse"),
+        (("diverged", HASH, None), True, False, "auto", "reuse"),
+        (("diverged", HASH, None), True, True, "auto", "fresh"),  # --retry-failed
+        (("completed", HASH, None), False, False, "auto", "fresh"),  # normbench train never reuses
+        (("completed", OTHER, None), True, False, "auto", "fresh"),  # a result of another config
+        ((None, HASH, HASH), True, False, "auto", "resume"),
+        ((None, HASH, None), True, False, "auto", "resume"),  # killed before its first checkpoint
+        ((None, HASH, HASH), False, False, "never", "fresh"),
+        ((None, None, HASH), False, False, "auto", "resume"),  # train() from Python: no config.yaml
+        ((None, OTHER, OTHER), False, False, "auto", "refuse"),
+        ((None, OTHER, OTHER), False, False, "never", "fresh"),
+        ((None, OTHER, OTHER), True, False, "auto", "fresh"),  # a sweep's directory is its config's
+        ((None, None, None), False, False, "auto", "fresh"),
+    ],
+)
 def test_decide_answers_reuse_resume_fresh_or_refuse(tmp_path, held, sweep, retry, resume, action):
     status, config_hash, checkpoint_hash = held
     run = _dir(tmp_path, {"status": status} if status else None, config_hash, checkpoint_hash)
@@ -68,13 +70,15 @@ def test_prepare_keeps_what_a_resume_needs_and_clears_the_rest(tmp_path):
             (path / name).write_text("x")
         run = RunDir(path)
         run.prepare(type("D", (), {"action": action})())
-        assert {p.name for p in path.iterdir()} == kept | ({"checkpoint.prev.pt"} if action == "resume" else set())
+        assert {p.name for p in path.iterdir()} == kept | (
+            {"checkpoint.prev.pt"} if action == "resume" else set()
+        )
 
 
 # ----------------------------------------------------------------------------- the lock
 
 
-HOLD = "import sys, time; from normbench.runs import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); lock.claim(); print('held', flush=True); time.sleep(60)"
+HOLD = "import sys, time; from normbench.core.runs import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); lock.claim(); print('held', flush=True); time.sleep(60)"
 
 
 def _holder(run_dir: Path) -> subprocess.Popen:
@@ -110,7 +114,9 @@ def test_a_run_whose_directory_is_owned_elsewhere_is_refused_and_left_alone(tmp_
         assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # nothing written
         # A finished sweep's index counts it as running elsewhere, not as interrupted.
         (run_dir / "config.yaml").write_text("seed: 0\n")
-        (tmp_path / "plan.json").write_text(json.dumps({"jobs": [{"job": 0, "overrides": [], "run_dir": "run"}]}))
+        (tmp_path / "plan.json").write_text(
+            json.dumps({"jobs": [{"job": 0, "overrides": [], "run_dir": "run"}]})
+        )
         assert write_index(tmp_path, final=True)[0]["status"] == "running elsewhere"
     finally:
         proc.kill()
@@ -121,13 +127,30 @@ def test_a_run_whose_directory_is_owned_elsewhere_is_refused_and_left_alone(tmp_
 @pytest.mark.slow
 def test_the_same_sweep_started_twice_at_once_trains_every_run_exactly_once(tmp_path):
     sweep_dir = tmp_path / "S"
-    args = ["sweep", "norm=ln,rms", "placement=pre,post", "seed=0,1", "model=micro", "train.steps=60",
-            "train.eval_every=20", "train.progress=false", f"hydra.sweep.dir={sweep_dir}"]
+    args = [
+        "sweep",
+        "norm=ln,rms",
+        "placement=pre,post",
+        "seed=0,1",
+        "model=micro",
+        "train.steps=60",
+        "train.eval_every=20",
+        "train.progress=false",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     procs = []
     for _ in range(2):
-        procs.append(subprocess.Popen([sys.executable, "-m", "normbench", *args], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "normbench", *args],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
         time.sleep(1)
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
@@ -139,8 +162,10 @@ def test_the_same_sweep_started_twice_at_once_trains_every_run_exactly_once(tmp_
         assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 20, 40, 60], run_dir
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
         owners[run_dir.name] = RunLock(run_dir).last_owner()["sweep"]
-    trained_by = {pid: sum(o.split("@")[0] == str(p.pid) for o in owners.values()) for pid, p in
-                  zip(("first", "second"), procs)}
+    trained_by = {
+        pid: sum(o.split("@")[0] == str(p.pid) for o in owners.values())
+        for pid, p in zip(("first", "second"), procs)
+    }
     assert sum(trained_by.values()) == 8  # each run trained once, by one of the two
     for out, other in ((outs[0], trained_by["second"]), (outs[1], trained_by["first"])):
         # What a sweep saw at its end: the other one may still be training its last run.
@@ -172,8 +197,10 @@ def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path, monkeypa
     assert exit_.value.code == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert (f"error: no space left on device writing {run_dir / 'metrics.jsonl'}; free space and run the same "
-            "command again to resume from step 10") in " ".join(err.split())
+    assert (
+        f"error: no space left on device writing {run_dir / 'metrics.jsonl'}; free space and run the same "
+        "command again to resume from step 10"
+    ) in " ".join(err.split())
     assert not (run_dir / "summary.json").exists() and not (run_dir / "error.log").exists()
 
     run_job(compose_cfg(overrides), str(run_dir), multirun=False)  # space freed: the same command
@@ -183,5 +210,6 @@ def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path, monkeypa
     assert len(steps) == len(set(steps)) and ("train", 20) in steps  # the torn line cut, every record once
     reference = tmp_path / "reference"
     train_tiny(reference, "train.checkpoint_every=5", "train.log_every=5", "train.eval_every=10")
-    assert [r.get("val_loss") for r in read_metrics(run_dir) if r["kind"] == "eval"] == \
-           [r.get("val_loss") for r in read_metrics(reference) if r["kind"] == "eval"]
+    assert [r.get("val_loss") for r in read_metrics(run_dir) if r["kind"] == "eval"] == [
+        r.get("val_loss") for r in read_metrics(reference) if r["kind"] == "eval"
+    ]

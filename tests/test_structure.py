@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import compose_cfg
-from normbench.config import conf_dir, group_options, load_group, parse_config
-from normbench.data import DATA_SCHEMAS
-from normbench.model import ModelConfig
-from normbench.norms import NORMS, norm_options
-from normbench.placements import PLACEMENTS
-from normbench.sinks import SINKS
-from normbench.train import TrainConfig
+
+from normbench.data.corpus import DATA_SCHEMAS
+from normbench.model.gpt import ModelConfig
+from normbench.model.norms import norm_options
+from normbench.model.placements import PLACEMENTS
+from normbench.training.config import conf_dir, group_options, load_group, parse_config
+from normbench.training.loop import TrainConfig
+from normbench.training.sinks import SINKS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "normbench"
 
@@ -49,8 +49,11 @@ def import_graph() -> dict[str, set[str]]:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*anchor, *([base] if base else [])])
                 targets |= {base} | {f"{base}.{a.name}" for a in node.names}
-        graph[name] = {r for t in targets if t.startswith("normbench") and (r := resolve(t))
-                       and r != name and not name.startswith(r + ".")}  # a package's own __init__ is no edge
+        graph[name] = {
+            r
+            for t in targets
+            if t.startswith("normbench") and (r := resolve(t)) and r != name and not name.startswith(r + ".")
+        }  # a package's own __init__ is no edge
     return graph
 
 
@@ -62,7 +65,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                found.append(path[path.index(nxt):] + [nxt])
+                found.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, [*path, nxt])
         state[node] = "done"
@@ -75,7 +78,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_circle_lazy_imports_included():
     graph = import_graph()
-    assert "normbench.train" in graph and "normbench.fileio" in graph["normbench.runs"]
+    assert "normbench.training.loop" in graph and "normbench.core.fileio" in graph["normbench.core.runs"]
     assert cycles(graph) == []
 
 
@@ -83,14 +86,58 @@ def test_the_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
 
 
-@pytest.mark.parametrize("module", ["normbench.fileio", "normbench.identity", "normbench.errors"])
+@pytest.mark.parametrize(
+    "module", ["normbench.core.fileio", "normbench.core.identity", "normbench.core.errors"]
+)
 def test_the_bottom_layer_imports_nothing_of_normbench_above_it(module):
-    assert import_graph()[module] <= {"normbench.errors"}
+    assert import_graph()[module] <= {"normbench.core.errors"}
+
+
+# What each part may import: a layer imports only the layers listed for it (and the core), so imports
+# flow one way: core <- model, data <- training <- sweeps <- the command line; the report reads files.
+ALLOWED = {
+    "core": set(),
+    "model": {"core"},
+    "data": {"core"},
+    "report": {"core"},
+    "training": {"core", "model", "data"},
+    "sweeps": {"core", "model", "data", "training"},
+}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return (
+        parts[1]
+        if len(parts) > 2 or f"normbench/{parts[-1]}" in {f"normbench/{k}" for k in ALLOWED}
+        else "top"
+    )
+
+
+def test_imports_flow_one_way_between_the_parts():
+    wrong = []
+    for module, targets in import_graph().items():
+        layer = _layer(module) if module != "normbench" else "top"
+        if layer == "top":
+            continue  # the command line and the public API sit above everything
+        for target in targets:
+            other = _layer(target) if target != "normbench" else "top"
+            if other != layer and other not in ALLOWED[layer]:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_the_layer_rule_catches_an_import_running_back_up():
+    assert _layer("normbench.model.norms") == "model" and _layer("normbench.cli") == "top"
+    assert "training" not in ALLOWED["model"] and "model" not in ALLOWED["data"]
 
 
 def test_the_report_loads_neither_the_training_loop_nor_the_model():
-    code = ("import sys, normbench.report; "
-            "print(sorted(m for m in ('normbench.train', 'normbench.model', 'normbench.config', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, normbench.report; "
+        "print(sorted(m for m in ('normbench.training.loop', 'normbench.model.gpt', 'normbench.training.config',"
+        " 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -98,8 +145,12 @@ def test_the_report_loads_neither_the_training_loop_nor_the_model():
 # ----------------------------------------------------------------------------- defaults live once: in conf/
 
 
-SCHEMAS = {"model": lambda name: ModelConfig, "train": lambda name: TrainConfig, "data": DATA_SCHEMAS.get,
-           "logger": lambda name: SINKS[name][0].Options if SINKS[name][0] else None}
+SCHEMAS = {
+    "model": lambda name: ModelConfig,
+    "train": lambda name: TrainConfig,
+    "data": DATA_SCHEMAS.get,
+    "logger": lambda name: SINKS[name][0].Options if SINKS[name][0] else None,
+}
 
 
 def _yaml(group: str, option: str) -> dict:
@@ -117,10 +168,15 @@ def test_a_schema_states_no_default_and_its_yaml_gives_every_field(group):
             assert values == {}
             continue
         fields = dataclasses.fields(schema)
-        with_default = [f.name for f in fields
-                        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+        with_default = [
+            f.name
+            for f in fields
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        ]
         assert with_default == [], f"{schema.__name__} states defaults that conf/{group}/ already holds"
-        assert set(values) == {f.name for f in fields}, f"conf/{group}/{option}.yaml and {schema.__name__} differ"
+        assert set(values) == {f.name for f in fields}, (
+            f"conf/{group}/{option}.yaml and {schema.__name__} differ"
+        )
 
 
 def test_norm_and_placement_yaml_agree_with_the_constructors_keywords():
@@ -130,14 +186,21 @@ def test_norm_and_placement_yaml_agree_with_the_constructors_keywords():
         values = {k: v for k, v in _yaml("norm", option).items() if k not in ("name", "sync")}
         keywords = norm_options(values.get("name", option))
         for key, value in values.items():
-            assert keywords[key] == value, f"conf/norm/{option}.yaml: {key}={value!r}, the class says {keywords[key]!r}"
+            assert keywords[key] == value, (
+                f"conf/norm/{option}.yaml: {key}={value!r}, the class says {keywords[key]!r}"
+            )
     for option in group_options("placement"):
         cls = PLACEMENTS[option]
-        keywords = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
-                    if p.kind is p.KEYWORD_ONLY}
+        keywords = {
+            p.name: p.default
+            for p in inspect.signature(cls.__init__).parameters.values()
+            if p.kind is p.KEYWORD_ONLY
+        }
         for key, value in _yaml("placement", option).items():
             if key not in ("name", "final_norm"):
-                assert keywords[key] == value, f"conf/placement/{option}.yaml: {key}={value!r}, the class says {keywords[key]!r}"
+                assert keywords[key] == value, (
+                    f"conf/placement/{option}.yaml: {key}={value!r}, the class says {keywords[key]!r}"
+                )
 
 
 @pytest.mark.parametrize("group", ["norm", "placement", "model", "data", "train", "logger"])

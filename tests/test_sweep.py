@@ -13,22 +13,27 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY, compose_cfg, run_cli
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 
-from normbench import job as job_module
-from normbench.config import conf_dir, config_hash, group_options
-from normbench.errors import ConfigError
-from normbench.runs import RunDir
-from normbench.devices import available_cpus
-from normbench.job import job_threads
-from normbench.sweep import plan_sweep, read_index, run_sweep
-
-from conftest import TINY, compose_cfg, run_cli
+from normbench.core.devices import available_cpus
+from normbench.core.errors import ConfigError
+from normbench.core.runs import RunDir, read_index
+from normbench.sweeps import job as job_module
+from normbench.sweeps.job import job_threads
+from normbench.sweeps.sweep import plan_sweep, run_sweep
+from normbench.training.config import conf_dir, config_hash, group_options
 
 # Overrides under which train.lr=50 diverges within a few steps and train.lr=3e-3 does not.
-HOT = ["norm=none", "train.warmup_steps=0", "train.grad_clip=0", "train.log_every=1", "train.diverge_threshold=6.0"]
+HOT = [
+    "norm=none",
+    "train.warmup_steps=0",
+    "train.grad_clip=0",
+    "train.log_every=1",
+    "train.diverge_threshold=6.0",
+]
 
 
 def sweep(args, **kwargs) -> tuple[int, str]:
@@ -67,7 +72,9 @@ def test_grid_failures_index_and_resume(tmp_path, monkeypatch):
         if r["status"] == "failed":
             assert "n_head" in r["error"] and (run_dir / "error.log").exists()
         else:
-            assert summary(run_dir)["env"]["threads"] == max(1, available_cpus() // 2)  # the joblib threads rule
+            assert summary(run_dir)["env"]["threads"] == max(
+                1, available_cpus() // 2
+            )  # the joblib threads rule
     assert "failed" in out and "diverged" in out and "index.csv" in out  # the closing table
 
     # Simulate a kill in the middle of the completed run: no summary, a torn metrics line.
@@ -138,7 +145,8 @@ def _wait_until_training(tmp_path: Path, proc: subprocess.Popen, finished: int) 
     while time.time() < deadline:
         dirs = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if d.is_dir()]
         if sum((d / "summary.json").exists() for d in dirs) >= finished and any(
-                (d / "metrics.jsonl").exists() and not (d / "summary.json").exists() for d in dirs):
+            (d / "metrics.jsonl").exists() and not (d / "summary.json").exists() for d in dirs
+        ):
             return
         assert proc.poll() is None, "the sweep ended before it could be stopped"
         time.sleep(0.05)
@@ -149,12 +157,18 @@ JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 
 
 @pytest.mark.slow  # kill -9 of a sweep's processes
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
+@pytest.mark.skipif(
+    not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc"
+)
 @pytest.mark.parametrize("launcher", [[], JOBLIB], ids=["basic", "joblib"])
 def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_path, launcher):
     args = ["sweep", "seed=0,1,2", *TINY, "train.steps=30", "train.threads=1", *launcher]
-    proc = subprocess.Popen([sys.executable, "-m", "normbench", *args], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "normbench", *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_until_training(tmp_path, proc, finished=1)
         children = _sweep_children(proc.pid)
@@ -167,8 +181,11 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in children), "jobs kept running after the sweep command was killed"
     finished = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*") if (d / "summary.json").exists()]
-    cut_short = [d for d in tmp_path.glob("results/sweeps/*/*-s*-*")
-                 if (d / "config.yaml").exists() and not (d / "summary.json").exists()]
+    cut_short = [
+        d
+        for d in tmp_path.glob("results/sweeps/*/*-s*-*")
+        if (d / "config.yaml").exists() and not (d / "summary.json").exists()
+    ]
     before = mtimes(finished)
 
     result = run_cli(*args, cwd=tmp_path)
@@ -182,20 +199,29 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
 
 
 @pytest.mark.slow  # SIGINT to a sweep process
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
+@pytest.mark.skipif(
+    not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc"
+)
 def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
     args = ["sweep", "seed=0,1", *TINY, "train.steps=2000", "train.threads=1", *JOBLIB]
     # A terminal's Ctrl-C reaches a process whose SIGINT is at its default, whatever the test runner's is
     # (a shell's background job inherits it ignored).
-    proc = subprocess.Popen([sys.executable, "-m", "normbench", *args], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "normbench", *args],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         _wait_until_training(tmp_path, proc, finished=0)
         children = _sweep_children(proc.pid)
         assert children
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends
-        out, err = proc.communicate(timeout=180)  # the jobs get 10 s to stop, then SIGKILL; a loaded machine is slow
+        out, err = proc.communicate(
+            timeout=180
+        )  # the jobs get 10 s to stop, then SIGKILL; a loaded machine is slow
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -205,15 +231,25 @@ def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
     assert not any(_alive(pid) for pid in children), "jobs kept running after Ctrl-C"
     (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
     statuses = [r["status"] for r in read_index(sweep_dir)]
-    assert "interrupted" in statuses and set(statuses) <= {"interrupted", "pending"}, statuses  # one may not have started
+    assert "interrupted" in statuses and set(statuses) <= {"interrupted", "pending"}, (
+        statuses
+    )  # one may not have started
     assert not list(sweep_dir.glob("*/summary.json")), "an interrupted run is not a result"
 
 
 @pytest.mark.slow  # a sweep's job processes
 def test_a_range_sweep_runs_one_job_per_value(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out = sweep(["seed=range(3,5)", *TINY, "train.steps=4", "train.log_every=2", "train.eval_every=4",
-                       "train.threads=1"])
+    code, out = sweep(
+        [
+            "seed=range(3,5)",
+            *TINY,
+            "train.steps=4",
+            "train.log_every=2",
+            "train.eval_every=4",
+            "train.threads=1",
+        ]
+    )
     assert code == 0, out
     (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
     rows = read_index(sweep_dir)
@@ -260,7 +296,10 @@ def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path
     assert sorted(j.run_dir for j in a.jobs) == sorted(j.run_dir for j in b.jobs)
     assert a.varying == ["norm", "seed"]
     # 1e-3 and 0.001 are the same config: the same run directory.
-    assert plan_sweep(["train.lr=1e-3"]).jobs[0].run_dir.name == plan_sweep(["train.lr=0.001"]).jobs[0].run_dir.name
+    assert (
+        plan_sweep(["train.lr=1e-3"]).jobs[0].run_dir.name
+        == plan_sweep(["train.lr=0.001"]).jobs[0].run_dir.name
+    )
     custom = plan_sweep(["norm=ln,rms", "hydra.sweep.dir=elsewhere"])
     assert custom.sweep_dir == Path("elsewhere")
     # What the jobs get: absolute (launchers may change directory) and resolved once.
@@ -271,22 +310,38 @@ def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path
 
 def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    sizes = {"norm_zoo": 192, "warmup": 60, "depth": 81, "precision": 8, "batch_size": 18,
-             "lr_sensitivity": 90, "qk_norm": 64, "modern_placements": 12, "tokens": 90, "width": 288, "modern_zoo": 108}  # as docs/experiments.md says
+    sizes = {
+        "norm_zoo": 192,
+        "warmup": 60,
+        "depth": 81,
+        "precision": 8,
+        "batch_size": 18,
+        "lr_sensitivity": 90,
+        "qk_norm": 64,
+        "modern_placements": 12,
+        "tokens": 90,
+        "width": 288,
+        "modern_zoo": 108,
+    }  # as docs/experiments.md says
     assert set(group_options("experiment")) == set(sizes)
     for name, size in sizes.items():
         params = OmegaConf.load(conf_dir() / "experiment" / f"{name}.yaml").hydra.sweeper.params
-        n = math.prod(len(group_options(k)) if v == "glob(*)" else len(str(v).split(",")) for k, v in params.items())
+        n = math.prod(
+            len(group_options(k)) if v == "glob(*)" else len(str(v).split(",")) for k, v in params.items()
+        )
         assert n == size, name
     # Composing every job is Hydra's slow part: plan one slice of each grid, every axis but one.
-    for args, n in [(["experiment=norm_zoo", "seed=0", "placement=pre", "train.lr=1e-2"], 8),
-                    (["experiment=warmup", "placement=post", "seed=0", "train.lr=1e-2"], 2),
-                    (["experiment=depth", "placement=deepnorm", "seed=0", "train.lr=1e-2"], 3),
-                    (["experiment=lr_sensitivity", "placement=pre", "seed=0", "train.lr=1e-2"], 3),
-                    (["experiment=precision", "seed=0"], 4), (["experiment=batch_size", "seed=0", "norm=bn"], 3),
-                    (["experiment=tokens", "norm=dyt", "seed=0", "train.lr=1e-2"], 5),
-                    (["experiment=width", "norm=rms", "placement=pre", "seed=0", "train.lr=1e-2"], 6),
-                    (["experiment=modern_zoo", "seed=0", "train.lr=1e-2"], 6)]:
+    for args, n in [
+        (["experiment=norm_zoo", "seed=0", "placement=pre", "train.lr=1e-2"], 8),
+        (["experiment=warmup", "placement=post", "seed=0", "train.lr=1e-2"], 2),
+        (["experiment=depth", "placement=deepnorm", "seed=0", "train.lr=1e-2"], 3),
+        (["experiment=lr_sensitivity", "placement=pre", "seed=0", "train.lr=1e-2"], 3),
+        (["experiment=precision", "seed=0"], 4),
+        (["experiment=batch_size", "seed=0", "norm=bn"], 3),
+        (["experiment=tokens", "norm=dyt", "seed=0", "train.lr=1e-2"], 5),
+        (["experiment=width", "norm=rms", "placement=pre", "seed=0", "train.lr=1e-2"], 6),
+        (["experiment=modern_zoo", "seed=0", "train.lr=1e-2"], 6),
+    ]:
         plan = plan_sweep(args)
         assert len(plan.jobs) == n and not any(j.invalid for j in plan.jobs), args
         assert plan.sweep_dir.name.startswith(args[0].split("=")[1] + "-")
@@ -318,10 +373,12 @@ def test_user_mistakes_are_short_clear_errors(tmp_path, monkeypatch):
 
 def test_launcher_presets_compose(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from normbench.errors import installed as _has_module
+    from normbench.core.errors import installed as _has_module
 
     if _has_module("hydra_plugins.hydra_submitit_launcher"):
-        assert len(plan_sweep(["norm=ln,rms", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"]).jobs) == 2
+        assert (
+            len(plan_sweep(["norm=ln,rms", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"]).jobs) == 2
+        )
     if _has_module("hydra_plugins.hydra_ray_launcher"):
         assert len(plan_sweep(["norm=ln,rms", "hydra/launcher=ray_cluster"]).jobs) == 2
     else:
@@ -330,12 +387,21 @@ def test_launcher_presets_compose(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # submitit's local (SLURM-like) executor processes
-@pytest.mark.skipif(not __import__("importlib").util.find_spec("hydra_plugins.hydra_submitit_launcher"),
-                    reason="hydra-submitit-launcher is not installed (pip install 'normbench[slurm]')")
+@pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("hydra_plugins.hydra_submitit_launcher"),
+    reason="hydra-submitit-launcher is not installed (pip install 'normbench[slurm]')",
+)
 def test_submitit_local_launcher(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out = sweep(["norm=ln,rms", *TINY, "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
-                       "hydra.launcher.timeout_min=5"])
+    code, out = sweep(
+        [
+            "norm=ln,rms",
+            *TINY,
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.timeout_min=5",
+        ]
+    )
     assert code == 0, out
     (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
     rows = read_index(sweep_dir)
@@ -344,7 +410,7 @@ def test_submitit_local_launcher(tmp_path, monkeypatch):
 
 
 def test_job_threads_rule(monkeypatch):
-    monkeypatch.setattr("normbench.devices.available_cpus", lambda: 16)
+    monkeypatch.setattr("normbench.core.devices.available_cpus", lambda: 16)
     assert job_threads({"n_jobs": 4}) == 4
     assert job_threads({"n_jobs": 32}) == 1
     assert job_threads({"n_jobs": -1}) == 1
@@ -356,7 +422,10 @@ def test_job_threads_rule(monkeypatch):
 
 def test_config_hash_ignores_where_and_how_a_run_goes():
     base = config_hash(compose_cfg(TINY))
-    assert config_hash(compose_cfg([*TINY, "results_dir=/elsewhere", "train.threads=3", "train.progress=true"])) == base
+    assert (
+        config_hash(compose_cfg([*TINY, "results_dir=/elsewhere", "train.threads=3", "train.progress=true"]))
+        == base
+    )
     assert config_hash(compose_cfg([*TINY, "seed=1"])) != base
 
 
@@ -367,7 +436,7 @@ def test_a_crash_outside_the_training_loop_fails_the_job_not_the_sweep(tmp_path,
     def boom(*args, **kwargs):
         raise RuntimeError("out of disk")
 
-    monkeypatch.setattr("normbench.train.train", boom)
+    monkeypatch.setattr("normbench.training.loop.train", boom)
     assert job_module.run_job(cfg, str(tmp_path), multirun=True) is None
     s = summary(tmp_path)
     assert s["status"] == "failed" and s["error"] == "RuntimeError: out of disk"
@@ -383,7 +452,7 @@ def compose_hydra_cfg():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from normbench.config import conf_dir
+    from normbench.training.config import conf_dir
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -393,15 +462,18 @@ def compose_hydra_cfg():
     return cfg
 
 
-@pytest.mark.parametrize("remote, nodes, fits", [
-    ({"num_cpus": 4, "num_gpus": 1}, [{"CPU": 2.0, "GPU": 0.0}, {"CPU": 64.0}], False),
-    ({"num_cpus": 4, "num_gpus": 1}, [{"CPU": 2.0}, {"CPU": 8.0, "GPU": 1.0}], True),
-    ({"num_cpus": 2, "num_gpus": 0}, [{"CPU": 2.0, "GPU": 0.0}], True),
-    ({"num_cpus": None, "num_gpus": None}, [{"CPU": 1.0}], True),  # Ray's defaults: 1 CPU, no GPU
-    ({"num_cpus": 1, "num_gpus": 0}, [], False),  # a cluster without a live node
-])
+@pytest.mark.parametrize(
+    "remote, nodes, fits",
+    [
+        ({"num_cpus": 4, "num_gpus": 1}, [{"CPU": 2.0, "GPU": 0.0}, {"CPU": 64.0}], False),
+        ({"num_cpus": 4, "num_gpus": 1}, [{"CPU": 2.0}, {"CPU": 8.0, "GPU": 1.0}], True),
+        ({"num_cpus": 2, "num_gpus": 0}, [{"CPU": 2.0, "GPU": 0.0}], True),
+        ({"num_cpus": None, "num_gpus": None}, [{"CPU": 1.0}], True),  # Ray's defaults: 1 CPU, no GPU
+        ({"num_cpus": 1, "num_gpus": 0}, [], False),  # a cluster without a live node
+    ],
+)
 def test_ray_preflight_compares_each_runs_request_with_the_largest_node(remote, nodes, fits):
-    from normbench.sweep import too_large_for_every_node
+    from normbench.sweeps.sweep import too_large_for_every_node
 
     refusal = too_large_for_every_node(remote, nodes, "10.0.0.1:6379")
     assert (refusal is None) == fits
@@ -410,19 +482,26 @@ def test_ray_preflight_compares_each_runs_request_with_the_largest_node(remote, 
 
 
 def test_the_live_view_says_runs_not_started_under_ray_wait_for_its_resources():
-    from normbench.sweep import RAY_LAUNCHER, waiting_for_ray
+    from normbench.sweeps.sweep import RAY_LAUNCHER, waiting_for_ray
 
     ray = {"_target_": RAY_LAUNCHER, "ray": {"remote": {"num_cpus": 4, "num_gpus": 1}}}
-    assert waiting_for_ray(ray, 3) == " · 3 waiting for Ray to free 4 CPUs and 1 GPU on a node (hydra.launcher.ray.remote)"
+    assert (
+        waiting_for_ray(ray, 3)
+        == " · 3 waiting for Ray to free 4 CPUs and 1 GPU on a node (hydra.launcher.ray.remote)"
+    )
     assert waiting_for_ray({"_target_": RAY_LAUNCHER, "ray": {"remote": {}}}, 1) == (
-        " · 1 waiting for Ray to free 1 CPU on a node (hydra.launcher.ray.remote)")  # Ray's defaults
+        " · 1 waiting for Ray to free 1 CPU on a node (hydra.launcher.ray.remote)"
+    )  # Ray's defaults
     assert waiting_for_ray(ray, 0) == ""
-    assert waiting_for_ray({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"}, 3) == ""
+    assert (
+        waiting_for_ray({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"}, 3)
+        == ""
+    )
     assert waiting_for_ray(None, 3) == ""
 
 
 def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_job(monkeypatch, tmp_path):
-    """normbench.composing composes once per choice of groups and applies key changes itself: every
+    """normbench.sweeps.composing composes once per choice of groups and applies key changes itself: every
     job's whole config (the hydra node included) must be what Hydra composes for that job."""
     from hydra import initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -431,19 +510,30 @@ def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_j
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
-    from normbench import composing
+    from normbench.sweeps import composing
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(composing, "_bases", {})
     composing.install()
     hydras_own = ConfigLoaderImpl.load_sweep_config.hydras_own
-    args = ["norm=ln,gn", "placement=pre,mixln", "train.lr=1e-3,0.01", "seed=0,1", "model=micro",
-            "model.qk_norm=rms", "train.steps=7", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    args = [
+        "norm=ln,gn",
+        "placement=pre,mixln",
+        "train.lr=1e-3,0.01",
+        "seed=0,1",
+        "model=micro",
+        "model.qk_norm=rms",
+        "train.steps=7",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+    ]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"):
         loader = GlobalHydra.instance().config_loader()
         master = loader.load_configuration("config", args, RunMode.MULTIRUN)
-        overrides = OverridesParser.create(config_loader=loader).parse_overrides(list(master.hydra.overrides.task))
+        overrides = OverridesParser.create(config_loader=loader).parse_overrides(
+            list(master.hydra.overrides.task)
+        )
         jobs = BasicSweeper.split_arguments(overrides, None)[0]
         assert len(jobs) == 16
         # The grid's jobs (the fast way), one with a + override and one with a key the config lacks (Hydra's way).
@@ -469,11 +559,11 @@ def test_joblib_workers_watch_their_memory_rather_than_collect_garbage_after_eve
 def test_a_job_keeps_the_workers_plugin_scan(monkeypatch):
     """Hydra's launchers hand each job the launcher's singletons without the plugin registry, and
     Singleton.set_state would scan (executing every plugin module) again for every job: a twentieth
-    of a second each. normbench.composing keeps the process's first scan."""
+    of a second each. normbench.sweeps.composing keeps the process's first scan."""
     from hydra.core.plugins import Plugins
     from hydra.core.singleton import Singleton
 
-    from normbench import composing
+    from normbench.sweeps import composing
 
     composing.install()
     scanned = Plugins.instance()
@@ -490,21 +580,23 @@ def test_the_multirun_child_leaves_the_batch_check_to_the_plan(monkeypatch):
     from hydra.core.plugins import Plugins
     from hydra.plugins.sweeper import Sweeper
 
-    from normbench import multirun
-    from normbench.sweep import BASIC_SWEEPER
+    from normbench.sweeps import multirun
+    from normbench.sweeps.sweep import BASIC_SWEEPER
 
     monkeypatch.setattr(Sweeper, "validate_batch_is_legal", Sweeper.validate_batch_is_legal)  # restored after
     multirun.leave_batch_check_to_the_plan()
     plugins = Plugins.instance()
     plugins._initialize()  # the scan executes basic_sweeper.py again: a new BasicSweeper class
     sweeper = plugins.class_name_to_class[BASIC_SWEEPER](max_batch_size=None, params=None)
-    assert sweeper.validate_batch_is_legal([["norm=nonexistent"]]) is None  # no config loader: composing would fail
+    assert (
+        sweeper.validate_batch_is_legal([["norm=nonexistent"]]) is None
+    )  # no config loader: composing would fail
 
 
 def test_checking_a_config_again_gives_it_its_own_typed_groups():
     """parse_config reuses the typed groups of a config it has checked (a sweep's plan checks every
     job), never the objects: a job changes its own (train.progress, train.threads)."""
-    from normbench.config import parse_config
+    from normbench.training.config import parse_config
 
     cfg = compose_cfg(TINY)
     first = parse_config(cfg)
@@ -523,13 +615,15 @@ def test_a_sweep_subdir_that_reads_hydras_job_config_is_planned_as_hydra_names_i
 
 
 @pytest.mark.slow  # a sweep's joblib workers
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc")
+@pytest.mark.skipif(
+    not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc"
+)
 def test_joblib_workers_are_warmed_while_the_sweep_plans_then_run_its_jobs(tmp_path, monkeypatch):
     """The multirun's child starts before the plan and warms joblib's workers (imports, the optimizer's
     torch._dynamo, the matmul peak); Hydra's launcher must then reuse those very workers, whose output
     reaches sweep.log, and they are gone when the sweep ends."""
-    from normbench.multirun import WARMED
-    from normbench.runs import RunLock
+    from normbench.core.runs import RunLock
+    from normbench.sweeps.multirun import WARMED
 
     monkeypatch.chdir(tmp_path)
     code, out = sweep(["seed=0,1,2", *TINY, "train.steps=5", *JOBLIB, f"hydra.sweep.dir={tmp_path / 's'}"])
@@ -545,10 +639,12 @@ def test_joblib_workers_are_warmed_while_the_sweep_plans_then_run_its_jobs(tmp_p
 
 @pytest.mark.slow  # a warming child and its joblib workers
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="loky's semaphores live in /dev/shm")
-def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_nothing_behind(tmp_path, monkeypatch):
+def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_nothing_behind(
+    tmp_path, monkeypatch
+):
     """When the plan refuses the overrides (or finds nothing to run) the warming child is stopped the
     orderly way: no worker left running, none of loky's semaphores or joblib's folders left in /dev/shm."""
-    from normbench import multirun
+    from normbench.sweeps import multirun
 
     monkeypatch.chdir(tmp_path)
     shm = set(os.listdir("/dev/shm"))
@@ -578,16 +674,18 @@ def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_not
     assert not left, left
 
 
-def test_the_plans_composed_configs_serve_the_job_processes_as_hydra_would_compose_them(tmp_path, monkeypatch):
+def test_the_plans_composed_configs_serve_the_job_processes_as_hydra_would_compose_them(
+    tmp_path, monkeypatch
+):
     """The plan composes every choice of groups; the sweep shares them with its job processes
-    (normbench.composing.share), which must then compose nothing themselves for the grid's jobs and
+    (normbench.sweeps.composing.share), which must then compose nothing themselves for the grid's jobs and
     still get, job by job, the config Hydra composes from the multirun's own master config."""
     from hydra import initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from normbench import composing
+    from normbench.sweeps import composing
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(composing, "_bases", {})
@@ -601,26 +699,33 @@ def test_the_plans_composed_configs_serve_the_job_processes_as_hydra_would_compo
     hydras_own = ConfigLoaderImpl.load_sweep_config.hydras_own
     composed = []
     load_configuration = ConfigLoaderImpl.load_configuration
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
-                        lambda self, *a, **k: composed.append(a) or load_configuration(self, *a, **k))
+    monkeypatch.setattr(
+        ConfigLoaderImpl,
+        "load_configuration",
+        lambda self, *a, **k: composed.append(a) or load_configuration(self, *a, **k),
+    )
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"):
             loader = GlobalHydra.instance().config_loader()
-            master = loader.load_configuration("config", [*plan.args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN)
+            master = loader.load_configuration(
+                "config", [*plan.args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN
+            )
             composed.clear()
             fast = [loader.load_sweep_config(master, job.overrides) for job in plan.jobs]
             assert composed == []  # every choice of groups came from the plan
             for job, cfg in zip(plan.jobs, fast):
-                assert OmegaConf.to_container(cfg) == OmegaConf.to_container(hydras_own(loader, master, job.overrides))
+                assert OmegaConf.to_container(cfg) == OmegaConf.to_container(
+                    hydras_own(loader, master, job.overrides)
+                )
     finally:
         GlobalHydra.instance().clear()
 
 
 def test_the_multirun_child_never_imports_torch():
-    """The child launches jobs and never trains: what it imports (normbench.multirun, normbench.job
+    """The child launches jobs and never trains: what it imports (normbench.sweeps.multirun, normbench.sweeps.job
     for Hydra's task function) must not load PyTorch, a second of CPU at every sweep's start."""
-    code = "import sys, normbench.multirun, normbench.job; print('torch' in sys.modules)"
+    code = "import sys, normbench.sweeps.multirun, normbench.sweeps.job; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
@@ -631,5 +736,9 @@ def test_a_configs_identity_is_what_it_was_when_its_runs_were_stored(tmp_path, m
     monkeypatch.chdir(tmp_path)
     plan = plan_sweep(["experiment=lr_sensitivity"])
     hashes = {" ".join(job.overrides): job.config_hash for job in plan.jobs}
-    assert hashes["norm=ln placement=pre train.lr=0.001 seed=0 experiment=lr_sensitivity"] == "cac3d1c006085bd2"
-    assert hashes["norm=rms placement=pre train.lr=0.1 seed=2 experiment=lr_sensitivity"] == "cfaf040d04cfd7d1"
+    assert (
+        hashes["norm=ln placement=pre train.lr=0.001 seed=0 experiment=lr_sensitivity"] == "cac3d1c006085bd2"
+    )
+    assert (
+        hashes["norm=rms placement=pre train.lr=0.1 seed=2 experiment=lr_sensitivity"] == "cfaf040d04cfd7d1"
+    )

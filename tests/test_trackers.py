@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import compose_cfg, read_metrics, run_cli, tiny
-from normbench.config import parse_config
-from normbench.train import train
+
+from normbench.training.config import parse_config
+from normbench.training.loop import train
 
 mlflow = pytest.importorskip("mlflow", reason="pip install 'normbench[mlflow]'")
 wandb = pytest.importorskip("wandb", reason="pip install 'normbench[wandb]'")
@@ -116,8 +116,8 @@ def wandb_records(path: Path):
         if left < 7:
             pos += left
             continue
-        length, kind = struct.unpack("<HB", data[pos + 4: pos + 7])
-        chunks += data[pos + 7: pos + 7 + length]
+        length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7])
+        chunks += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST
             record = wandb_internal_pb2.Record()
@@ -149,7 +149,10 @@ def test_wandb_offline_run_holds_the_same_numbers(both):
     for r in records:
         for key, value in r.items():
             if key not in ("kind", "step") and isinstance(value, float):
-                assert history[r["step"]][f"{r['kind']}/{key}"] == pytest.approx(value, rel=1e-12), (r["kind"], key)
+                assert history[r["step"]][f"{r['kind']}/{key}"] == pytest.approx(value, rel=1e-12), (
+                    r["kind"],
+                    key,
+                )
     assert final["final_val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-12)
     assert final["status"] == "completed" and final["leaks_future"] == "false"
 
@@ -157,8 +160,15 @@ def test_wandb_offline_run_holds_the_same_numbers(both):
 @pytest.mark.slow  # MLflow's SQLite store (its schema migrations): seconds of set-up
 def test_a_sweeps_runs_share_one_experiment_named_after_it(tmp_path):
     for seed in (0, 1):
-        train_logged(tmp_path / f"s{seed}", tmp_path / "mlflow.db", "logger=mlflow", f"seed={seed}",
-                     "train.steps=5", "train.stats_every=0", sweep="grid-1234abcd")
+        train_logged(
+            tmp_path / f"s{seed}",
+            tmp_path / "mlflow.db",
+            "logger=mlflow",
+            f"seed={seed}",
+            "train.steps=5",
+            "train.stats_every=0",
+            sweep="grid-1234abcd",
+        )
     _, runs = one_mlflow_run(tmp_path / "mlflow.db", "grid-1234abcd")
     assert sorted(r.info.run_name for r in runs) == ["s0", "s1"]
     assert sorted(r.data.params["seed"] for r in runs) == ["0", "1"]
@@ -170,13 +180,18 @@ def test_a_sweeps_runs_share_one_experiment_named_after_it(tmp_path):
 def test_a_missing_tracker_package_is_one_line_before_anything_trains(tmp_path):
     import subprocess
 
-    code = ("import sys; sys.modules['mlflow'] = None; from normbench.cli import main; "
-            f"sys.argv = ['normbench', 'train', *{tiny('logger=[jsonl,mlflow]', f'hydra.run.dir={tmp_path}/run')!r}]; main()")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    code = (
+        "import sys; sys.modules['mlflow'] = None; from normbench.cli import main; "
+        f"sys.argv = ['normbench', 'train', *{tiny('logger=[jsonl,mlflow]', f'hydra.run.dir={tmp_path}/run')!r}]; main()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].endswith("logger=mlflow needs the mlflow package (not installed): "
-                                                 "pip install 'normbench[mlflow]'"), proc.stderr
+    assert len(lines) == 1 and lines[0].endswith(
+        "logger=mlflow needs the mlflow package (not installed): pip install 'normbench[mlflow]'"
+    ), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -185,8 +200,13 @@ def test_a_missing_tracker_package_is_one_line_before_anything_trains(tmp_path):
 
 @pytest.mark.slow  # the CLI in a subprocess
 def test_an_unreachable_tracking_server_fails_the_run_clearly(tmp_path):
-    proc = run_cli("train", *tiny("logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9",
-                                  f"hydra.run.dir={tmp_path}/run"), cwd=tmp_path)
+    proc = run_cli(
+        "train",
+        *tiny(
+            "logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9", f"hydra.run.dir={tmp_path}/run"
+        ),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "cannot reach the MLflow tracking server http://127.0.0.1:9" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -195,9 +215,13 @@ def test_an_unreachable_tracking_server_fails_the_run_clearly(tmp_path):
 
 
 def test_logger_options_are_checked(tmp_path):
-    from normbench.errors import ConfigError
+    from normbench.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not a W&B mode"):
-        train(parse_config(compose_cfg(tiny("logger=wandb", "logger.wandb.mode=sometimes"))), tmp_path / "run")
-    with pytest.raises(ConfigError, match="unknown logger 'comet'; allowed: jsonl, mlflow, tensorboard, wandb"):
+        train(
+            parse_config(compose_cfg(tiny("logger=wandb", "logger.wandb.mode=sometimes"))), tmp_path / "run"
+        )
+    with pytest.raises(
+        ConfigError, match="unknown logger 'comet'; allowed: jsonl, mlflow, tensorboard, wandb"
+    ):
         parse_config(compose_cfg(tiny("+logger.comet={}")))

@@ -7,15 +7,13 @@ import math
 
 import pytest
 import torch
-
-from normbench.config import group_options, parse_config
-from normbench.config import load_group
-from normbench.model import GPT, qk_norms
-from normbench.norms import NORMS
-from normbench.placements import PLACEMENTS
-from normbench.train import LEAK_TOLERANCE, build_optimizer, lr_factor
-
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
+
+from normbench.model.gpt import GPT, qk_norms
+from normbench.model.norms import NORMS
+from normbench.model.placements import PLACEMENTS
+from normbench.training.config import group_options, load_group, parse_config
+from normbench.training.loop import LEAK_TOLERANCE, build_optimizer, lr_factor
 
 
 def test_every_group_option_composes_and_validates():
@@ -35,8 +33,18 @@ def test_run_directory_contract(tmp_path):
     summary = train_tiny(tmp_path)
     assert {p.name for p in tmp_path.iterdir()} >= {"metrics.jsonl", "summary.json"}
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    for key in ("status", "final_val_loss", "best_val_loss", "floor_loss", "tokens_per_s", "wall_s", "steps",
-                "params", "env", "causal_leak"):
+    for key in (
+        "status",
+        "final_val_loss",
+        "best_val_loss",
+        "floor_loss",
+        "tokens_per_s",
+        "wall_s",
+        "steps",
+        "params",
+        "env",
+        "causal_leak",
+    ):
         assert key in on_disk, key
     assert on_disk["status"] == "completed" and on_disk["steps"] == 20
     assert on_disk["params"] == summary["params"] > 0
@@ -62,7 +70,7 @@ def test_loss_falls(tmp_path):
 
 @pytest.mark.slow  # three trainings (the fast tier's test_checkpoint compares seeded runs bit for bit)
 def test_same_seed_same_curve_bit_for_bit(tmp_path):
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_ms")} for r in rs]  # noqa: E731
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_ms")} for r in rs]
     train_tiny(tmp_path / "a", "model.dropout=0.1", "seed=3")
     train_tiny(tmp_path / "b", "model.dropout=0.1", "seed=3")
     train_tiny(tmp_path / "c", "model.dropout=0.1", "seed=4")
@@ -72,8 +80,16 @@ def test_same_seed_same_curve_bit_for_bit(tmp_path):
 
 
 def test_divergence_is_a_result_not_a_crash(tmp_path):
-    summary = train_tiny(tmp_path, "train.lr=50", "train.warmup_steps=0", "train.grad_clip=0", "norm=none",
-                         "train.steps=200", "train.log_every=1", "train.diverge_threshold=6.0")
+    summary = train_tiny(
+        tmp_path,
+        "train.lr=50",
+        "train.warmup_steps=0",
+        "train.grad_clip=0",
+        "norm=none",
+        "train.steps=200",
+        "train.log_every=1",
+        "train.diverge_threshold=6.0",
+    )
     assert summary["status"] == "diverged"
     assert summary["steps"] < 200 and summary["final_val_loss"] is None
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
@@ -93,9 +109,18 @@ LR_TABLE = {
 
 
 def test_lr_schedule_at_the_updates_training_makes(tmp_path):
-    train_tiny(tmp_path, "train.steps=21", "train.lr=0.01", "train.min_lr=0.001", "train.warmup_steps=4",
-               "train.log_every=1", "train.eval_every=21")
-    logged = {r["step"]: r["lr"] for r in read_metrics(tmp_path) if r["kind"] == "train"}  # the lr update `step` used
+    train_tiny(
+        tmp_path,
+        "train.steps=21",
+        "train.lr=0.01",
+        "train.min_lr=0.001",
+        "train.warmup_steps=4",
+        "train.log_every=1",
+        "train.eval_every=21",
+    )
+    logged = {
+        r["step"]: r["lr"] for r in read_metrics(tmp_path) if r["kind"] == "train"
+    }  # the lr update `step` used
     assert sorted(logged) == list(range(1, 22))
     for update, lr in LR_TABLE.items():
         assert logged[update] == pytest.approx(lr, rel=1e-12), update
@@ -104,7 +129,12 @@ def test_lr_schedule_at_the_updates_training_makes(tmp_path):
 
 
 def test_weight_decay_skips_norms_biases_and_embeddings():
-    model = GPT(load_group("model", n_layer=2, d_model=16, n_head=2, block_size=8), 11, {"name": "ln"}, {"name": "pre"})
+    model = GPT(
+        load_group("model", n_layer=2, d_model=16, n_head=2, block_size=8),
+        11,
+        {"name": "ln"},
+        {"name": "pre"},
+    )
     opt = build_optimizer(model, load_group("train", weight_decay=0.3), torch.device("cpu"))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -115,13 +145,23 @@ def test_weight_decay_skips_norms_biases_and_embeddings():
 
 
 # The fast tier trains every norm in pre and every placement with ln (13 pairs); the other 36 are slow.
-@pytest.mark.parametrize("norm, placement", [
-    pytest.param(norm, placement, marks=() if norm == "ln" or placement == "pre" else pytest.mark.slow)
-    for norm in sorted(NORMS) for placement in sorted(PLACEMENTS)
-])
+@pytest.mark.parametrize(
+    "norm, placement",
+    [
+        pytest.param(norm, placement, marks=() if norm == "ln" or placement == "pre" else pytest.mark.slow)
+        for norm in sorted(NORMS)
+        for placement in sorted(PLACEMENTS)
+    ],
+)
 def test_every_norm_in_every_placement_trains_and_probes(tmp_path, norm, placement):
-    summary = train_tiny(tmp_path, f"norm={norm}", f"placement={placement}", "train.steps=6", "train.log_every=3",
-                         "train.eval_every=6")
+    summary = train_tiny(
+        tmp_path,
+        f"norm={norm}",
+        f"placement={placement}",
+        "train.steps=6",
+        "train.log_every=3",
+        "train.eval_every=6",
+    )
     assert summary["status"] == "completed"
     assert math.isfinite(summary["final_val_loss"])
     leak = summary["causal_leak"]
@@ -132,15 +172,24 @@ def test_every_norm_in_every_placement_trains_and_probes(tmp_path, norm, placeme
         assert leak["train"] < LEAK_TOLERANCE and not summary["leaks_future"]
 
 
-@pytest.mark.parametrize("overrides", [
-    *([f"model.qk_norm={n}", "placement=reordered"] for n in qk_norms()),
-    ["model.qk_norm=rms", "norm=bn", "placement=post"],
-    ["model.qk_norm=ln", "placement=mixln", "placement.post_fraction=0.5", "model.n_layer=4"],
-    ["train.z_loss=1e-4", "placement=lns"],
-    ["model.arch=llama", "norm=rms"],
-    ["model.arch=llama", "model.qk_norm=rms", "model.attn_softcap=5.0", "model.logit_softcap=3.0", "placement=reordered"],
-    ["model.attn_softcap=5.0", "model.logit_softcap=3.0", "norm=bn", "train.z_loss=1e-4"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        *([f"model.qk_norm={n}", "placement=reordered"] for n in qk_norms()),
+        ["model.qk_norm=rms", "norm=bn", "placement=post"],
+        ["model.qk_norm=ln", "placement=mixln", "placement.post_fraction=0.5", "model.n_layer=4"],
+        ["train.z_loss=1e-4", "placement=lns"],
+        ["model.arch=llama", "norm=rms"],
+        [
+            "model.arch=llama",
+            "model.qk_norm=rms",
+            "model.attn_softcap=5.0",
+            "model.logit_softcap=3.0",
+            "placement=reordered",
+        ],
+        ["model.attn_softcap=5.0", "model.logit_softcap=3.0", "norm=bn", "train.z_loss=1e-4"],
+    ],
+)
 def test_new_options_train_and_eval_mode_is_causal(tmp_path, overrides):
     summary = train_tiny(tmp_path, *overrides, "train.steps=6", "train.log_every=3", "train.eval_every=6")
     assert summary["status"] == "completed" and math.isfinite(summary["final_val_loss"])
@@ -149,10 +198,21 @@ def test_new_options_train_and_eval_mode_is_causal(tmp_path, overrides):
 
 def test_batchnorm_validation_uses_running_statistics(tmp_path):
     """Val loss is computed in eval mode: the same number the eval-mode model gives by hand."""
-    from normbench.train import Run
+    from normbench.training.loop import Run
 
-    run = parse_config(compose_cfg(["model=tiny", "norm=bn", "train.device=cpu", "data.train_sequences=64",
-                                    "data.val_sequences=64", "train.eval_batches=2", "train.batch_size=8"]))
+    run = parse_config(
+        compose_cfg(
+            [
+                "model=tiny",
+                "norm=bn",
+                "train.device=cpu",
+                "data.train_sequences=64",
+                "data.val_sequences=64",
+                "train.eval_batches=2",
+                "train.batch_size=8",
+            ]
+        )
+    )
     state = Run(run, tmp_path)
     for _ in range(3):
         state.train_step()
@@ -223,10 +283,19 @@ def test_training_step_runs_the_ops_of_a_bare_loop_and_its_trajectory():
 def test_bf16_trains_end_to_end_close_to_fp32(tmp_path):
     """bf16 autocast on the CPU: a finite loss curve that follows fp32's on the same seed and data."""
     fp32 = train_tiny(tmp_path / "fp32", "train.steps=40", "train.lr=1e-2", "train.eval_every=20", "seed=5")
-    bf16 = train_tiny(tmp_path / "bf16", "train.steps=40", "train.lr=1e-2", "train.eval_every=20", "seed=5",
-                      "train.precision=bf16")
+    bf16 = train_tiny(
+        tmp_path / "bf16",
+        "train.steps=40",
+        "train.lr=1e-2",
+        "train.eval_every=20",
+        "seed=5",
+        "train.precision=bf16",
+    )
     assert bf16["status"] == fp32["status"] == "completed"
-    curves = {name: [r["val_loss"] for r in read_metrics(tmp_path / name) if r["kind"] == "eval"] for name in ("fp32", "bf16")}
+    curves = {
+        name: [r["val_loss"] for r in read_metrics(tmp_path / name) if r["kind"] == "eval"]
+        for name in ("fp32", "bf16")
+    }
     assert all(math.isfinite(v) for v in curves["bf16"])
     assert curves["bf16"][-1] < curves["bf16"][0] - 0.3  # it learns (4.16 -> 3.66 here)
     # bf16 keeps 8 bits of mantissa: the curves part by thousandths of a nat, not by what training gains.

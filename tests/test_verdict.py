@@ -11,13 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
+from test_report import make_run, only_charts, quiet, report
 
-from normbench.errors import ConfigError
+from normbench.core.errors import ConfigError
 from normbench.report import run_report
 from normbench.report.stats import compare, mean_ci
 from normbench.report.tables import fmt_ci
-
-from test_report import make_run, only_charts, quiet, report
 
 T_975 = {2: 4.302652729911275, 4: 2.7764451051977987}  # Student's t, 97.5% quantile, by degrees of freedom
 
@@ -38,9 +37,18 @@ def write_grid(root, norm, placement, table, init=4.0):
     for lr, losses in table.items():
         for seed, loss in enumerate(losses):
             diverged = loss == "d"
-            make_run(root, f"{norm}-{placement}-{lr:g}-s{seed}", norm=norm, placement=placement, lr=lr, seed=seed,
-                     eps=1e-5, status="diverged" if diverged else "completed",
-                     final=math.nan if diverged else loss, init=init)
+            make_run(
+                root,
+                f"{norm}-{placement}-{lr:g}-s{seed}",
+                norm=norm,
+                placement=placement,
+                lr=lr,
+                seed=seed,
+                eps=1e-5,
+                status="diverged" if diverged else "completed",
+                final=math.nan if diverged else loss,
+                init=init,
+            )
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +66,9 @@ def test_best_value_sensitivity_and_ci_match_the_hand_computation(tuned):
     ln, rms = t.loc["ln/pre"], t.loc["rms/post"]
     assert ln["tune_key"] == "train.lr"
     assert ln["best_value"] == pytest.approx(1e-2) and rms["best_value"] == pytest.approx(1e-3)
-    assert ln["final_val_loss_mean"] == pytest.approx(2.2) and rms["final_val_loss_mean"] == pytest.approx(2.6)
+    assert ln["final_val_loss_mean"] == pytest.approx(2.2) and rms["final_val_loss_mean"] == pytest.approx(
+        2.6
+    )
     assert ln["lr_sensitivity"] == pytest.approx((0.5 + 0 + 1.8) / 3)
     assert rms["lr_sensitivity"] == pytest.approx((0 + 0.5 + 1.4) / 3)
     assert ln["loss_init"] == pytest.approx(4.0)
@@ -79,7 +89,16 @@ def test_best_value_sensitivity_and_ci_match_the_hand_computation(tuned):
 def test_aggregate_gains_intervals_and_the_comparison_at_the_best_value(tuned):
     out, _, _ = tuned
     agg = pd.read_csv(out / "aggregate.csv")
-    for col in ("ci_low", "ci_high", "ci_method", "diff_vs_best", "diff_ci_low", "diff_ci_high", "p_value", "vs_best"):
+    for col in (
+        "ci_low",
+        "ci_high",
+        "ci_method",
+        "diff_vs_best",
+        "diff_ci_low",
+        "diff_ci_high",
+        "p_value",
+        "vs_best",
+    ):
         assert col in agg
     row = agg[(agg["norm"] == "ln") & (agg["train.lr"] == 1e-3)].iloc[0]
     half = T_975[2] * 0.1 / math.sqrt(3)
@@ -129,7 +148,10 @@ def test_same_distribution_is_tied_and_a_planted_difference_is_worse(tmp_path):
     assert gn["p_value"] == pytest.approx(2 * scipy_stats.t.sf(abs(t), 4))
     md = (out / "summary.md").read_text()
     assert f"Tied with the best (the 95% CI of the difference includes 0): {other}" in md
-    assert f"Worse than the best (the 95% CI of the difference excludes 0): gn by {gn['diff_vs_best']:+.3f}" in md
+    assert (
+        f"Worse than the best (the 95% CI of the difference excludes 0): gn by {gn['diff_vs_best']:+.3f}"
+        in md
+    )
     assert "Every run used one learning rate (train.lr=0.003)" in md  # too thin: one LR
 
 
@@ -165,8 +187,10 @@ def test_interval_methods_by_sample_size():
     c = compare(a, b)
     ref = scipy_stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False)
     assert not c.paired and c.method == "Welch, t" and c.p == pytest.approx(ref.pvalue)
-    assert (c.ci.low, c.ci.high) == (pytest.approx(ref.confidence_interval().low),
-                                     pytest.approx(ref.confidence_interval().high))
+    assert (c.ci.low, c.ci.high) == (
+        pytest.approx(ref.confidence_interval().low),
+        pytest.approx(ref.confidence_interval().high),
+    )
     assert compare({0: 1.0}, {0: 2.0}).ci is None
 
 
@@ -174,7 +198,9 @@ def test_runs_without_a_step_0_eval_leave_the_sensitivity_empty(tmp_path, monkey
     only_charts(monkeypatch, "tuning")
     for lr in (1e-3, 1e-2):
         for seed in (0, 1):
-            make_run(tmp_path, f"r{lr:g}{seed}", lr=lr, seed=seed, final=2.0 + lr * 10 + seed * 0.01, init=None)
+            make_run(
+                tmp_path, f"r{lr:g}{seed}", lr=lr, seed=seed, final=2.0 + lr * 10 + seed * 0.01, init=None
+            )
     out, text = report([tmp_path])
     t = pd.read_csv(out / "tuned.csv")
     assert t["lr_sensitivity"].isna().all() and t["best_value"].item() == pytest.approx(1e-3)
@@ -186,8 +212,11 @@ def test_bad_tune_keys_are_one_line_errors(tmp_path):
     for lr in (1e-3, 1e-2):
         make_run(tmp_path, f"r{lr:g}", lr=lr, norm="ln")
     make_run(tmp_path, "rms", lr=1e-3, norm="rms")
-    for key, message in [("train.momentum", "not a config key"), ("model.n_layer", "does not vary"),
-                         ("norm", "not numeric")]:
+    for key, message in [
+        ("train.momentum", "not a config key"),
+        ("model.n_layer", "does not vary"),
+        ("norm", "not numeric"),
+    ]:
         with pytest.raises(ConfigError, match=message) as e:
             run_report([tmp_path], tune_key=key, console=quiet())
         assert e.value.allowed == ["train.lr", "none"]  # the numeric keys that vary
@@ -216,7 +245,9 @@ def test_failed_before_training_is_counted(tmp_path, monkeypatch):
     agg = pd.read_csv(out / "aggregate.csv")
     assert (agg["runs"].item(), agg["completed"].item(), agg["failed"].item()) == (3, 2, 1)
     assert "no metrics.jsonl" not in text
-    assert "Failed (see the error column of summary.csv): ln/pre (1/3 runs)" in (out / "summary.md").read_text()
+    assert (
+        "Failed (see the error column of summary.csv): ln/pre (1/3 runs)" in (out / "summary.md").read_text()
+    )
 
 
 def test_cli_bad_tune_exits_2_with_one_line(tmp_path):

@@ -16,4 +16,4 @@ from normbench.report.charts import CHARTS
 from normbench.report.load import load_runs
 from normbench.report.tables import default_group_keys
 
-__all__ = ["run_report", "CHARTS", "load_runs", "default_group_keys"]
+__all__ = ["CHARTS", "default_group_keys", "load_runs", "run_report"]

@@ -21,16 +21,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from normbench.errors import ConfigError
+from normbench.core.errors import ConfigError
+from normbench.core.fileio import write_atomic
+from normbench.core.runs import PLAN, SUMMARY, RunLock
 from normbench.report import charts as charts_module
 from normbench.report.load import HIGHER_IS_BETTER, METRICS, find_inputs, load_runs, read_bench
 from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
-from normbench.report.scale import resolve_baseline, resolve_scale_key, scale_axis, scale_tables, scale_verdict
+from normbench.report.scale import (
+    resolve_baseline,
+    resolve_scale_key,
+    scale_axis,
+    scale_tables,
+    scale_verdict,
+)
 from normbench.report.tables import aggregate, config_label, display_table, resolve_group_keys, tuned_table
 from normbench.report.tuning import aggregate_statistics, resolve_tune_key, tune
 from normbench.report.verdict import verdict
-from normbench.fileio import write_atomic
-from normbench.runs import PLAN, SUMMARY, RunLock
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 100
@@ -40,13 +46,22 @@ def nothing_finished(paths: list[Path], run_dirs: list[Path]) -> str:
     """One line for a sweep in progress with no result yet: how many run, were cut short or wait."""
     started = {run_dir.resolve() for run_dir in run_dirs}
     running = sum(RunLock(run_dir).holder() is not None for run_dir in run_dirs)
-    planned = [path / job["run_dir"] for path in paths if (path / PLAN).is_file()
-               for job in json.loads((path / PLAN).read_text(encoding="utf-8")).get("jobs", [])]
+    planned = [
+        path / job["run_dir"]
+        for path in paths
+        if (path / PLAN).is_file()
+        for job in json.loads((path / PLAN).read_text(encoding="utf-8")).get("jobs", [])
+    ]
     pending = sum((path.resolve() not in started) for path in planned)
-    counts = [f"{running} running", *([f"{len(run_dirs) - running} interrupted"] if len(run_dirs) > running else []),
-              f"{pending} pending"]
-    return (f"nothing finished yet in {', '.join(map(str, paths))}: {', '.join(counts)}; "
-            "run normbench report again once a run has finished")
+    counts = [
+        f"{running} running",
+        *([f"{len(run_dirs) - running} interrupted"] if len(run_dirs) > running else []),
+        f"{pending} pending",
+    ]
+    return (
+        f"nothing finished yet in {', '.join(map(str, paths))}: {', '.join(counts)}; "
+        "run normbench report again once a run has finished"
+    )
 
 
 def _check_options(paths, metric, formats) -> None:
@@ -90,9 +105,17 @@ def _draw_charts(d, out: Path, formats, warn, console) -> list:
     return drawn
 
 
-def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] | None = None,
-               metric: str = "final_val_loss", formats: tuple[str, ...] = ("png",), tune_key: str | None = None,
-               scale_key: str | None = None, baseline: str | None = None, console: Console | None = None) -> Path:
+def run_report(
+    paths: list[Path],
+    out: Path | None = None,
+    group_by: list[str] | None = None,
+    metric: str = "final_val_loss",
+    formats: tuple[str, ...] = ("png",),
+    tune_key: str | None = None,
+    scale_key: str | None = None,
+    baseline: str | None = None,
+    console: Console | None = None,
+) -> Path:
     """Read every run below ``paths`` (plus any bench CSV among them), write the report, return its folder.
 
     ``tune_key``: the key each configuration is tuned over (None: train.lr when it varies; "none": off).
@@ -109,7 +132,11 @@ def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] |
     run_dirs, bench_csvs = find_inputs(paths)
     where = ", ".join(map(str, paths))
     planned = any((path / PLAN).is_file() for path in paths)
-    if not bench_csvs and (run_dirs or planned) and not any((run_dir / SUMMARY).exists() for run_dir in run_dirs):
+    if (
+        not bench_csvs
+        and (run_dirs or planned)
+        and not any((run_dir / SUMMARY).exists() for run_dir in run_dirs)
+    ):
         raise ConfigError(nothing_finished(paths, run_dirs))  # a sweep in progress: one line, no warnings
     if not run_dirs and not bench_csvs:
         raise ConfigError(f"no run directories found under {where} (a run directory holds a config.yaml)")
@@ -122,8 +149,9 @@ def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] |
     d = load_runs(run_dirs, warn)
     d.bench = read_bench(bench_csvs)
     if run_dirs and d.runs.empty:
-        raise ConfigError(f"found {len(run_dirs)} run directories under {where} but none could be read "
-                          "(see the warnings)")
+        raise ConfigError(
+            f"found {len(run_dirs)} run directories under {where} but none could be read (see the warnings)"
+        )
     scale = None
     if len(d.runs):  # every input check before the first file is written
         d.tune = resolve_tune_key(tune_key, d)
@@ -163,22 +191,39 @@ def run_report(paths: list[Path], out: Path | None = None, group_by: list[str] |
         else:
             for name in ("scale.csv", "trend.csv"):  # from an earlier report with a scale axis
                 (out / name).unlink(missing_ok=True)
-        write_atomic(out / "summary.md", summary_markdown(metric, sentences, table, tuned_display, d.tune,
-                                                          scale_display))
+        write_atomic(
+            out / "summary.md",
+            summary_markdown(metric, sentences, table, tuned_display, d.tune, scale_display),
+        )
 
     charts = _draw_charts(d, out, formats, warn, console)
-    write_atomic(out / "report.html", render_html("normbench report", paths, sentences, warnings, table,
-                                                  tuned_display, d.tune, charts, None if d.agg is None else d.runs,
-                                                  scale_display))
+    write_atomic(
+        out / "report.html",
+        render_html(
+            "normbench report",
+            paths,
+            sentences,
+            warnings,
+            table,
+            tuned_display,
+            d.tune,
+            charts,
+            None if d.agg is None else d.runs,
+            scale_display,
+        ),
+    )
     if table is not None:
         print_verdict(console, sentences)
         if scale_display is not None:
             print_verdict(console, scale_display[1], f"Trend across {scale_display[0]}")
-            print_table(console, scale_display[3], f"the difference to {d.scale.baseline} against {d.scale.key}", 1)
+            print_table(
+                console, scale_display[3], f"the difference to {d.scale.baseline} against {d.scale.key}", 1
+            )
         order = "descending" if metric in HIGHER_IS_BETTER else "ascending"
-        print_table(console, table, f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order})", len(d.keys))
+        print_table(
+            console, table, f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order})", len(d.keys)
+        )
         if tuned_display is not None:
             print_table(console, tuned_display, f"each configuration at its best {d.tune}", 1)
     console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")
     return out
-

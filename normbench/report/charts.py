@@ -28,13 +28,36 @@ from normbench.report.tables import _fmt_value, config_label
 
 # The one visual mapping every chart uses: colour = norm, line style / hatch = placement.
 # Fixed colours for the registered norms so a norm looks the same in every report.
-NORM_COLORS = {"ln": "C0", "rms": "C1", "bn": "C2", "gn": "C3", "scale": "C4", "dyt": "C5", "derf": "C6", "none": "C7"}
-EXTRA_COLORS = ("C8", "C9", "#393b79", "#8c6d31", "#637939", "#843c39")  # none of them a NORM_COLORS colour (C9 is #17becf)
+NORM_COLORS = {
+    "ln": "C0",
+    "rms": "C1",
+    "bn": "C2",
+    "gn": "C3",
+    "scale": "C4",
+    "dyt": "C5",
+    "derf": "C6",
+    "none": "C7",
+}
+EXTRA_COLORS = (
+    "C8",
+    "C9",
+    "#393b79",
+    "#8c6d31",
+    "#637939",
+    "#843c39",
+)  # none of them a NORM_COLORS colour (C9 is #17becf)
 # (line style, bar hatch) per placement; a placement not listed here gets one of EXTRA_STYLES by its name.
-PLACEMENT_STYLES = {"pre": ("-", ""), "post": ("--", "//"), "peri": ("-.", ".."), "deepnorm": (":", "\\\\"),
-                    "lns": ((0, (5, 1)), "xx"), "mixln": ((0, (3, 1, 1, 1, 1, 1)), "++"), "reordered": ((0, (1, 1)), "--"),
-                    "hybrid": ((0, (6, 2)), "/."),
-                    "ngpt": ((0, (6, 2, 1, 2, 1, 2)), "\\||")}
+PLACEMENT_STYLES = {
+    "pre": ("-", ""),
+    "post": ("--", "//"),
+    "peri": ("-.", ".."),
+    "deepnorm": (":", "\\\\"),
+    "lns": ((0, (5, 1)), "xx"),
+    "mixln": ((0, (3, 1, 1, 1, 1, 1)), "++"),
+    "reordered": ((0, (1, 1)), "--"),
+    "hybrid": ((0, (6, 2)), "/."),
+    "ngpt": ((0, (6, 2, 1, 2, 1, 2)), "\\||"),
+}
 EXTRA_STYLES = (((0, (8, 2, 1, 2)), "||"), ((0, (2, 2, 6, 2)), "**"), ((0, (4, 1, 1, 1, 1, 1, 1, 1)), "OO"))
 MIXED_STYLE = ((0, (3, 1, 1, 1)), "oo")  # a configuration whose runs mix placements
 IMPL_LINESTYLES = {"normbench": "-", "native": "--", "compiled": ":"}
@@ -46,7 +69,6 @@ def norm_color(norm) -> str:
     return NORM_COLORS.get(str(norm), EXTRA_COLORS[zlib.crc32(str(norm).encode()) % len(EXTRA_COLORS)])
 
 
-
 # (name, title, draw) in display order; RUN_CHARTS need run directories, the others do not.
 CHARTS: list[tuple[str, str, object]] = []
 RUN_CHARTS: set[str] = set()
@@ -55,11 +77,13 @@ RUN_CHARTS: set[str] = set()
 def chart(name: str, title: str, needs_runs: bool = True):
     """Register a chart: ``draw(d: ReportData) -> Figure | str | None`` (the string: why not drawn;
     None: not for these runs, left out without a note)."""
+
     def register(draw):
         CHARTS.append((name, title, draw))
         if needs_runs:
             RUN_CHARTS.add(name)
         return draw
+
     return register
 
 
@@ -70,20 +94,26 @@ def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
     other group keys' values instead ("n_layer=2", "warmup_steps=50"), one colour each.
     """
     # norm/placement need not be group keys: a config mixing several gets the "mixed" style.
-    names = runs.groupby("config", sort=False)[["norm", "placement"]].agg(
-        lambda s: s.iloc[0] if s.nunique(dropna=False) == 1 else "mixed").reindex(agg["config"])
+    names = (
+        runs.groupby("config", sort=False)[["norm", "placement"]]
+        .agg(lambda s: s.iloc[0] if s.nunique(dropna=False) == 1 else "mixed")
+        .reindex(agg["config"])
+    )
     rests = [" ".join(t for t in str(label).split(" ") if "=" in t) for label in agg["config"]]
     by_rest = sorted(set(rests)) if names["norm"].nunique(dropna=False) == 1 and len(set(rests)) > 1 else None
     styles, seen = {}, {}
     shared = names.groupby(["norm", "placement"], dropna=False)["norm"].transform("size")
-    for label, norm, placement, n, rest in zip(agg["config"], names["norm"], names["placement"], shared, rests):
+    for label, norm, placement, n, rest in zip(
+        agg["config"], names["norm"], names["placement"], shared, rests
+    ):
         i = seen[(norm, placement)] = seen.get((norm, placement), -1) + 1
         linestyle, hatch = placement_style(placement)
         if by_rest:  # the colour's value also picks the marker, the same in every placement
             i = by_rest.index(rest)
         color = f"C{i % 10}" if by_rest else norm_color(norm)
-        styles[label] = dict(color=color, linestyle=linestyle, hatch=hatch,
-                             marker=MARKERS[i % len(MARKERS)] if n > 1 else None)
+        styles[label] = dict(
+            color=color, linestyle=linestyle, hatch=hatch, marker=MARKERS[i % len(MARKERS)] if n > 1 else None
+        )
     return styles
 
 
@@ -149,16 +179,29 @@ def _bands(ax, d: ReportData, frame: pd.DataFrame, x: str, y: str) -> None:
         if label not in seeds.index:
             continue
         s, style = stats.loc[label], d.styles[label]
-        ax.plot(s.index, s["mean"], label=_plain(label), color=style["color"], linestyle=style["linestyle"],
-                marker=style["marker"], markevery=max(1, len(s) // 8), markersize=4)
+        ax.plot(
+            s.index,
+            s["mean"],
+            label=_plain(label),
+            color=style["color"],
+            linestyle=style["linestyle"],
+            marker=style["marker"],
+            markevery=max(1, len(s) // 8),
+            markersize=4,
+        )
         if seeds[label] > 1:
             ax.fill_between(s.index, s["min"], s["max"], color=style["color"], alpha=0.15, linewidth=0)
 
 
 def _floor(ax, runs: pd.DataFrame) -> None:
     for i, floor in enumerate(sorted(pd.to_numeric(runs["floor_loss"], errors="coerce").dropna().unique())):
-        ax.axhline(floor, color="black", linestyle=(0, (5, 3)), linewidth=1,
-                   label="synthetic floor (Bayes-optimal loss)" if i == 0 else None)
+        ax.axhline(
+            floor,
+            color="black",
+            linestyle=(0, (5, 3)),
+            linewidth=1,
+            label="synthetic floor (Bayes-optimal loss)" if i == 0 else None,
+        )
 
 
 def _bars(ax, d: ReportData, values: pd.Series, errs: list | None = None) -> None:
@@ -166,8 +209,16 @@ def _bars(ax, d: ReportData, values: pd.Series, errs: list | None = None) -> Non
     for i, (label, value) in enumerate(zip(d.agg["config"], values)):
         if pd.notna(value):
             style = d.styles[label]
-            ax.bar(i, value, yerr=None if errs is None else errs[i], capsize=3, color=style["color"],
-                   hatch=style["hatch"], edgecolor="black", linewidth=0.5)
+            ax.bar(
+                i,
+                value,
+                yerr=None if errs is None else errs[i],
+                capsize=3,
+                color=style["color"],
+                hatch=style["hatch"],
+                edgecolor="black",
+                linewidth=0.5,
+            )
     ax.set_xticks(range(len(d.agg)), d.agg["config"].map(_plain), rotation=35, ha="right", fontsize="small")
 
 
@@ -178,9 +229,11 @@ def _completed(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
 @chart("loss_curves", "Loss curves")
 def chart_loss_curves(d: ReportData):
     train, evals = _completed(d, _at_best(d, d.train)), _completed(d, _at_best(d, d.evals))
-    panels = [(train, "step", "train_loss", "Train loss vs step", "step"),
-              (evals, "step", "val_loss", "Validation loss vs step", "step"),
-              (train, "tokens", "train_loss", "Train loss vs tokens", "tokens seen")]
+    panels = [
+        (train, "step", "train_loss", "Train loss vs step", "step"),
+        (evals, "step", "val_loss", "Validation loss vs step", "step"),
+        (train, "tokens", "train_loss", "Train loss vs tokens", "tokens seen"),
+    ]
     panels = [p for p in panels if p[0][[p[1], p[2]]].notna().all(axis=1).any()]
     if not panels:
         return "no completed run logged train or eval losses in metrics.jsonl"
@@ -216,12 +269,30 @@ def chart_final_loss(d: ReportData):
         if n_bad:
             if pd.isna(value):  # nothing completed: a hatched slot, so it is not read as missing data
                 ax.axvspan(i - 0.4, i + 0.4, fill=False, hatch="xx", edgecolor="red", linewidth=0.5)
-            ax.plot(i, 0.95, "x", color="red", markersize=9, markeredgewidth=2, transform=ax.get_xaxis_transform(),
-                    label="diverged/failed runs (not averaged)")
-            ax.annotate(f"{n_bad}/{n}", (i, 0.91), xycoords=ax.get_xaxis_transform(), ha="center", va="top",
-                        color="red", fontsize="small", backgroundcolor="white")
-    ax.set(title="Final validation loss per configuration\n(mean over completed seeds, bar = 95% CI)",
-           ylabel="final val loss (nats/token)")
+            ax.plot(
+                i,
+                0.95,
+                "x",
+                color="red",
+                markersize=9,
+                markeredgewidth=2,
+                transform=ax.get_xaxis_transform(),
+                label="diverged/failed runs (not averaged)",
+            )
+            ax.annotate(
+                f"{n_bad}/{n}",
+                (i, 0.91),
+                xycoords=ax.get_xaxis_transform(),
+                ha="center",
+                va="top",
+                color="red",
+                fontsize="small",
+                backgroundcolor="white",
+            )
+    ax.set(
+        title="Final validation loss per configuration\n(mean over completed seeds, bar = 95% CI)",
+        ylabel="final val loss (nats/token)",
+    )
     ax.grid(axis="y", alpha=0.3)
     _legend(fig, [ax])
     return fig
@@ -232,15 +303,21 @@ def chart_tuning(d: ReportData):
     """Wortsman et al.'s Fig. 1: final loss against the learning rate, one line per configuration."""
     if d.tune is None or d.tuned is None:
         return "no tuning key (train.lr does not vary, or --tune none)"
-    from normbench.report.stats import mean_ci  # noqa: PLC0415 (charts otherwise need no statistics)
+    from normbench.report.stats import mean_ci
 
     key = d.tune
     runs = d.runs.assign(_value=pd.to_numeric(d.runs[key], errors="coerce"), _config=_tuned_configs(d))
     styles = make_styles(runs.assign(config=runs["_config"]), d.tuned)
-    curves = {row.config: _tuning_points(runs[runs["_config"].eq(row.config)], mean_ci) for row in d.tuned.itertuples()}
+    curves = {
+        row.config: _tuning_points(runs[runs["_config"].eq(row.config)], mean_ci)
+        for row in d.tuned.itertuples()
+    }
     best = d.tuned["final_val_loss_mean"].dropna()
     init = d.tuned["loss_init"].dropna()
-    top = max([y for pts in curves.values() for _, y, _, _ in pts if math.isfinite(y)] + list(init), default=math.nan)
+    top = max(
+        [y for pts in curves.values() for _, y, _, _ in pts if math.isfinite(y)] + list(init),
+        default=math.nan,
+    )
     # A configuration far from the rest (DyT, no norm) stretches the axis until the curves that
     # matter, those near the best, are one line: a second panel zooms in on them.
     zoom = (best.min() - 0.05, best.min() + 0.35) if len(best) and top - best.min() > 1.0 else None
@@ -248,7 +325,9 @@ def chart_tuning(d: ReportData):
     for ax in axes:
         for row in d.tuned.itertuples(index=False):
             _tuning_curve(ax, row, curves[row.config], styles[row.config])
-        for row in d.tuned.itertuples(index=False):  # markers after every line: the legend lists configs first
+        for row in d.tuned.itertuples(
+            index=False
+        ):  # markers after every line: the legend lists configs first
             _tuning_marks(ax, row, curves[row.config], styles[row.config])
         if len(init):
             ax.axhline(init.mean(), color="grey", linestyle="--", linewidth=1, label="loss at init (step 0)")
@@ -258,7 +337,9 @@ def chart_tuning(d: ReportData):
             ax.set_xscale("log")
         ax.set(xlabel=key, ylabel="final val loss (nats/token)")
         ax.grid(alpha=0.3, which="both")
-    axes[0].set_title(f"Final validation loss against {key}\n(mean over completed seeds, band = 95% CI; × = diverged)")
+    axes[0].set_title(
+        f"Final validation loss against {key}\n(mean over completed seeds, band = 95% CI; × = diverged)"
+    )
     if zoom:
         axes[1].set_ylim(*zoom)
         axes[1].set_title(f"The same, near the best\n(best {best.min():.3f} to +0.35)")
@@ -279,22 +360,50 @@ def _tuning_curve(ax, row, points: list[tuple], style: dict) -> None:
     xs = [p[0] for p in points]
     ys = np.array([p[1] for p in points], float)
     sens = "" if pd.isna(row.lr_sensitivity) else f"  (sensitivity {row.lr_sensitivity:.3f})"
-    ax.plot(xs, ys, color=style["color"], linestyle=style["linestyle"], marker=style["marker"] or "o",
-            markersize=4, label=_plain(row.config + sens))
+    ax.plot(
+        xs,
+        ys,
+        color=style["color"],
+        linestyle=style["linestyle"],
+        marker=style["marker"] or "o",
+        markersize=4,
+        label=_plain(row.config + sens),
+    )
     if any(p[2] is not None for p in points):
-        ax.fill_between(xs, [p[2].low if p[2] else p[1] for p in points],
-                        [p[2].high if p[2] else p[1] for p in points], color=style["color"], alpha=0.15, linewidth=0)
+        ax.fill_between(
+            xs,
+            [p[2].low if p[2] else p[1] for p in points],
+            [p[2].high if p[2] else p[1] for p in points],
+            color=style["color"],
+            alpha=0.15,
+            linewidth=0,
+        )
 
 
 def _tuning_marks(ax, row, points: list[tuple], style: dict) -> None:
     # diverged or failed seeds: an x at the loss at init, where the sensitivity counts them
     bad = [p[0] for p in points if p[3]]
     if bad and math.isfinite(row.loss_init):
-        ax.plot(bad, [row.loss_init] * len(bad), "x", color=style["color"], markersize=9,
-                markeredgewidth=2, label="diverged or failed seeds (at loss at init)")
+        ax.plot(
+            bad,
+            [row.loss_init] * len(bad),
+            "x",
+            color=style["color"],
+            markersize=9,
+            markeredgewidth=2,
+            label="diverged or failed seeds (at loss at init)",
+        )
     if pd.notna(row.best_value):
-        ax.plot([row.best_value], [row.final_val_loss_mean], marker="*", color=style["color"],
-                markersize=13, markeredgecolor="black", linestyle="none", label="each configuration's best value")
+        ax.plot(
+            [row.best_value],
+            [row.final_val_loss_mean],
+            marker="*",
+            color=style["color"],
+            markersize=13,
+            markeredgecolor="black",
+            linestyle="none",
+            label="each configuration's best value",
+        )
 
 
 def _scale_styles(d: ReportData) -> dict:
@@ -308,7 +417,9 @@ def _size_chart(fig, ax, s, ylabel: str, title: str):
     at = s.table.groupby(s.key)["x"].first()
     ax.set_xscale("log", base=2)
     below = "" if s.x == s.key else f" (below: the size's {s.x})"
-    ax.set_xticks(at.to_numpy(float), [_fmt_value(k) + ("" if s.x == s.key else f"\n{x:,.0f}") for k, x in at.items()])
+    ax.set_xticks(
+        at.to_numpy(float), [_fmt_value(k) + ("" if s.x == s.key else f"\n{x:,.0f}") for k, x in at.items()]
+    )
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set(xlabel=_plain(s.key + below), ylabel=_plain(ylabel), title=_plain(title))
     ax.grid(alpha=0.3)
@@ -336,20 +447,47 @@ def chart_scale_gap(d: ReportData):
     fig, (ax,) = _figure(1, width=8.0, height=5.0)
     ax.axhline(0.0, color="black", linewidth=1, label=_plain(f"baseline: {s.baseline}"))
     for config in others:
-        part, style = s.table[s.table["config"].eq(config)].dropna(subset=["diff_vs_baseline"]), styles[config]
-        ax.plot(part["x"], part["diff_vs_baseline"], color=style["color"], linestyle=style["linestyle"],
-                marker=style["marker"] or "o", markersize=5, label=_plain(f"{config} ({trend.at[config, 'trend']})"))
+        part, style = (
+            s.table[s.table["config"].eq(config)].dropna(subset=["diff_vs_baseline"]),
+            styles[config],
+        )
+        ax.plot(
+            part["x"],
+            part["diff_vs_baseline"],
+            color=style["color"],
+            linestyle=style["linestyle"],
+            marker=style["marker"] or "o",
+            markersize=5,
+            label=_plain(f"{config} ({trend.at[config, 'trend']})"),
+        )
         band = part.dropna(subset=["diff_ci_low"])
-        ax.fill_between(band["x"], band["diff_ci_low"], band["diff_ci_high"], color=style["color"], alpha=0.15,
-                        linewidth=0)
+        ax.fill_between(
+            band["x"],
+            band["diff_ci_low"],
+            band["diff_ci_high"],
+            color=style["color"],
+            alpha=0.15,
+            linewidth=0,
+        )
         fitted = part.dropna(subset=["diff_se"])
         if pd.notna(trend.at[config, "slope_per_doubling"]):  # the WLS line over the sizes it was fitted on
-            ax.plot([fitted["x"].min(), fitted["x"].max()], [trend.at[config, "fitted_first"],
-                    trend.at[config, "fitted_last"]], color=style["color"], linestyle=":", linewidth=2.5,
-                    alpha=0.7, label="fitted trend (WLS, 1/SE² weights)")
-    return _size_chart(fig, ax, s, f"final val loss - {s.baseline}'s (positive: worse)",
-                       f"Difference to {s.baseline} at each size\n(each at its best value; band = 95% CI,\n"
-                       f"paired by seed; dotted = the fitted trend)")
+            ax.plot(
+                [fitted["x"].min(), fitted["x"].max()],
+                [trend.at[config, "fitted_first"], trend.at[config, "fitted_last"]],
+                color=style["color"],
+                linestyle=":",
+                linewidth=2.5,
+                alpha=0.7,
+                label="fitted trend (WLS, 1/SE² weights)",
+            )
+    return _size_chart(
+        fig,
+        ax,
+        s,
+        f"final val loss - {s.baseline}'s (positive: worse)",
+        f"Difference to {s.baseline} at each size\n(each at its best value; band = 95% CI,\n"
+        f"paired by seed; dotted = the fitted trend)",
+    )
 
 
 @chart("scale_best_value", "Best value of the tuned key against size")
@@ -359,19 +497,33 @@ def chart_scale_best_value(d: ReportData):
         return s
     styles, trend = _scale_styles(d), s.trend.set_index("config")
     fig, (ax,) = _figure(1, width=8.0, height=5.0)
-    for i, config in enumerate(s.configs):  # later lines thinner: configurations with the same best stay visible
+    for i, config in enumerate(
+        s.configs
+    ):  # later lines thinner: configurations with the same best stay visible
         part, style = s.table[s.table["config"].eq(config)].dropna(subset=["best_value"]), styles[config]
         drift = trend.at[config, "best_drift_half_decades"]
-        ax.plot(part["x"], part["best_value"], color=style["color"], linestyle=style["linestyle"],
-                marker=style["marker"] or "o", markersize=max(3, 10 - 2 * i), linewidth=max(1.0, 3.0 - 0.5 * i),
-                label=_plain(config + ("" if pd.isna(drift) else f" (drift {drift:+.1f} half-decades)")))
+        ax.plot(
+            part["x"],
+            part["best_value"],
+            color=style["color"],
+            linestyle=style["linestyle"],
+            marker=style["marker"] or "o",
+            markersize=max(3, 10 - 2 * i),
+            linewidth=max(1.0, 3.0 - 0.5 * i),
+            label=_plain(config + ("" if pd.isna(drift) else f" (drift {drift:+.1f} half-decades)")),
+        )
     grid = sorted(pd.to_numeric(d.runs[d.tune], errors="coerce").dropna().unique())
     if grid and grid[0] > 0:
         ax.set_yscale("log")
     ax.set_yticks(grid, [f"{v:g}" for v in grid])
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    return _size_chart(fig, ax, s, f"best {d.tune} (ticks: the swept grid)",
-                       f"Best {d.tune} at each size\n(lowest mean final loss over completed seeds)")
+    return _size_chart(
+        fig,
+        ax,
+        s,
+        f"best {d.tune} (ticks: the swept grid)",
+        f"Best {d.tune} at each size\n(lowest mean final loss over completed seeds)",
+    )
 
 
 @chart("scale_tuning", "Final loss against the tuned key, one panel per size")
@@ -380,10 +532,13 @@ def chart_scale_tuning(d: ReportData):
     s = _scale_or_why(d, "no tuning key: one value per size")
     if s is None or isinstance(s, str):
         return s
-    from normbench.report.stats import mean_ci  # noqa: PLC0415 (as in chart_tuning)
+    from normbench.report.stats import mean_ci
 
-    runs = d.runs.assign(_value=pd.to_numeric(d.runs[d.tune], errors="coerce"), _config=s.run_config,
-                         _size=pd.to_numeric(d.runs[s.key], errors="coerce"))
+    runs = d.runs.assign(
+        _value=pd.to_numeric(d.runs[d.tune], errors="coerce"),
+        _config=s.run_config,
+        _size=pd.to_numeric(d.runs[s.key], errors="coerce"),
+    )
     styles, sizes = _scale_styles(d), sorted(s.table[s.key].unique())
     fig, axes = _figure(len(sizes), width=4.8, height=4.0, ncols=4)
     finite = []
@@ -397,27 +552,54 @@ def chart_scale_tuning(d: ReportData):
             points = _tuning_points(at, mean_ci)
             r = row.iloc[0]
             # the sensitivity goes in the panel's note: in the label it would split a configuration's legend entry
-            mark = pd.Series({"config": config, "lr_sensitivity": math.nan, "best_value": r["best_value"],
-                              "final_val_loss_mean": r["final_val_loss_mean"], "loss_init": at["init_val_loss"].mean()})
+            mark = pd.Series(
+                {
+                    "config": config,
+                    "lr_sensitivity": math.nan,
+                    "best_value": r["best_value"],
+                    "final_val_loss_mean": r["final_val_loss_mean"],
+                    "loss_init": at["init_val_loss"].mean(),
+                }
+            )
             _tuning_curve(ax, mark, points, styles[config])
             _tuning_marks(ax, mark, points, styles[config])
             if pd.notna(r["lr_sensitivity"]):
                 notes.append(f"{config} {r['lr_sensitivity']:.3f}")
-            finite += [v for p in points for v in (p[1], *((p[2].low, p[2].high) if p[2] else ())) if math.isfinite(v)]
+            finite += [
+                v
+                for p in points
+                for v in (p[1], *((p[2].low, p[2].high) if p[2] else ()))
+                if math.isfinite(v)
+            ]
         values = runs["_value"].dropna()
         if len(values) and (values > 0).all() and values.max() / values.min() >= 10:
             ax.set_xscale("log")
-        ax.set(title=_plain(f"{s.key}={_fmt_value(size)}"), xlabel=_plain(d.tune), ylabel="final val loss (nats/token)")
+        ax.set(
+            title=_plain(f"{s.key}={_fmt_value(size)}"),
+            xlabel=_plain(d.tune),
+            ylabel="final val loss (nats/token)",
+        )
         if notes:
-            ax.text(0.02, 0.98, _plain("sensitivity:\n" + "\n".join(notes)), transform=ax.transAxes, va="top",
-                    fontsize="x-small", bbox=dict(facecolor="white", alpha=0.8, linewidth=0))
+            ax.text(
+                0.02,
+                0.98,
+                _plain("sensitivity:\n" + "\n".join(notes)),
+                transform=ax.transAxes,
+                va="top",
+                fontsize="x-small",
+                bbox=dict(facecolor="white", alpha=0.8, linewidth=0),
+            )
         ax.grid(alpha=0.3, which="both")
     if finite:  # one y range for every panel, so the curves' heights compare across sizes
         span = max(finite) - min(finite) or 0.1
         for ax in axes:
             ax.set_ylim(min(finite) - 0.08 * span, max(finite) + 0.08 * span)
-    fig.suptitle(_plain(f"Final validation loss against {d.tune} at each {s.key}\n(mean over completed seeds, "
-                        f"band = 95% CI, * = best value,\n× = diverged seeds, drawn at the loss at init)"))
+    fig.suptitle(
+        _plain(
+            f"Final validation loss against {d.tune} at each {s.key}\n(mean over completed seeds, "
+            f"band = 95% CI, * = best value,\n× = diverged seeds, drawn at the loss at init)"
+        )
+    )
     _legend(fig, axes)
     return fig
 
@@ -451,12 +633,19 @@ def chart_grad_by_layer(d: ReportData):
     last = _completed(d, layers[layers["when"].eq("last")])  # the init picture holds for every run
     steps = first["step"].dropna().unique()
     at = f"step {steps[0]:.0f}" if len(steps) == 1 else "first stats record"
-    panels = [(first, "grad", f"mlp_out grad norm, {at}", "grad norm of mlp_out weight (L2)", True),
-              (last, "grad", "mlp_out grad norm, last stats record", "grad norm of mlp_out weight (L2)", True),
-              (last, "resid_rms", "Residual-stream RMS, last stats record", "residual RMS", False),
-              # DyT and Derf only: docs/diagnostics.md#saturation-of-the-point-wise-norms
-              (last, "saturation", "Point-wise norms: inputs saturated (|αx| > 2), last stats record",
-               "fraction of inputs (largest norm of the layer)", False)]
+    panels = [
+        (first, "grad", f"mlp_out grad norm, {at}", "grad norm of mlp_out weight (L2)", True),
+        (last, "grad", "mlp_out grad norm, last stats record", "grad norm of mlp_out weight (L2)", True),
+        (last, "resid_rms", "Residual-stream RMS, last stats record", "residual RMS", False),
+        # DyT and Derf only: docs/diagnostics.md#saturation-of-the-point-wise-norms
+        (
+            last,
+            "saturation",
+            "Point-wise norms: inputs saturated (|αx| > 2), last stats record",
+            "fraction of inputs (largest norm of the layer)",
+            False,
+        ),
+    ]
     panels = [p for p in panels if p[0][p[1]].notna().any()]
     if not panels:
         return "no per-layer stats records in metrics.jsonl"
@@ -467,7 +656,9 @@ def chart_grad_by_layer(d: ReportData):
         ax.set_yscale("log" if logy else "linear")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS{_at_best_note(d)}")
+    fig.suptitle(
+        f"Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS{_at_best_note(d)}"
+    )
     _legend(fig, axes)
     return fig
 
@@ -479,8 +670,12 @@ def chart_grad_norm(d: ReportData):
         return "no completed run logged stats records with grad_norm"
     fig, (ax,) = _figure(1, width=8)
     _bands(ax, d, grads, "step", "grad_norm")
-    ax.set(title=f"Global gradient norm over training\n(completed runs{_at_best_note(d)})", xlabel="step",
-           ylabel="grad norm (L2)", yscale="log")
+    ax.set(
+        title=f"Global gradient norm over training\n(completed runs{_at_best_note(d)})",
+        xlabel="step",
+        ylabel="grad norm (L2)",
+        yscale="log",
+    )
     ax.grid(alpha=0.3)
     _legend(fig, [ax])
     return fig
@@ -489,16 +684,22 @@ def chart_grad_norm(d: ReportData):
 @chart("throughput", "Throughput, step time and memory")
 def chart_throughput(d: ReportData):
     agg = d.agg
-    panels = [("tokens_per_s_mean", None, "Throughput", "tokens/s"),
-              ("step_ms_p50_mean", "step_ms_p90_mean", "Step time (bar p50, whisker p90)", "ms/step"),
-              ("peak_mem_mb_mean", None, "Peak memory", "MB")]
+    panels = [
+        ("tokens_per_s_mean", None, "Throughput", "tokens/s"),
+        ("step_ms_p50_mean", "step_ms_p90_mean", "Step time (bar p50, whisker p90)", "ms/step"),
+        ("peak_mem_mb_mean", None, "Peak memory", "MB"),
+    ]
     panels = [p for p in panels if agg[p[0]].notna().any()]
     if not panels:
         return "no run reported tokens_per_s, step time or peak memory"
     # Many configurations make wide bar panels: stack them instead of putting them side by side.
-    fig, axes = _figure(len(panels), width=max(4.0, 0.4 * len(agg) + 1.5), height=4.5, ncols=1 if len(agg) > 6 else 3)
+    fig, axes = _figure(
+        len(panels), width=max(4.0, 0.4 * len(agg) + 1.5), height=4.5, ncols=1 if len(agg) > 6 else 3
+    )
     for ax, (col, upper, title, unit) in zip(axes, panels):
-        errs = None if upper is None else [[[0], [u]] for u in (agg[upper] - agg[col]).clip(lower=0).fillna(0)]
+        errs = (
+            None if upper is None else [[[0], [u]] for u in (agg[upper] - agg[col]).clip(lower=0).fillna(0)]
+        )
         _bars(ax, d, agg[col], errs)
         ax.set(title=title, ylabel=unit)
         ax.grid(axis="y", alpha=0.3)
@@ -516,14 +717,23 @@ def chart_throughput(d: ReportData):
 def chart_logits(d: ReportData):
     """Wortsman et al. 2023: attention logits grow until attention collapses (QK-norm fixes it),
     output logits drift (z-loss fixes it). Diverged runs are drawn up to their last finite value."""
-    panels = [("max_attn_logit", "Max attention logit vs step", "max attention logit (after scaling)", "log"),
-              ("max_log_z", "Max log Z (output log-partition) vs step", "max log Z (nats)", "linear")]
+    panels = [
+        ("max_attn_logit", "Max attention logit vs step", "max attention logit (after scaling)", "log"),
+        ("max_log_z", "Max log Z (output log-partition) vs step", "max log Z (nats)", "linear"),
+    ]
     panels = [p for p in panels if d.logits[p[0]].notna().any()]
     # Under a soft-cap (model.attn_softcap) the capped logit stays below the cap: the logit before
     # it shows whether the growth went on underneath (docs/diagnostics.md). Only when some run was capped.
     if d.logits["max_attn_logit_raw"].ne(d.logits["max_attn_logit"]).any():
-        panels.insert(1, ("max_attn_logit_raw", "Max attention logit before the soft-cap vs step",
-                          "max attention logit, raw (before the cap)", "log"))
+        panels.insert(
+            1,
+            (
+                "max_attn_logit_raw",
+                "Max attention logit before the soft-cap vs step",
+                "max attention logit, raw (before the cap)",
+                "log",
+            ),
+        )
     if not panels:
         return "no stats record with logit diagnostics in metrics.jsonl (runs older than them, or train.stats_every=0)"
     fig, axes = _figure(len(panels), width=6.0, height=4.2)
@@ -531,7 +741,9 @@ def chart_logits(d: ReportData):
         _bands(ax, d, d.logits, "step", y)
         ax.set(title=title, xlabel="step", ylabel=ylabel, yscale=scale)
         ax.grid(alpha=0.3, which="both")
-    fig.suptitle("Logit growth: mean over seeds, band = min–max (diverged runs up to their last finite value)")
+    fig.suptitle(
+        "Logit growth: mean over seeds, band = min–max (diverged runs up to their last finite value)"
+    )
     _legend(fig, axes)
     return fig
 
@@ -544,12 +756,17 @@ def chart_stability(d: ReportData):
     varying = [k for k in ("train.warmup_steps", "model.n_layer") if k in runs and runs[k].nunique() > 1]
     ykey = varying[0] if varying else None
     panel_keys = ["norm", "placement", *varying[1:]]
-    cells = runs.assign(
-        lr=pd.to_numeric(runs["train.lr"], errors="coerce"), y=runs[ykey] if ykey else "",
-        loss=runs["final_val_loss"].where(runs["status"].eq("completed")),
-        bad=runs["status"].isin(["diverged", "failed"]),
-    ).groupby([*panel_keys, "y", "lr"], dropna=False).agg(
-        loss=("loss", "mean"), bad=("bad", "sum"), n=("bad", "size")).reset_index()
+    cells = (
+        runs.assign(
+            lr=pd.to_numeric(runs["train.lr"], errors="coerce"),
+            y=runs[ykey] if ykey else "",
+            loss=runs["final_val_loss"].where(runs["status"].eq("completed")),
+            bad=runs["status"].isin(["diverged", "failed"]),
+        )
+        .groupby([*panel_keys, "y", "lr"], dropna=False)
+        .agg(loss=("loss", "mean"), bad=("bad", "sum"), n=("bad", "size"))
+        .reset_index()
+    )
     lrs, ys = sorted(cells["lr"].dropna().unique()), sorted(cells["y"].dropna().unique())
     finite = cells["loss"].dropna()
     vmin, vmax = (finite.min(), finite.max()) if len(finite) else (0, 1)
@@ -560,19 +777,35 @@ def chart_stability(d: ReportData):
         loss = cell.pivot(index="y", columns="lr", values="loss").reindex(index=ys, columns=lrs)
         bad = cell.pivot(index="y", columns="lr", values="bad").reindex(index=ys, columns=lrs)
         n = cell.pivot(index="y", columns="lr", values="n").reindex(index=ys, columns=lrs)
-        im = ax.imshow(np.ma.masked_invalid(loss.to_numpy(float)), cmap=cmap, vmin=vmin, vmax=vmax,
-                       aspect="auto", origin="lower")
+        im = ax.imshow(
+            np.ma.masked_invalid(loss.to_numpy(float)),
+            cmap=cmap,
+            vmin=vmin,
+            vmax=vmax,
+            aspect="auto",
+            origin="lower",
+        )
         for (i, j), value in np.ndenumerate(loss.to_numpy(float)):
             n_bad, n_all = bad.iat[i, j], n.iat[i, j]
             text = "" if math.isnan(value) else f"{value:.2f}"
             if n_bad > 0:
                 text += f"\n× {n_bad:.0f}/{n_all:.0f} div" if text else f"× {n_bad:.0f}/{n_all:.0f}\ndiverged"
-            ax.text(j, i, text, ha="center", va="center", fontsize="x-small",
-                    color="red" if n_bad > 0 else ("white" if value < (vmin + vmax) / 2 else "black"))
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize="x-small",
+                color="red" if n_bad > 0 else ("white" if value < (vmin + vmax) / 2 else "black"),
+            )
         ax.set_xticks(range(len(lrs)), [f"{v:g}" for v in lrs], rotation=35)
         ax.set_yticks(range(len(ys)), [_fmt_value(v) for v in ys])
-        ax.set(title=_plain(" / ".join(map(_fmt_value, pkey))), xlabel="peak learning rate (train.lr)",
-               ylabel=ykey or "")
+        ax.set(
+            title=_plain(" / ".join(map(_fmt_value, pkey))),
+            xlabel="peak learning rate (train.lr)",
+            ylabel=ykey or "",
+        )
     fig.colorbar(im, ax=list(axes), label="final val loss (nats/token), mean over completed seeds")
     fig.suptitle("Stability map: grey × cells = diverged/failed runs (not averaged)")
     return fig
@@ -598,12 +831,25 @@ def chart_bench(d: ReportData):
         ax = axes[0, i]
         for (norm, impl), line in part.groupby(["norm", "impl"], sort=True):
             line = line.sort_values("dim")
-            ax.plot(line["dim"], line[y], color=norm_color(norm), linestyle=IMPL_LINESTYLES.get(str(impl), "-."),
-                    marker="o", markersize=3, label=_plain(f"{norm} ({impl})"))
+            ax.plot(
+                line["dim"],
+                line[y],
+                color=norm_color(norm),
+                linestyle=IMPL_LINESTYLES.get(str(impl), "-."),
+                marker="o",
+                markersize=3,
+                label=_plain(f"{norm} ({impl})"),
+            )
             if rows == 2 and impl == "normbench":
                 share = 100 * copy[line.index]
-                axes[1, i].plot(line["dim"], share, color=norm_color(norm), marker="o", markersize=3,
-                                label=_plain(f"{norm} ({impl})"))
+                axes[1, i].plot(
+                    line["dim"],
+                    share,
+                    color=norm_color(norm),
+                    marker="o",
+                    markersize=3,
+                    label=_plain(f"{norm} ({impl})"),
+                )
         if ratio:
             ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="LayerNorm (native) = 1")
             ax.axhline(LIMIT, color="black", linestyle=":", linewidth=1, label=f"goal: {LIMIT}x LayerNorm")
@@ -621,11 +867,18 @@ def chart_bench(d: ReportData):
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
             ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         if rows == 2:
-            axes[1, i].set(title=_plain(f"{title}: normbench's bandwidth"), xlabel="hidden size (dim)",
-                           ylabel="% of copy bandwidth (clone)", ylim=(0, None))
+            axes[1, i].set(
+                title=_plain(f"{title}: normbench's bandwidth"),
+                xlabel="hidden size (dim)",
+                ylabel="% of copy bandwidth (clone)",
+                ylim=(0, None),
+            )
     what = "time relative to LayerNorm's native op" if ratio else "time per call (no ratio_to_ln in the CSV)"
-    fig.suptitle(f"Norm micro-benchmark: {what}" + ("\nbottom: normbench's GB/s as % of a plain copy's" if rows == 2
-                                                     else "") + "\n(colour = norm, line style = implementation)")
+    fig.suptitle(
+        f"Norm micro-benchmark: {what}"
+        + ("\nbottom: normbench's GB/s as % of a plain copy's" if rows == 2 else "")
+        + "\n(colour = norm, line style = implementation)"
+    )
     _legend(fig, axes.ravel())
     _note(fig, implementation_note(bench))
     return fig

@@ -13,7 +13,9 @@ import pandas as pd
 
 LIMIT = 1.1  # the bench's goal: at most 1.1x LayerNorm's native time
 NO_SLOWER_THAN_LN = ("rms", "gn", "scale", "dyt")  # norms that move no more bytes than LayerNorm
-BENCH_HINT = "run `normbench bench --out bench.csv` on the training machine, then `normbench report RUNS bench.csv`"
+BENCH_HINT = (
+    "run `normbench bench --out bench.csv` on the training machine, then `normbench report RUNS bench.csv`"
+)
 
 
 def slow_implementations(bench: pd.DataFrame | None, norms=None) -> pd.DataFrame:
@@ -21,11 +23,16 @@ def slow_implementations(bench: pd.DataFrame | None, norms=None) -> pd.DataFrame
     columns = ["device", "norm", "ratio_to_ln", "dim", "dtype", "pass"]
     if bench is None or "ratio_to_ln" not in bench:
         return pd.DataFrame(columns=columns)
-    rows = bench[bench["norm"].isin(NO_SLOWER_THAN_LN) & bench["impl"].eq("normbench")
-                 & (pd.to_numeric(bench["ratio_to_ln"], errors="coerce") > LIMIT)]
+    rows = bench[
+        bench["norm"].isin(NO_SLOWER_THAN_LN)
+        & bench["impl"].eq("normbench")
+        & (pd.to_numeric(bench["ratio_to_ln"], errors="coerce") > LIMIT)
+    ]
     if norms is not None:
         rows = rows[rows["norm"].isin(list(norms))]
-    worst = rows.sort_values("ratio_to_ln", ascending=False, kind="stable").drop_duplicates(["device", "norm"])
+    worst = rows.sort_values("ratio_to_ln", ascending=False, kind="stable").drop_duplicates(
+        ["device", "norm"]
+    )
     return worst.sort_values(["device", "norm"], kind="stable")[columns].reset_index(drop=True)
 
 
@@ -33,8 +40,10 @@ def implementation_note(bench: pd.DataFrame | None, norms=None) -> str:
     """The caveat for any comparison of norms' speed: which implementations are not at their limit
     (or that the bench finds none, or that there is no bench to say). ``norms``: the norms compared."""
     if bench is None or bench.empty:
-        return ("The norms' implementation cost on this device is unknown (no bench CSV among the inputs): "
-                f"{BENCH_HINT}.")
+        return (
+            "The norms' implementation cost on this device is unknown (no bench CSV among the inputs): "
+            f"{BENCH_HINT}."
+        )
     slow = slow_implementations(bench, norms)
     if slow.empty:
         measured = bench[bench["norm"].isin(NO_SLOWER_THAN_LN) & bench["impl"].eq("normbench")]
@@ -42,12 +51,22 @@ def implementation_note(bench: pd.DataFrame | None, norms=None) -> str:
             measured = measured[measured["norm"].isin(list(norms))]
         if "ratio_to_ln" in measured and measured["ratio_to_ln"].notna().any():
             names = ", ".join(dict.fromkeys(measured["norm"]))
-            return f"Implementations at their limit in the bench: {names} within {LIMIT}x LayerNorm's native op."
+            return (
+                f"Implementations at their limit in the bench: {names} within {LIMIT}x LayerNorm's native op."
+            )
         return ""
     parts = []
     for device, rows in slow.groupby("device", sort=False):
-        items = "; ".join(f"{norm} ({ratio:.2f}x LayerNorm at {dim} {dtype} {pass_})" for norm, ratio, dim, dtype, pass_
-                          in zip(rows["norm"], rows["ratio_to_ln"], rows["dim"], rows["dtype"], rows["pass"]))
+        items = "; ".join(
+            f"{norm} ({ratio:.2f}x LayerNorm at {dim} {dtype} {pass_})"
+            for norm, ratio, dim, dtype, pass_ in zip(
+                rows["norm"], rows["ratio_to_ln"], rows["dim"], rows["dtype"], rows["pass"]
+            )
+        )
         parts.append(f"implementations not at their limit on {device}: {items}")
     text = ". ".join(parts)
-    return text[0].upper() + text[1:] + " — throughput differences there measure the implementation, not the norm."
+    return (
+        text[0].upper()
+        + text[1:]
+        + " — throughput differences there measure the implementation, not the norm."
+    )

@@ -18,13 +18,24 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from normbench.errors import ConfigError
-from normbench.fileio import leaves, read_jsonl
-from normbench.identity import ADDED_KEYS
+from normbench.core.errors import ConfigError
+from normbench.core.fileio import leaves, read_jsonl
+from normbench.core.identity import ADDED_KEYS
 
 # Metrics a report can be sorted by; the first three are losses (lower is better).
-METRICS = ("final_val_loss", "best_val_loss", "floor_gap", "tokens_per_s", "step_ms_p50", "step_ms_p90",
-           "peak_mem_mb", "mfu", "wall_s", "max_grad_norm", "clip_fraction")
+METRICS = (
+    "final_val_loss",
+    "best_val_loss",
+    "floor_gap",
+    "tokens_per_s",
+    "step_ms_p50",
+    "step_ms_p90",
+    "peak_mem_mb",
+    "mfu",
+    "wall_s",
+    "max_grad_norm",
+    "clip_fraction",
+)
 HIGHER_IS_BETTER = {"tokens_per_s", "mfu"}
 LOSS_FIELDS = ("final_val_loss", "best_val_loss", "floor_gap")
 SPEED_FIELDS = ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb")
@@ -36,16 +47,21 @@ LOGIT_FIELDS = ("max_attn_logit", "max_log_z", "max_attn_logit_raw", "max_log_z_
 RAW_LOGITS = {"max_attn_logit_raw": "max_attn_logit", "max_log_z_raw": "max_log_z"}
 ALIASES = {"norm.name": "norm", "placement.name": "placement"}
 
+
 def find_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     """Run directories (any directory holding config.yaml) below ``paths``, and bench CSVs."""
     run_dirs, bench_csvs = [], []
     for path in paths:
         if not path.exists():
-            raise ConfigError(f"path does not exist: {path}", allowed=["a run or sweep directory", "a bench .csv file"])
+            raise ConfigError(
+                f"path does not exist: {path}", allowed=["a run or sweep directory", "a bench .csv file"]
+            )
         if path.is_file():
             if path.suffix.lower() != ".csv":
-                raise ConfigError(f"{path} is a file but not a bench CSV",
-                                  allowed=["a run or sweep directory", "a bench .csv file"])
+                raise ConfigError(
+                    f"{path} is a file but not a bench CSV",
+                    allowed=["a run or sweep directory", "a bench .csv file"],
+                )
             bench_csvs.append(path)
             continue
         for root, dirs, files in os.walk(path):
@@ -121,7 +137,9 @@ class ReportData:
     styles: dict | None = None  # config label -> matplotlib line/bar style
     tune: str | None = None  # the tuning key (train.lr), or None
     tuned: pd.DataFrame | None = None  # one row per configuration (group keys without tune): tuned.csv
-    scale: object | None = None  # normbench.report.scale.Scale: the scale axis, scale.csv and trend.csv, or None
+    scale: object | None = (
+        None  # normbench.report.scale.Scale: the scale axis, scale.csv and trend.csv, or None
+    )
 
 
 def load_runs(run_dirs: list[Path], warn) -> ReportData:
@@ -141,19 +159,23 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         if not status:  # runs older than the status field: a finite final loss means it finished
             status = "completed" if math.isfinite(_num(summary.get("final_val_loss"))) else "unknown"
         norm, placement = config.get("norm"), config.get("placement")
-        rows.append({
-            **leaves({k: v for k, v in summary.items() if k != "status"}, lists="json"),
-            **flat_config,
-            # last, so that no config or summary key can shadow the short columns
-            "run_dir": str(run_dir),
-            "norm": norm.get("name") if isinstance(norm, dict) else norm,
-            "placement": placement.get("name") if isinstance(placement, dict) else placement,
-            "seed": config.get("seed"),
-            "status": status,
-        })
+        rows.append(
+            {
+                **leaves({k: v for k, v in summary.items() if k != "status"}, lists="json"),
+                **flat_config,
+                # last, so that no config or summary key can shadow the short columns
+                "run_dir": str(run_dir),
+                "norm": norm.get("name") if isinstance(norm, dict) else norm,
+                "placement": placement.get("name") if isinstance(placement, dict) else placement,
+                "seed": config.get("seed"),
+                "status": status,
+            }
+        )
         # The validation loss at initialisation (step 0, before any update): the ceiling of the
         # LR sensitivity (a run that diverged counts as having learned nothing).
-        init = [_num(r.get("val_loss")) for r in records if r.get("kind") == "eval" and _num(r.get("step")) == 0]
+        init = [
+            _num(r.get("val_loss")) for r in records if r.get("kind") == "eval" and _num(r.get("step")) == 0
+        ]
         rows[-1]["init_val_loss"] = init[0] if init else math.nan
         stats = []
         for r in records:
@@ -171,15 +193,34 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
                 if isinstance(r.get("layers"), list) and r["layers"]:
                     stats.append(r)
         # Only the first and last per-layer snapshots are drawn; keep nothing else.
-        for when, r in ([("first", stats[0]), ("last", stats[-1])] if stats else []):
+        for when, r in [("first", stats[0]), ("last", stats[-1])] if stats else []:
             for i, layer in enumerate(r["layers"]):
                 layer = layer if isinstance(layer, dict) else {}
                 grad = layer.get("grad_norm") if isinstance(layer.get("grad_norm"), dict) else {}
                 saturation = layer.get("saturation") if isinstance(layer.get("saturation"), dict) else {}
-                layers.append((run, when, _num(r.get("step")), i, _num(grad.get("mlp_out")), _num(layer.get("resid_rms")),
-                               max(map(_num, saturation.values()), default=math.nan)))
+                layers.append(
+                    (
+                        run,
+                        when,
+                        _num(r.get("step")),
+                        i,
+                        _num(grad.get("mlp_out")),
+                        _num(layer.get("resid_rms")),
+                        max(map(_num, saturation.values()), default=math.nan),
+                    )
+                )
     runs = pd.DataFrame(rows)
-    for col in ("run_dir", "norm", "placement", "seed", "status", "floor_loss", "init_val_loss", "leaks_future", *METRICS):
+    for col in (
+        "run_dir",
+        "norm",
+        "placement",
+        "seed",
+        "status",
+        "floor_loss",
+        "init_val_loss",
+        "leaks_future",
+        *METRICS,
+    ):
         if col not in runs:
             runs[col] = np.nan
     for col in (*METRICS, "init_val_loss"):
@@ -190,16 +231,21 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
     logits = pd.DataFrame(logits, columns=["run", "step", *LOGIT_FIELDS])
     for raw, capped in RAW_LOGITS.items():
         logits[raw] = logits[raw].fillna(logits[capped])
-        if raw in runs and capped in runs:  # only once some run had a cap: no raw column for a report without one
+        if (
+            raw in runs and capped in runs
+        ):  # only once some run had a cap: no raw column for a report without one
             runs[raw] = runs[raw].fillna(runs[capped])
     first = ["run_dir", "norm", "placement", "seed", "status", *METRICS, "init_val_loss"]
     runs = runs[first + [c for c in runs.columns if c not in first]]
     return ReportData(
-        runs=runs, config_keys=list(config_keys),
+        runs=runs,
+        config_keys=list(config_keys),
         train=pd.DataFrame(train, columns=["run", "step", "tokens", "train_loss"]),
         evals=pd.DataFrame(evals, columns=["run", "step", "val_loss"]),
         grads=pd.DataFrame(grads, columns=["run", "step", "grad_norm"]),
-        layers=pd.DataFrame(layers, columns=["run", "when", "step", "layer", "grad", "resid_rms", "saturation"]),
+        layers=pd.DataFrame(
+            layers, columns=["run", "when", "step", "layer", "grad", "resid_rms", "saturation"]
+        ),
         logits=logits,
     )
 
@@ -213,12 +259,11 @@ def read_bench(paths: list[Path]) -> pd.DataFrame | None:
             raise ConfigError(f"cannot read bench CSV {path}: {e}") from None
         missing = [c for c in BENCH_COLUMNS if c not in frame]
         if missing:
-            raise ConfigError(f"{path} is not a bench CSV (missing columns {', '.join(missing)})",
-                              allowed=BENCH_COLUMNS)
+            raise ConfigError(
+                f"{path} is not a bench CSV (missing columns {', '.join(missing)})", allowed=BENCH_COLUMNS
+            )
         frames.append(frame if "ratio_to_ln" in frame else _with_ratio_to_ln(frame))
     return pd.concat(frames, ignore_index=True) if frames else None
-
-
 
 
 def _with_ratio_to_ln(frame: pd.DataFrame) -> pd.DataFrame:

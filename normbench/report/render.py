@@ -17,48 +17,76 @@ from rich.text import Text
 
 from normbench.report.tables import LOGIT_COLUMNS
 
-STYLE = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;line-height:1.4}"
-         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}"
-         "th{background:#f3f3f3}img{max-width:100%}.note{color:#666}.warn{color:#a60}"
-         ".verdict{background:#f5f8ff;border-left:4px solid #36c;padding:.5em 1em .5em 2em}"
-         ".verdict li{margin:.3em 0}")
+STYLE = (
+    "body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;line-height:1.4}"
+    "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}"
+    "th{background:#f3f3f3}img{max-width:100%}.note{color:#666}.warn{color:#a60}"
+    ".verdict{background:#f5f8ff;border-left:4px solid #36c;padding:.5em 1em .5em 2em}"
+    ".verdict li{margin:.3em 0}"
+)
 
-AGGREGATE_NOTE = ("Loss mean ± std (n) over <b>completed</b> runs only; diverged and failed runs are counted in "
-                  "their own columns, never averaged in. 95% CI: the mean's confidence interval; vs best: the "
-                  "difference to the best configuration with its 95% CI (see the README for the method).")
-
-
-SCALE_NOTE = ("Each configuration at its best value per size, against the baseline at the same size (paired by seed "
-              "when both ran the same seeds). Slope: the fitted change of the difference per doubling of the size's "
-              "parameters (or tokens), weighted least squares with weights 1/SE², 95% t interval; grows / shrinks: "
-              "|difference| moves away from / toward 0 as the size grows; no trend: the slope's interval includes 0.")
+AGGREGATE_NOTE = (
+    "Loss mean ± std (n) over <b>completed</b> runs only; diverged and failed runs are counted in "
+    "their own columns, never averaged in. 95% CI: the mean's confidence interval; vs best: the "
+    "difference to the best configuration with its 95% CI (see the README for the method)."
+)
 
 
-def render_html(title: str, inputs: list, verdict: list[str], warnings: list[str], table: pd.DataFrame | None,
-                tuned: pd.DataFrame | None, tune_key: str | None, charts: list[tuple[str, bytes | None, str | None]],
-                runs: pd.DataFrame | None, scale: tuple | None = None) -> str:
+SCALE_NOTE = (
+    "Each configuration at its best value per size, against the baseline at the same size (paired by seed "
+    "when both ran the same seeds). Slope: the fitted change of the difference per doubling of the size's "
+    "parameters (or tokens), weighted least squares with weights 1/SE², 95% t interval; grows / shrinks: "
+    "|difference| moves away from / toward 0 as the size grows; no trend: the slope's interval includes 0."
+)
+
+
+def render_html(
+    title: str,
+    inputs: list,
+    verdict: list[str],
+    warnings: list[str],
+    table: pd.DataFrame | None,
+    tuned: pd.DataFrame | None,
+    tune_key: str | None,
+    charts: list[tuple[str, bytes | None, str | None]],
+    runs: pd.DataFrame | None,
+    scale: tuple | None = None,
+) -> str:
     """``scale``: (key, sentences, per-size table, trend table) of the scale axis, or None."""
     e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
-             f"<style>{STYLE}</style></head><body>",
-             f"<h1>{e(title)}</h1>",
-             "<p>Inputs: " + ", ".join(f"<code>{e(str(p))}</code>" for p in inputs) + "</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+        "<p>Inputs: " + ", ".join(f"<code>{e(str(p))}</code>" for p in inputs) + "</p>",
+    ]
     if verdict:
-        parts.append("<h2>Verdict</h2><ul class='verdict'>" + "".join(f"<li>{e(s)}</li>" for s in verdict) + "</ul>")
+        parts.append(
+            "<h2>Verdict</h2><ul class='verdict'>" + "".join(f"<li>{e(s)}</li>" for s in verdict) + "</ul>"
+        )
     if scale is not None:
         key, sentences, per_size, trend = scale
-        parts += [f"<h2>Trend across {e(key)}</h2><ul class='verdict'>"
-                  + "".join(f"<li>{e(s)}</li>" for s in sentences) + "</ul>",
-                  f"<p>{SCALE_NOTE} Written to <code>scale.csv</code> and <code>trend.csv</code>.</p>",
-                  trend.to_html(index=False, escape=True), "<p></p>", per_size.to_html(index=False, escape=True)]
+        parts += [
+            f"<h2>Trend across {e(key)}</h2><ul class='verdict'>"
+            + "".join(f"<li>{e(s)}</li>" for s in sentences)
+            + "</ul>",
+            f"<p>{SCALE_NOTE} Written to <code>scale.csv</code> and <code>trend.csv</code>.</p>",
+            trend.to_html(index=False, escape=True),
+            "<p></p>",
+            per_size.to_html(index=False, escape=True),
+        ]
     if warnings:
-        parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li class='warn'>{e(w)}</li>" for w in warnings) + "</ul>")
+        parts.append(
+            "<h2>Warnings</h2><ul>" + "".join(f"<li class='warn'>{e(w)}</li>" for w in warnings) + "</ul>"
+        )
     if tuned is not None:
-        parts += [f"<h2>Each configuration at its best {e(tune_key)}</h2>",
-                  f"<p>Best value: lowest mean final validation loss over completed seeds. LR sensitivity: "
-                  f"Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) minus the best loss "
-                  f"(diverged = loss at init). Written to <code>tuned.csv</code>.</p>",
-                  tuned.to_html(index=False, escape=True)]
+        parts += [
+            f"<h2>Each configuration at its best {e(tune_key)}</h2>",
+            "<p>Best value: lowest mean final validation loss over completed seeds. LR sensitivity: "
+            "Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) minus the best loss "
+            "(diverged = loss at init). Written to <code>tuned.csv</code>.</p>",
+            tuned.to_html(index=False, escape=True),
+        ]
     if table is not None:
         parts += ["<h2>Aggregate</h2>", f"<p>{AGGREGATE_NOTE}</p>", table.to_html(index=False, escape=True)]
     parts.append("<h2>Charts</h2>")
@@ -67,33 +95,53 @@ def render_html(title: str, inputs: list, verdict: list[str], warnings: list[str
             parts.append(f"<p class='note'><b>{e(chart_title)}</b>: not drawn ({e(note)}).</p>")
         else:
             data = base64.b64encode(png).decode()
-            parts.append(f"<figure><img alt='{e(chart_title)}' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>{e(chart_title)}</figcaption></figure>")
+            parts.append(
+                f"<figure><img alt='{e(chart_title)}' src='data:image/png;base64,{data}'>"
+                f"<figcaption>{e(chart_title)}</figcaption></figure>"
+            )
     if runs is not None:
-        parts += [f"<h2>Runs</h2><details><summary>{len(runs)} runs</summary>",
-                  runs.to_html(index=False, escape=True, na_rep="–"), "</details>"]
+        parts += [
+            f"<h2>Runs</h2><details><summary>{len(runs)} runs</summary>",
+            runs.to_html(index=False, escape=True, na_rep="–"),
+            "</details>",
+        ]
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    cell = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    cell = lambda s: str(s).replace("|", "\\|")
     lines = ["| " + " | ".join(map(cell, table.columns)) + " |", "|" + "---|" * len(table.columns)]
     lines += ["| " + " | ".join(map(cell, row)) + " |" for row in table.itertuples(index=False)]
     return "\n".join(lines) + "\n"
 
 
-def summary_markdown(metric: str, verdict: list[str], table: pd.DataFrame, tuned: pd.DataFrame | None,
-                     tune_key: str | None, scale: tuple | None = None) -> str:
+def summary_markdown(
+    metric: str,
+    verdict: list[str],
+    table: pd.DataFrame,
+    tuned: pd.DataFrame | None,
+    tune_key: str | None,
+    scale: tuple | None = None,
+) -> str:
     parts = ["## Verdict\n", *[f"- {s}" for s in verdict], ""]
     if scale is not None:
         key, sentences, per_size, trend = scale
-        parts += [f"## Trend across `{key}`\n", *[f"- {s}" for s in sentences], "", SCALE_NOTE + "\n",
-                  to_markdown(trend), to_markdown(per_size)]
+        parts += [
+            f"## Trend across `{key}`\n",
+            *[f"- {s}" for s in sentences],
+            "",
+            SCALE_NOTE + "\n",
+            to_markdown(trend),
+            to_markdown(per_size),
+        ]
     if tuned is not None:
         parts += [f"## Each configuration at its best `{tune_key}`\n", to_markdown(tuned)]
-    parts += [f"## Aggregate\n\nSorted by `{metric}`. Loss mean ± std (n) over completed runs only; diverged and "
-              "failed runs are counted, not averaged.\n", to_markdown(table)]
+    parts += [
+        f"## Aggregate\n\nSorted by `{metric}`. Loss mean ± std (n) over completed runs only; diverged and "
+        "failed runs are counted, not averaged.\n",
+        to_markdown(table),
+    ]
     return "\n".join(parts)
 
 
@@ -104,8 +152,16 @@ def print_verdict(console: Console, verdict: list[str], title: str = "Verdict") 
 
 
 # Left out of the terminal table when it would not fit; the CSV, Markdown and HTML keep them.
-SECONDARY_COLUMNS = ("best val loss", "gap to floor", "step ms (p50)", "peak MB", "95% CI", "p",
-                     "values ok/diverged/failed", *LOGIT_COLUMNS)
+SECONDARY_COLUMNS = (
+    "best val loss",
+    "gap to floor",
+    "step ms (p50)",
+    "peak MB",
+    "95% CI",
+    "p",
+    "values ok/diverged/failed",
+    *LOGIT_COLUMNS,
+)
 
 
 def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) -> None:
@@ -118,8 +174,10 @@ def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) 
         rich_table.add_column(col, justify="left" if i < n_keys else "right")
     for row in table.itertuples(index=False):
         # Text(), not str: a config value like "[bold]" must not be read as rich markup.
-        rich_table.add_row(*(Text(v, style="red" if col in ("diverged", "failed") and v != "0" else "")
-                             for col, v in zip(table.columns, row)))
+        rich_table.add_row(
+            *(
+                Text(v, style="red" if col in ("diverged", "failed") and v != "0" else "")
+                for col, v in zip(table.columns, row)
+            )
+        )
     console.print(rich_table)
-
-

@@ -32,15 +32,21 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from normbench.errors import ConfigError
+from normbench.core.errors import ConfigError
 from normbench.report.load import ALIASES, ReportData
 from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, compare, mean_ci
 from normbench.report.tables import _fmt_value, config_label, default_group_keys, fmt_ci, varying_keys
 from normbench.report.tuning import METRIC, _by_seed, _values, compare_with_best
 
 # The keys a sweep scales; one of them varying alone is the scale axis without --scale.
-SIZE_KEYS = ("model.d_model", "model.n_layer", "model.n_head", "model.block_size", "train.steps",
-             "train.batch_size")
+SIZE_KEYS = (
+    "model.d_model",
+    "model.n_layer",
+    "model.n_head",
+    "model.block_size",
+    "train.steps",
+    "train.batch_size",
+)
 TOKEN_KEYS = ("train.steps", "train.batch_size")  # a token budget: the trend is against log(tokens)
 NEEDS_SIZES = "needs ≥ 2 sizes with ≥ 2 seeds"
 # |gap| moving away from 0 / toward 0 as the size grows, the fitted gap crossing 0, slope CI containing 0
@@ -68,8 +74,11 @@ def resolve_scale_key(scale: str | None, d: ReportData) -> tuple[str | None, boo
     """(key, detected): None detects a lone varying size key; "none" turns the axis off."""
     varying = varying_keys(d.runs, d.config_keys)
     # as --tune's: the keys that vary, less norm.eps and the like that merely follow the norm's name
-    numeric = [k for k in default_group_keys(d.runs, d.config_keys)
-               if k in varying and k != d.tune and _numeric(d.runs[k])]
+    numeric = [
+        k
+        for k in default_group_keys(d.runs, d.config_keys)
+        if k in varying and k != d.tune and _numeric(d.runs[k])
+    ]
     if scale is None:
         sizes = [k for k in SIZE_KEYS if k in numeric]
         return (sizes[0], True) if len(sizes) == 1 else (None, False)
@@ -78,7 +87,9 @@ def resolve_scale_key(scale: str | None, d: ReportData) -> tuple[str | None, boo
     key = ALIASES.get(scale.strip(), scale.strip())
     allowed = [*numeric, "none"] if numeric else ["none (no numeric config key varies besides --tune)"]
     if key == d.tune:
-        raise ConfigError(f"--scale {key}: is the tuning key (--tune); the scale axis is another key", allowed=allowed)
+        raise ConfigError(
+            f"--scale {key}: is the tuning key (--tune); the scale axis is another key", allowed=allowed
+        )
     if key not in varying:
         raise ConfigError(f"--scale {key}: does not vary among these runs", allowed=allowed)
     if key not in numeric:
@@ -91,8 +102,11 @@ def _config_keys(d: ReportData, key: str) -> list[str]:
 
 
 def _labels(runs: pd.DataFrame, keys: list[str]) -> list[str]:
-    return [config_label(keys, v) or "all runs" for v in runs[keys].itertuples(index=False)] if keys \
+    return (
+        [config_label(keys, v) or "all runs" for v in runs[keys].itertuples(index=False)]
+        if keys
         else ["all runs"] * len(runs)
+    )
 
 
 def resolve_baseline(spec: str | None, d: ReportData, key: str | None) -> str | None:
@@ -100,21 +114,32 @@ def resolve_baseline(spec: str | None, d: ReportData, key: str | None) -> str | 
     if spec is None:
         return None
     if key is None:
-        raise ConfigError("--baseline compares across a scale axis, and these runs have none",
-                          allowed=["--scale KEY with a numeric key that varies"])
+        raise ConfigError(
+            "--baseline compares across a scale axis, and these runs have none",
+            allowed=["--scale KEY with a numeric key that varies"],
+        )
     keys = _config_keys(d, key)
     # what --baseline takes, one per configuration: norm=ln,placement=pre,model.param=sp
-    configs = list(dict.fromkeys(",".join(f"{k}={_fmt_value(v)}" for k, v in zip(keys, values))
-                                 for values in d.runs[keys].itertuples(index=False)))
+    configs = list(
+        dict.fromkeys(
+            ",".join(f"{k}={_fmt_value(v)}" for k, v in zip(keys, values))
+            for values in d.runs[keys].itertuples(index=False)
+        )
+    )
     wanted = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, value = part.partition("=")
         wanted[ALIASES.get(name.strip(), name.strip())] = value.strip()
+
     def same(value, text):
         number, target = pd.to_numeric(pd.Series([value, text]), errors="coerce")
         return _fmt_value(value) == text or (pd.notna(number) and number == target)
-    match = [label for label, (_, run) in zip(_labels(d.runs, keys), d.runs.iterrows())
-             if wanted and all(k in d.runs and same(run[k], v) for k, v in wanted.items())]
+
+    match = [
+        label
+        for label, (_, run) in zip(_labels(d.runs, keys), d.runs.iterrows())
+        if wanted and all(k in d.runs and same(run[k], v) for k, v in wanted.items())
+    ]
     match = list(dict.fromkeys(match))
     if len(match) != 1:
         what = "matches no configuration" if not match else f"matches {len(match)} configurations"
@@ -161,8 +186,16 @@ def fit_trend(x, gap, se, df) -> Fit:
         else:  # nothing but the scatter to go by
             var, dof, method = chi2 / (k - 2) / sxx, float(k - 2), "scatter of the sizes"
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * math.sqrt(var)) if var > 0 else 0.0
-    return Fit(slope, slope - half, slope + half, dof, method,
-               intercept + slope * float(t.min()), intercept + slope * float(t.max()), lack_of_fit_p)
+    return Fit(
+        slope,
+        slope - half,
+        slope + half,
+        dof,
+        method,
+        intercept + slope * float(t.min()),
+        intercept + slope * float(t.max()),
+        lack_of_fit_p,
+    )
 
 
 def trend_word(fit: Fit, gaps=(), ci_low=(), ci_high=()) -> str:
@@ -186,37 +219,65 @@ def trend_word(fit: Fit, gaps=(), ci_low=(), ci_high=()) -> str:
 def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) -> Scale:
     keys = _config_keys(d, key)
     tkeys = [k for k in d.keys if k != d.tune]  # tuned.csv's configurations
-    runs = d.runs.assign(_config=_labels(d.runs, keys), _tconfig=_labels(d.runs, tkeys),
-                         _size=pd.to_numeric(d.runs[key], errors="coerce"))
+    runs = d.runs.assign(
+        _config=_labels(d.runs, keys),
+        _tconfig=_labels(d.runs, tkeys),
+        _size=pd.to_numeric(d.runs[key], errors="coerce"),
+    )
     if d.tune:
         runs["_value"] = pd.to_numeric(runs[d.tune], errors="coerce")
     tuned = d.tuned.set_index("config") if d.tuned is not None else None
-    tokens = [pd.to_numeric(runs[k], errors="coerce") if k in runs else math.nan
-              for k in ("train.steps", "train.batch_size", "model.block_size")]
+    tokens = [
+        pd.to_numeric(runs[k], errors="coerce") if k in runs else math.nan
+        for k in ("train.steps", "train.batch_size", "model.block_size")
+    ]
     runs["_tokens"] = tokens[0] * tokens[1] * tokens[2]
     runs["_params"] = pd.to_numeric(runs["params"], errors="coerce") if "params" in runs else math.nan
     rows, samples = [], {}
     for (config, size), group in runs.groupby(["_config", "_size"], sort=False):
         label = group["_tconfig"].iloc[0]
         best = tuned.at[label, "best_value"] if tuned is not None else math.nan
-        sample = samples[(config, size)] = _by_seed(group[group["_value"].eq(best)] if tuned is not None else group)
+        sample = samples[(config, size)] = _by_seed(
+            group[group["_value"].eq(best)] if tuned is not None else group
+        )
         values = _values(sample)
         ci = mean_ci(values)
-        rows.append({"config": config, key: size, "params": group["_params"].mean(), "tokens": group["_tokens"].mean(),
-                     "tune_key": d.tune, "best_value": best, f"{METRIC}_mean": np.mean(values) if values else math.nan,
-                     "n_seeds": len(values), "ci_low": ci.low if ci else math.nan,
-                     "ci_high": ci.high if ci else math.nan,
-                     "ci_method": ci.method if ci else (NEEDS_SEEDS if values else "no completed run"),
-                     "lr_sensitivity": tuned.at[label, "lr_sensitivity"] if tuned is not None else math.nan})
+        rows.append(
+            {
+                "config": config,
+                key: size,
+                "params": group["_params"].mean(),
+                "tokens": group["_tokens"].mean(),
+                "tune_key": d.tune,
+                "best_value": best,
+                f"{METRIC}_mean": np.mean(values) if values else math.nan,
+                "n_seeds": len(values),
+                "ci_low": ci.low if ci else math.nan,
+                "ci_high": ci.high if ci else math.nan,
+                "ci_method": ci.method if ci else (NEEDS_SEEDS if values else "no completed run"),
+                "lr_sensitivity": tuned.at[label, "lr_sensitivity"] if tuned is not None else math.nan,
+            }
+        )
     table = pd.DataFrame(rows).sort_values(key, kind="stable").reset_index(drop=True)
     sizes = sorted(table[key].unique())
     # the per-size verdict: each configuration against the best of its size
-    at_size = pd.concat([compare_with_best({c: samples[(c, s)] for c in table.loc[table[key].eq(s), "config"]})
-                         .assign(**{key: s}) for s in sizes])
-    at_size = at_size.rename_axis("config").reset_index()[["config", key, "diff_vs_best", "diff_ci_low",
-                                                            "diff_ci_high", "vs_best"]]
-    table = table.merge(at_size.rename(columns={"diff_ci_low": "diff_vs_best_ci_low",
-                                                "diff_ci_high": "diff_vs_best_ci_high"}), on=["config", key])
+    at_size = pd.concat(
+        [
+            compare_with_best({c: samples[(c, s)] for c in table.loc[table[key].eq(s), "config"]}).assign(
+                **{key: s}
+            )
+            for s in sizes
+        ]
+    )
+    at_size = at_size.rename_axis("config").reset_index()[
+        ["config", key, "diff_vs_best", "diff_ci_low", "diff_ci_high", "vs_best"]
+    ]
+    table = table.merge(
+        at_size.rename(
+            columns={"diff_ci_low": "diff_vs_best_ci_low", "diff_ci_high": "diff_vs_best_ci_high"}
+        ),
+        on=["config", key],
+    )
     largest = table.dropna(subset=[f"{METRIC}_mean"])
     largest = largest[largest[key].eq(largest[key].max())].sort_values(f"{METRIC}_mean", kind="stable")
     given = baseline is not None
@@ -229,53 +290,113 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
         own = row["config"] == baseline  # compared with itself: 0 by definition, no interval
         c = compare(samples[(row["config"], row[key])], base) if base is not None and not own else None
         none = c is None or not math.isfinite(c.diff)
-        diffs.append({"diff_vs_baseline": 0.0 if own else (math.nan if none else c.diff),
-                      "diff_ci_low": c.ci.low if c and c.ci else math.nan,
-                      "diff_ci_high": c.ci.high if c and c.ci else math.nan,
-                      "diff_method": "baseline" if own else
-                      ("no completed run" if none else c.method),
-                      "diff_se": c.se if c else math.nan, "diff_df": c.df if c else math.nan})
+        diffs.append(
+            {
+                "diff_vs_baseline": 0.0 if own else (math.nan if none else c.diff),
+                "diff_ci_low": c.ci.low if c and c.ci else math.nan,
+                "diff_ci_high": c.ci.high if c and c.ci else math.nan,
+                "diff_method": "baseline" if own else ("no completed run" if none else c.method),
+                "diff_se": c.se if c else math.nan,
+                "diff_df": c.df if c else math.nan,
+            }
+        )
     table = pd.concat([table, pd.DataFrame(diffs)], axis=1)
     table.insert(1, "baseline", baseline)
     table["_order"] = table["config"].map(order.index)
     table = table.sort_values([key, "_order"], kind="stable").drop(columns="_order").reset_index(drop=True)
     by_size = table.groupby(key)[["params", "tokens"]].mean()
-    x = ("tokens" if key in TOKEN_KEYS or by_size["params"].nunique() < 2 else "params") \
-        if by_size["tokens"].nunique() > 1 or by_size["params"].nunique() > 1 else key
+    x = (
+        ("tokens" if key in TOKEN_KEYS or by_size["params"].nunique() < 2 else "params")
+        if by_size["tokens"].nunique() > 1 or by_size["params"].nunique() > 1
+        else key
+    )
     table["x"] = table[key] if x == key else table[key].map(by_size[x])
-    return Scale(key=key, detected=detected, baseline=baseline, baseline_given=given, x=x, configs=order,
-                 run_config=runs["_config"], table=table, trend=_trend(table, key, order, baseline, d.tune))
+    return Scale(
+        key=key,
+        detected=detected,
+        baseline=baseline,
+        baseline_given=given,
+        x=x,
+        configs=order,
+        run_config=runs["_config"],
+        table=table,
+        trend=_trend(table, key, order, baseline, d.tune),
+    )
 
 
 def _trend(table: pd.DataFrame, key: str, order: list[str], baseline: str, tune: str | None) -> pd.DataFrame:
     rows = []
     for config in order:
         part = table[table["config"].eq(config)]
-        fitted = part[part["diff_se"].notna() & part["diff_vs_baseline"].notna()] if config != baseline else part[:0]
-        row = {"config": config, "baseline": baseline, "scale_key": key, "sizes": len(part),
-               "sizes_fitted": len(fitted),
-               "sizes_not_compared": "; ".join(f"{_fmt_value(s)} ({m})" for s, m in zip(
-                   part.loc[~part.index.isin(fitted.index), key], part.loc[~part.index.isin(fitted.index), "diff_method"])
-                   if config != baseline)}
+        fitted = (
+            part[part["diff_se"].notna() & part["diff_vs_baseline"].notna()]
+            if config != baseline
+            else part[:0]
+        )
+        row = {
+            "config": config,
+            "baseline": baseline,
+            "scale_key": key,
+            "sizes": len(part),
+            "sizes_fitted": len(fitted),
+            "sizes_not_compared": "; ".join(
+                f"{_fmt_value(s)} ({m})"
+                for s, m in zip(
+                    part.loc[~part.index.isin(fitted.index), key],
+                    part.loc[~part.index.isin(fitted.index), "diff_method"],
+                )
+                if config != baseline
+            ),
+        }
         if config == baseline:
             row["trend"] = "baseline"
         elif fitted["x"].nunique() >= 2:
             fit = fit_trend(fitted["x"], fitted["diff_vs_baseline"], fitted["diff_se"], fitted["diff_df"])
-            row.update(slope_per_doubling=fit.slope, slope_ci_low=fit.low, slope_ci_high=fit.high, slope_df=fit.df,
-                       slope_method=f"WLS 1/SE², t, variance from the {fit.method}", fitted_first=fit.first,
-                       fitted_last=fit.last, lack_of_fit_p=fit.lack_of_fit_p,
-                       trend=trend_word(fit, fitted["diff_vs_baseline"], fitted["diff_ci_low"].dropna(),
-                                        fitted["diff_ci_high"].dropna()))
+            row.update(
+                slope_per_doubling=fit.slope,
+                slope_ci_low=fit.low,
+                slope_ci_high=fit.high,
+                slope_df=fit.df,
+                slope_method=f"WLS 1/SE², t, variance from the {fit.method}",
+                fitted_first=fit.first,
+                fitted_last=fit.last,
+                lack_of_fit_p=fit.lack_of_fit_p,
+                trend=trend_word(
+                    fit,
+                    fitted["diff_vs_baseline"],
+                    fitted["diff_ci_low"].dropna(),
+                    fitted["diff_ci_high"].dropna(),
+                ),
+            )
         else:
             row["trend"] = NEEDS_SIZES
         best = part.dropna(subset=["best_value"])
         if tune and len(best) >= 2 and (best["best_value"] > 0).all():
             first, last = best["best_value"].iloc[0], best["best_value"].iloc[-1]
-            row.update(best_first=first, best_last=last, best_drift_half_decades=math.log10(last / first) / 0.5)
+            row.update(
+                best_first=first, best_last=last, best_drift_half_decades=math.log10(last / first) / 0.5
+            )
         rows.append(row)
-    columns = ["config", "baseline", "scale_key", "sizes", "sizes_fitted", "sizes_not_compared",
-               "slope_per_doubling", "slope_ci_low", "slope_ci_high", "slope_df", "slope_method",
-               "fitted_first", "fitted_last", "lack_of_fit_p", "trend", "best_first", "best_last", "best_drift_half_decades"]
+    columns = [
+        "config",
+        "baseline",
+        "scale_key",
+        "sizes",
+        "sizes_fitted",
+        "sizes_not_compared",
+        "slope_per_doubling",
+        "slope_ci_low",
+        "slope_ci_high",
+        "slope_df",
+        "slope_method",
+        "fitted_first",
+        "fitted_last",
+        "lack_of_fit_p",
+        "trend",
+        "best_first",
+        "best_last",
+        "best_drift_half_decades",
+    ]
     return pd.DataFrame(rows).reindex(columns=columns)
 
 
@@ -300,11 +421,15 @@ def scale_verdict(s: Scale) -> list[str]:
     sizes = sorted(t[key].unique())
     how = "detected: the one size key that varies" if s.detected else "given with --scale"
     base = "given with --baseline" if s.baseline_given else "default: the best at the largest size"
-    x = {"params": "the parameters", "tokens": "the training tokens (steps x batch x block)"}.get(s.x, f"{key} itself")
-    out = [f"Scale axis {key} ({how}): sizes {', '.join(map(_fmt_value, sizes))}. Each configuration is compared with "
-           f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in final "
-           f"validation loss (positive: worse than the baseline), and the difference is fitted against log2 of "
-           f"{x} by weighted least squares (weights 1/SE², t interval on the slope)."]
+    x = {"params": "the parameters", "tokens": "the training tokens (steps x batch x block)"}.get(
+        s.x, f"{key} itself"
+    )
+    out = [
+        f"Scale axis {key} ({how}): sizes {', '.join(map(_fmt_value, sizes))}. Each configuration is compared with "
+        f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in final "
+        f"validation loss (positive: worse than the baseline), and the difference is fitted against log2 of "
+        f"{x} by weighted least squares (weights 1/SE², t interval on the slope)."
+    ]
     for size in sizes:
         at = t[t[key].eq(size)]
         best = at[at["vs_best"].eq("best")]
@@ -317,13 +442,21 @@ def scale_verdict(s: Scale) -> list[str]:
         for word, name in (("tied", "tied"), ("worse", "worse")):
             rows = at[at["vs_best"].eq(word)]
             if len(rows):
-                parts.append(f"{name}: " + ", ".join(
-                    f"{r['config']} {r['diff_vs_best']:+.3f} {fmt_ci(r, 'diff_vs_best_ci_low', 'diff_vs_best_ci_high', '+')}"
-                    for _, r in rows.iterrows()))
+                parts.append(
+                    f"{name}: "
+                    + ", ".join(
+                        f"{r['config']} {r['diff_vs_best']:+.3f} {fmt_ci(r, 'diff_vs_best_ci_low', 'diff_vs_best_ci_high', '+')}"
+                        for _, r in rows.iterrows()
+                    )
+                )
         thin = at[at["vs_best"].eq(NEEDS_SEEDS)]
         if len(thin):
-            parts.append("not compared (" + NEEDS_SEEDS + "): " + ", ".join(
-                f"{r['config']} (n={r['n_seeds']})" for _, r in thin.iterrows()))
+            parts.append(
+                "not compared ("
+                + NEEDS_SEEDS
+                + "): "
+                + ", ".join(f"{r['config']} (n={r['n_seeds']})" for _, r in thin.iterrows())
+            )
         if b["n_seeds"] < 2:
             parts.append(f"the best has n={b['n_seeds']}: {NEEDS_SEEDS} to compare anything at this size")
         out.append("; ".join(parts) + ".")
@@ -335,18 +468,27 @@ def scale_verdict(s: Scale) -> list[str]:
         if trend.trend == NEEDS_SIZES:
             out.append(f"{head}: no trend claimed, {NEEDS_SIZES} on both sides.")
             continue
-        slope = (f"slope {trend.slope_per_doubling:+.4f} per doubling of the {_x_words(s)}, 95% CI "
-                 f"[{trend.slope_ci_low:+.4f}, {trend.slope_ci_high:+.4f}] over {trend.sizes_fitted} sizes "
-                 f"({trend.slope_df:.1f} df, variance from the {trend.slope_method.rsplit('from the ', 1)[-1]})")
-        words = {"grows": "the gap grows with size (|gap| moves away from 0)",
-                 "shrinks": "the gap shrinks with size (|gap| moves toward 0)",
-                 "flips sign": (f"the gap changes sign across the sizes (fitted {trend.fitted_first:+.3f} at the "
-                                f"smallest, {trend.fitted_last:+.3f} at the largest)"),
-                 "no trend": "the gap shows no trend (the slope's 95% CI includes 0)"}
+        slope = (
+            f"slope {trend.slope_per_doubling:+.4f} per doubling of the {_x_words(s)}, 95% CI "
+            f"[{trend.slope_ci_low:+.4f}, {trend.slope_ci_high:+.4f}] over {trend.sizes_fitted} sizes "
+            f"({trend.slope_df:.1f} df, variance from the {trend.slope_method.rsplit('from the ', 1)[-1]})"
+        )
+        words = {
+            "grows": "the gap grows with size (|gap| moves away from 0)",
+            "shrinks": "the gap shrinks with size (|gap| moves toward 0)",
+            "flips sign": (
+                f"the gap changes sign across the sizes (fitted {trend.fitted_first:+.3f} at the "
+                f"smallest, {trend.fitted_last:+.3f} at the largest)"
+            ),
+            "no trend": "the gap shows no trend (the slope's 95% CI includes 0)",
+        }
         left = f"; not in the fit: {trend.sizes_not_compared}" if trend.sizes_not_compared else ""
-        bent = (f"; the sizes lie off a straight line in log {_x_words(s)} by more than their seeds explain "
-                f"(χ² p = {trend.lack_of_fit_p:.2g}): the gap moves unevenly, read it size by size"
-                if trend.lack_of_fit_p < 0.05 else "")
+        bent = (
+            f"; the sizes lie off a straight line in log {_x_words(s)} by more than their seeds explain "
+            f"(χ² p = {trend.lack_of_fit_p:.2g}): the gap moves unevenly, read it size by size"
+            if trend.lack_of_fit_p < 0.05
+            else ""
+        )
         out.append(f"{head}: {words[trend.trend]}; {slope}{left}{bent}.")
     tune = s.table["tune_key"].iloc[0]
     if isinstance(tune, str) and tune:
@@ -355,41 +497,78 @@ def scale_verdict(s: Scale) -> list[str]:
             part = t[t["config"].eq(config)]
             values = ", ".join("–" if pd.isna(v) else f"{v:g}" for v in part["best_value"])
             drift = s.trend.set_index("config").at[config, "best_drift_half_decades"]
-            parts.append(f"{config} {values}" + (f" (drift {drift:+.1f} half-decades)" if pd.notna(drift) else ""))
-        out.append(f"Best {tune} per size ({', '.join(map(_fmt_value, sizes))}): {'; '.join(parts)}; the drift is "
-                   f"log10(best at the largest / best at the smallest size) / 0.5, 0 when the best value transfers.")
-        sens = "; ".join(f"{c} " + ", ".join("–" if pd.isna(v) else f"{v:.3f}"
-                                              for v in t.loc[t["config"].eq(c), "lr_sensitivity"]) for c in s.configs)
-        out.append(f"{tune} sensitivity per size (Wortsman et al. 2023, as in the verdict; point values): {sens}.")
+            parts.append(
+                f"{config} {values}" + (f" (drift {drift:+.1f} half-decades)" if pd.notna(drift) else "")
+            )
+        out.append(
+            f"Best {tune} per size ({', '.join(map(_fmt_value, sizes))}): {'; '.join(parts)}; the drift is "
+            f"log10(best at the largest / best at the smallest size) / 0.5, 0 when the best value transfers."
+        )
+        sens = "; ".join(
+            f"{c} "
+            + ", ".join("–" if pd.isna(v) else f"{v:.3f}" for v in t.loc[t["config"].eq(c), "lr_sensitivity"])
+            for c in s.configs
+        )
+        out.append(
+            f"{tune} sensitivity per size (Wortsman et al. 2023, as in the verdict; point values): {sens}."
+        )
     return out
 
 
 def scale_tables(s: Scale) -> tuple[pd.DataFrame, pd.DataFrame]:
     """scale.csv and trend.csv as short strings, for the terminal, Markdown and HTML."""
     t, key = s.table, s.key
+
     def num(value, spec):
         return "–" if pd.isna(value) else format(value, spec)
+
     tune = t["tune_key"].iloc[0]
-    per_size = pd.DataFrame({
-        "configuration": t["config"], _short(key): t[key].map(_fmt_value),
-        "params": t["params"].map(lambda v: num(v, ",.0f")), "tokens": t["tokens"].map(lambda v: num(v, ",.0f")),
-        **({f"best {tune}": t["best_value"].map(lambda v: num(v, "g"))} if isinstance(tune, str) and tune else {}),
-        "final val loss": [f"{m:.3f} (n={n})" if pd.notna(m) else "–" for m, n in zip(t[f"{METRIC}_mean"], t["n_seeds"])],
-        "95% CI": [fmt_ci(r) for _, r in t.iterrows()],
-        "vs best at size": t["vs_best"].fillna("–"),
-        f"vs {s.baseline}": [("baseline" if r["diff_method"] == "baseline" else
-                              f"{r['diff_vs_baseline']:+.3f} " + (fmt_ci(r, "diff_ci_low", "diff_ci_high", "+")
-                                                                  if pd.notna(r["diff_ci_low"]) else NEEDS_SEEDS))
-                             if pd.notna(r["diff_vs_baseline"]) else "–" for _, r in t.iterrows()],
-        "sensitivity": t["lr_sensitivity"].map(lambda v: num(v, ".3f")),
-    })
+    per_size = pd.DataFrame(
+        {
+            "configuration": t["config"],
+            _short(key): t[key].map(_fmt_value),
+            "params": t["params"].map(lambda v: num(v, ",.0f")),
+            "tokens": t["tokens"].map(lambda v: num(v, ",.0f")),
+            **(
+                {f"best {tune}": t["best_value"].map(lambda v: num(v, "g"))}
+                if isinstance(tune, str) and tune
+                else {}
+            ),
+            "final val loss": [
+                f"{m:.3f} (n={n})" if pd.notna(m) else "–" for m, n in zip(t[f"{METRIC}_mean"], t["n_seeds"])
+            ],
+            "95% CI": [fmt_ci(r) for _, r in t.iterrows()],
+            "vs best at size": t["vs_best"].fillna("–"),
+            f"vs {s.baseline}": [
+                (
+                    "baseline"
+                    if r["diff_method"] == "baseline"
+                    else f"{r['diff_vs_baseline']:+.3f} "
+                    + (
+                        fmt_ci(r, "diff_ci_low", "diff_ci_high", "+")
+                        if pd.notna(r["diff_ci_low"])
+                        else NEEDS_SEEDS
+                    )
+                )
+                if pd.notna(r["diff_vs_baseline"])
+                else "–"
+                for _, r in t.iterrows()
+            ],
+            "sensitivity": t["lr_sensitivity"].map(lambda v: num(v, ".3f")),
+        }
+    )
     tr = s.trend
-    trend = pd.DataFrame({
-        "configuration": tr["config"],
-        "slope per doubling": tr["slope_per_doubling"].map(lambda v: num(v, "+.4f")),
-        "95% CI": ["–" if pd.isna(lo) else f"[{lo:+.4f}, {hi:+.4f}]" for lo, hi in zip(tr["slope_ci_low"], tr["slope_ci_high"])],
-        "sizes fitted": [f"{f} of {n}" for f, n in zip(tr["sizes_fitted"], tr["sizes"])],
-        "trend": tr["trend"],
-        "best-value drift (half-decades)": tr["best_drift_half_decades"].map(lambda v: num(v, "+.1f")),
-    })
+    trend = pd.DataFrame(
+        {
+            "configuration": tr["config"],
+            "slope per doubling": tr["slope_per_doubling"].map(lambda v: num(v, "+.4f")),
+            "95% CI": [
+                "–" if pd.isna(lo) else f"[{lo:+.4f}, {hi:+.4f}]"
+                for lo, hi in zip(tr["slope_ci_low"], tr["slope_ci_high"])
+            ],
+            "sizes fitted": [f"{f} of {n}" for f, n in zip(tr["sizes_fitted"], tr["sizes"])],
+            "trend": tr["trend"],
+            "best-value drift (half-decades)": tr["best_drift_half_decades"].map(lambda v: num(v, "+.1f")),
+        }
+    )
     return per_size, trend

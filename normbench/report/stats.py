@@ -49,6 +49,7 @@ class Comparison:
     computes them (paired: n - 1; Welch: Satterthwaite's), NaN without an interval; the scale
     axis's trend fit weighs each size by them (normbench.report.scale).
     """
+
     diff: float
     ci: Interval | None
     p: float
@@ -76,9 +77,16 @@ def _bootstrap(samples: tuple, statistic, paired: bool) -> Interval:
     def run(method):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a degenerate BCa warns and returns NaN: handled below
-            result = stats.bootstrap(samples, statistic, paired=paired, vectorized=True, method=method,
-                                     confidence_level=CONFIDENCE, n_resamples=N_RESAMPLES,
-                                     rng=np.random.default_rng(0))
+            result = stats.bootstrap(
+                samples,
+                statistic,
+                paired=paired,
+                vectorized=True,
+                method=method,
+                confidence_level=CONFIDENCE,
+                n_resamples=N_RESAMPLES,
+                rng=np.random.default_rng(0),
+            )
         return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
     low, high = run("BCa")
@@ -144,11 +152,16 @@ def _compare(a, b) -> Comparison:
         test = stats.ttest_rel(pa, pb)
         if len(d) < MIN_BOOTSTRAP:
             ci = test.confidence_interval(CONFIDENCE)
-            return Comparison(diff, Interval(float(ci.low), float(ci.high), "t"), float(test.pvalue), **paired)
+            return Comparison(
+                diff, Interval(float(ci.low), float(ci.high), "t"), float(test.pvalue), **paired
+            )
         return Comparison(diff, _bootstrap((pa, pb), _mean_diff, paired=True), float(test.pvalue), **paired)
     va, vb = np.var(xa, ddof=1) / len(xa), np.var(xb, ddof=1) / len(xb)
-    welch = dict(paired=False, se=float(math.sqrt(va + vb)),  # Satterthwaite's degrees of freedom
-                 df=float((va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))) if va + vb else math.inf)
+    welch = dict(
+        paired=False,
+        se=float(math.sqrt(va + vb)),  # Satterthwaite's degrees of freedom
+        df=float((va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))) if va + vb else math.inf,
+    )
     if np.ptp(xa) == 0 and np.ptp(xb) == 0:
         return Comparison(diff, Interval(diff, diff, "no spread"), math.nan, **welch)
     test = stats.ttest_ind(xa, xb, equal_var=False)

@@ -12,10 +12,16 @@ import math
 import numpy as np
 import pandas as pd
 
-from normbench.identity import NOT_HASHED
-from normbench.errors import ConfigError
-from normbench.report.load import ALIASES, HIGHER_IS_BETTER, LOGIT_FIELDS, LOSS_FIELDS, SPEED_FIELDS, ReportData
-
+from normbench.core.errors import ConfigError
+from normbench.core.identity import NOT_HASHED
+from normbench.report.load import (
+    ALIASES,
+    HIGHER_IS_BETTER,
+    LOGIT_FIELDS,
+    LOSS_FIELDS,
+    SPEED_FIELDS,
+    ReportData,
+)
 
 # The display names of LOGIT_FIELDS' columns (the mean over runs of each run's peak).
 LOGIT_COLUMNS = ("max attn logit", "max log Z", "max attn logit (raw)", "max log Z (raw)")
@@ -25,15 +31,23 @@ def _is_bookkeeping(key: str) -> bool:
     """Config keys that vary between runs without defining a configuration: seeds, paths, and the
     keys the config hash ignores because they never change a result (train.threads, train.progress)."""
     last = key.rsplit(".", 1)[-1]
-    return (key.startswith("hydra.") or key in NOT_HASHED or last == "seed" or last in ("out", "output")
-            or last.endswith(("dir", "path", "file")))
+    return (
+        key.startswith("hydra.")
+        or key in NOT_HASHED
+        or last == "seed"
+        or last in ("out", "output")
+        or last.endswith(("dir", "path", "file"))
+    )
 
 
 def varying_keys(runs: pd.DataFrame, config_keys: list[str]) -> list[str]:
     """The config keys whose value differs between runs (bookkeeping left out), norm and placement first."""
-    varying = [ALIASES.get(k, k) for k in config_keys
-               if not _is_bookkeeping(k) and runs[k].nunique(dropna=False) > 1]
-    return [k for k in ("norm", "placement") if k in varying] + [k for k in varying if k not in ("norm", "placement")]
+    varying = [
+        ALIASES.get(k, k) for k in config_keys if not _is_bookkeeping(k) and runs[k].nunique(dropna=False) > 1
+    ]
+    return [k for k in ("norm", "placement") if k in varying] + [
+        k for k in varying if k not in ("norm", "placement")
+    ]
 
 
 def default_group_keys(runs: pd.DataFrame, config_keys: list[str]) -> list[str]:
@@ -43,8 +57,14 @@ def default_group_keys(runs: pd.DataFrame, config_keys: list[str]) -> list[str]:
     # group further; keeping them would only clutter every label.
     for short in ("norm", "placement"):
         if short in keys:
-            keys = [k for k in keys if not (k.startswith(short + ".") and
-                                            runs.groupby(short, dropna=False)[k].nunique(dropna=False).max() <= 1)]
+            keys = [
+                k
+                for k in keys
+                if not (
+                    k.startswith(short + ".")
+                    and runs.groupby(short, dropna=False)[k].nunique(dropna=False).max() <= 1
+                )
+            ]
     return keys or ["norm", "placement"]
 
 
@@ -74,8 +94,11 @@ def config_label(keys: list[str], values) -> str:
     values = dict(zip(keys, values))
     head = "/".join(_fmt_value(values[k]) for k in ("norm", "placement") if k in values)
     short = [k.rsplit(".", 1)[-1] for k in keys]
-    rest = [f"{s if short.count(s) == 1 else k}={_fmt_value(values[k])}"
-            for k, s in zip(keys, short) if k not in ("norm", "placement")]
+    rest = [
+        f"{s if short.count(s) == 1 else k}={_fmt_value(values[k])}"
+        for k, s in zip(keys, short)
+        if k not in ("norm", "placement")
+    ]
     return " ".join([head] * bool(head) + rest)
 
 
@@ -87,9 +110,15 @@ def aggregate(runs: pd.DataFrame, keys: list[str], metric: str = "final_val_loss
     them: a diverged run's speed is still a real measurement.
     """
     status = runs["status"]
-    flags = runs.assign(runs=1, completed=status.eq("completed"), diverged=status.eq("diverged"),
-                        failed=status.eq("failed"), leaks_future=runs["leaks_future"].map(
-                            lambda v: bool(v) if isinstance(v, (bool, np.bool_)) else pd.NA))
+    flags = runs.assign(
+        runs=1,
+        completed=status.eq("completed"),
+        diverged=status.eq("diverged"),
+        failed=status.eq("failed"),
+        leaks_future=runs["leaks_future"].map(
+            lambda v: bool(v) if isinstance(v, (bool, np.bool_)) else pd.NA
+        ),
+    )
     groups = flags.groupby(keys, dropna=False, sort=False)
     agg = groups[["runs", "completed", "diverged", "failed"]].sum()
     completed = runs[status.eq("completed")].groupby(keys, dropna=False, sort=False)
@@ -102,17 +131,22 @@ def aggregate(runs: pd.DataFrame, keys: list[str], metric: str = "final_val_loss
     logit_fields = [f for f in LOGIT_FIELDS if f in runs and runs[f].notna().any()]
     if logit_fields:
         agg = agg.join(groups[logit_fields].mean().add_suffix("_mean"))
-    agg["leaks_future"] = groups["leaks_future"].agg(lambda s: bool(s.dropna().any()) if s.notna().any() else pd.NA)
+    agg["leaks_future"] = groups["leaks_future"].agg(
+        lambda s: bool(s.dropna().any()) if s.notna().any() else pd.NA
+    )
     for col in [c for c in agg.columns if c.endswith("_count")]:
         agg[col] = agg[col].fillna(0).astype(int)  # a group whose runs all diverged has no completed losses
     agg = agg.reset_index()
-    agg = agg.sort_values(f"{metric}_mean", ascending=metric not in HIGHER_IS_BETTER, na_position="last", kind="stable")
+    agg = agg.sort_values(
+        f"{metric}_mean", ascending=metric not in HIGHER_IS_BETTER, na_position="last", kind="stable"
+    )
     agg.insert(0, "config", [config_label(keys, v) for v in agg[keys].itertuples(index=False)])
     return agg.reset_index(drop=True)
 
 
 def display_table(agg: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
     """The aggregate as short strings: one formatting for the terminal, Markdown and HTML."""
+
     def pm(row, field):
         mean, std, n = row[f"{field}_mean"], row[f"{field}_std"], row[f"{field}_count"]
         if pd.isna(mean):
@@ -142,7 +176,9 @@ def display_table(agg: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFra
     table["diverged"] = agg["diverged"].astype(str)
     table["failed"] = agg["failed"].astype(str)
     if agg["leaks_future"].notna().any():
-        table["leaks future"] = agg["leaks_future"].map(lambda v: "–" if pd.isna(v) else ("yes" if v else "no"))
+        table["leaks future"] = agg["leaks_future"].map(
+            lambda v: "–" if pd.isna(v) else ("yes" if v else "no")
+        )
     return table
 
 
@@ -175,18 +211,33 @@ def fmt_vs_best(row) -> str:
 def tuned_table(tuned: pd.DataFrame) -> pd.DataFrame:
     """tuned.csv as short strings, for the terminal, Markdown and HTML."""
     key = tuned["tune_key"].iloc[0]
+
     def num(value, spec):
         return "–" if pd.isna(value) else format(value, spec)
-    return pd.DataFrame({
-        "configuration": tuned["config"],
-        f"best {key}": tuned["best_value"].map(lambda v: num(v, "g")),
-        "final val loss": [f"{m:.3f} (n={n})" if pd.notna(m) else "–"
-                           for m, n in zip(tuned["final_val_loss_mean"], tuned["n_seeds"])],
-        "95% CI": [fmt_ci(r) for _, r in tuned.iterrows()],
-        "vs best": [fmt_vs_best(r) for _, r in tuned.iterrows()],
-        "p": tuned["p_value"].map(lambda v: "–" if pd.isna(v) else ("<0.001" if v < 1e-3 else f"{v:.3f}")),
-        "sensitivity": tuned["lr_sensitivity"].map(lambda v: num(v, ".3f")),
-        "values ok/diverged/failed": [f"{c}/{dv}/{f} of {n}" for c, dv, f, n in zip(
-            tuned["values_completed"], tuned["values_diverged"], tuned["values_failed"], tuned["values"])],
-        "diverged at": tuned["diverged_at"].replace("", "–"),
-    })
+
+    return pd.DataFrame(
+        {
+            "configuration": tuned["config"],
+            f"best {key}": tuned["best_value"].map(lambda v: num(v, "g")),
+            "final val loss": [
+                f"{m:.3f} (n={n})" if pd.notna(m) else "–"
+                for m, n in zip(tuned["final_val_loss_mean"], tuned["n_seeds"])
+            ],
+            "95% CI": [fmt_ci(r) for _, r in tuned.iterrows()],
+            "vs best": [fmt_vs_best(r) for _, r in tuned.iterrows()],
+            "p": tuned["p_value"].map(
+                lambda v: "–" if pd.isna(v) else ("<0.001" if v < 1e-3 else f"{v:.3f}")
+            ),
+            "sensitivity": tuned["lr_sensitivity"].map(lambda v: num(v, ".3f")),
+            "values ok/diverged/failed": [
+                f"{c}/{dv}/{f} of {n}"
+                for c, dv, f, n in zip(
+                    tuned["values_completed"],
+                    tuned["values_diverged"],
+                    tuned["values_failed"],
+                    tuned["values"],
+                )
+            ],
+            "diverged at": tuned["diverged_at"].replace("", "–"),
+        }
+    )

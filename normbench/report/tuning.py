@@ -24,14 +24,23 @@ import math
 import numpy as np
 import pandas as pd
 
-from normbench.errors import ConfigError
+from normbench.core.errors import ConfigError
 from normbench.report.load import ReportData
 from normbench.report.stats import NEEDS_SEEDS, compare, mean_ci
 from normbench.report.tables import config_label, default_group_keys, varying_keys
 
 METRIC = "final_val_loss"  # the statistics, the tuning and the sensitivity are all about it
-STAT_COLUMNS = ("ci_low", "ci_high", "ci_method", "diff_vs_best", "diff_ci_low", "diff_ci_high", "p_value",
-                "test", "vs_best")
+STAT_COLUMNS = (
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "diff_vs_best",
+    "diff_ci_low",
+    "diff_ci_high",
+    "p_value",
+    "test",
+    "vs_best",
+)
 
 
 def resolve_tune_key(tune: str | None, d: ReportData) -> str | None:
@@ -42,15 +51,20 @@ def resolve_tune_key(tune: str | None, d: ReportData) -> str | None:
     if tune.strip().lower() == "none":
         return None
     key = tune.strip()
-    numeric = [k for k in default_group_keys(d.runs, d.config_keys)
-               if k in varying and pd.to_numeric(d.runs[k], errors="coerce").notna().all()]
+    numeric = [
+        k
+        for k in default_group_keys(d.runs, d.config_keys)
+        if k in varying and pd.to_numeric(d.runs[k], errors="coerce").notna().all()
+    ]
     allowed = [*numeric, "none"] if numeric else ["none (no numeric config key varies among these runs)"]
     if key not in d.runs:
         raise ConfigError(f"--tune {key}: not a config key of these runs", allowed=allowed)
     if key not in varying:
         raise ConfigError(f"--tune {key}: does not vary among these runs", allowed=allowed)
     if pd.to_numeric(d.runs[key], errors="coerce").isna().any():
-        raise ConfigError(f"--tune {key}: not numeric (tuning picks the best of a numeric grid)", allowed=allowed)
+        raise ConfigError(
+            f"--tune {key}: not numeric (tuning picks the best of a numeric grid)", allowed=allowed
+        )
     return key
 
 
@@ -78,18 +92,27 @@ def compare_with_best(samples: dict) -> pd.DataFrame:
     rows = []
     for label, sample in samples.items():
         ci = mean_ci(_values(sample))
-        row = {"ci_low": ci.low if ci else math.nan, "ci_high": ci.high if ci else math.nan,
-               "ci_method": ci.method if ci else (NEEDS_SEEDS if _values(sample) else "no completed run")}
+        row = {
+            "ci_low": ci.low if ci else math.nan,
+            "ci_high": ci.high if ci else math.nan,
+            "ci_method": ci.method if ci else (NEEDS_SEEDS if _values(sample) else "no completed run"),
+        }
         if label == best:
             row.update(diff_vs_best=0.0, vs_best="best")
         elif not math.isfinite(means[label]) or best is None:
             row.update(vs_best="no completed run")
         else:
             c = compare(sample, samples[best])
-            row.update(diff_vs_best=c.diff, diff_ci_low=c.ci.low if c.ci else math.nan,
-                       diff_ci_high=c.ci.high if c.ci else math.nan, p_value=c.p, test=c.method,
-                       vs_best=NEEDS_SEEDS if c.ci is None else ("tied" if c.tied else
-                                                                 ("worse" if c.ci.low > 0 else "better")))
+            row.update(
+                diff_vs_best=c.diff,
+                diff_ci_low=c.ci.low if c.ci else math.nan,
+                diff_ci_high=c.ci.high if c.ci else math.nan,
+                p_value=c.p,
+                test=c.method,
+                vs_best=NEEDS_SEEDS
+                if c.ci is None
+                else ("tied" if c.tied else ("worse" if c.ci.low > 0 else "better")),
+            )
         rows.append(row)
     return pd.DataFrame(rows, index=list(samples), columns=list(STAT_COLUMNS))
 
@@ -135,19 +158,30 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
         size = status.size()
         at_best = group[group["_value"].eq(best)]
         samples[label] = _by_seed(at_best)
-        rows.append({
-            "config": label, **dict(zip(keys, values)), "tune_key": tune_key, "best_value": best,
-            f"{METRIC}_mean": means.min() if means.notna().any() else math.nan,
-            "n_seeds": len(_values(samples[label])),
-            "loss_init": loss_init, "lr_sensitivity": sensitivity, "grid": _fmt_grid(grid),
-            "values": len(grid), "values_completed": int(all_done.sum()),
-            "values_diverged": int((diverged > 0).sum()), "values_failed": int((failed > 0).sum()),
-            "diverged_at": "; ".join(f"{v:g} ({diverged[v]}/{size[v]})" for v in grid if diverged[v]),
-            "failed_at": "; ".join(f"{v:g} ({failed[v]}/{size[v]})" for v in grid if failed[v]),
-        })
+        rows.append(
+            {
+                "config": label,
+                **dict(zip(keys, values)),
+                "tune_key": tune_key,
+                "best_value": best,
+                f"{METRIC}_mean": means.min() if means.notna().any() else math.nan,
+                "n_seeds": len(_values(samples[label])),
+                "loss_init": loss_init,
+                "lr_sensitivity": sensitivity,
+                "grid": _fmt_grid(grid),
+                "values": len(grid),
+                "values_completed": int(all_done.sum()),
+                "values_diverged": int((diverged > 0).sum()),
+                "values_failed": int((failed > 0).sum()),
+                "diverged_at": "; ".join(f"{v:g} ({diverged[v]}/{size[v]})" for v in grid if diverged[v]),
+                "failed_at": "; ".join(f"{v:g} ({failed[v]}/{size[v]})" for v in grid if failed[v]),
+            }
+        )
     if no_init:
-        warn(f"LR sensitivity left empty for {', '.join(no_init)}: no step-0 evaluation in metrics.jsonl "
-             "(runs from an older normbench)")
+        warn(
+            f"LR sensitivity left empty for {', '.join(no_init)}: no step-0 evaluation in metrics.jsonl "
+            "(runs from an older normbench)"
+        )
     tuned = pd.DataFrame(rows).set_index("config")
     tuned = tuned.join(compare_with_best(samples))
     tuned = tuned.sort_values(f"{METRIC}_mean", na_position="last", kind="stable").reset_index()

@@ -26,8 +26,10 @@ def _p(p: float) -> str:
 
 def _diff(row) -> str:
     """'+0.310 [+0.290, +0.330] (paired by seed, t, p<0.001)'"""
-    return (f"{row['diff_vs_best']:+.3f} {fmt_ci(row, 'diff_ci_low', 'diff_ci_high', '+')} "
-            f"({row['test']}{_p(row['p_value'])})")
+    return (
+        f"{row['diff_vs_best']:+.3f} {fmt_ci(row, 'diff_ci_low', 'diff_ci_high', '+')} "
+        f"({row['test']}{_p(row['p_value'])})"
+    )
 
 
 def _list(items: list[str]) -> str:
@@ -38,8 +40,11 @@ def _configurations(d: ReportData) -> pd.DataFrame:
     """One row per configuration as compared: config, at, mean, n, the interval and vs-best columns."""
     if d.tune:
         t = d.tuned
-        return t.assign(at=[f" at {d.tune}={v:g}" if pd.notna(v) else "" for v in t["best_value"]],
-                        mean=t["final_val_loss_mean"], n=t["n_seeds"])
+        return t.assign(
+            at=[f" at {d.tune}={v:g}" if pd.notna(v) else "" for v in t["best_value"]],
+            mean=t["final_val_loss_mean"],
+            n=t["n_seeds"],
+        )
     a = d.agg
     return a.assign(at="", mean=a["final_val_loss_mean"], n=a["final_val_loss_count"])
 
@@ -48,15 +53,21 @@ def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
     out = []
     n = table["n"]
     seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()} to {n.max()}"
-    out.append(f"{len(d.runs)} runs, {len(table)} configurations, {seeds} completed seed(s) per configuration"
-               + (f" at its best {d.tune}." if d.tune else "."))
+    out.append(
+        f"{len(d.runs)} runs, {len(table)} configurations, {seeds} completed seed(s) per configuration"
+        + (f" at its best {d.tune}." if d.tune else ".")
+    )
     if n.max() < 2:
-        out.append("Evidence too thin: one completed seed per configuration gives no confidence interval, so "
-                   "no configuration is called better, worse or tied; run more seeds (seed=0,1,2).")
+        out.append(
+            "Evidence too thin: one completed seed per configuration gives no confidence interval, so "
+            "no configuration is called better, worse or tied; run more seeds (seed=0,1,2)."
+        )
     lr = pd.to_numeric(d.runs.get("train.lr"), errors="coerce") if "train.lr" in d.runs else None
     if d.tune is None and lr is not None and lr.nunique() == 1:
-        out.append(f"Every run used one learning rate (train.lr={lr.iloc[0]:g}): each configuration is compared "
-                   "there, not at its own best; sweep train.lr (e.g. 1e-3,3e-3,1e-2,3e-2) and the report tunes it.")
+        out.append(
+            f"Every run used one learning rate (train.lr={lr.iloc[0]:g}): each configuration is compared "
+            "there, not at its own best; sweep train.lr (e.g. 1e-3,3e-3,1e-2,3e-2) and the report tunes it."
+        )
     if d.tune:
         edge = []
         for row in d.tuned.itertuples(index=False):
@@ -64,11 +75,15 @@ def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
             if len(grid) >= 2 and pd.notna(row.best_value) and row.best_value in (grid[0], grid[-1]):
                 edge.append(f"{row.config} ({row.best_value:g})")
         if edge:
-            out.append(f"Best {d.tune} at the edge of the grid, so the true best may lie outside it (extend the "
-                       f"grid): {_list(edge)}.")
+            out.append(
+                f"Best {d.tune} at the edge of the grid, so the true best may lie outside it (extend the "
+                f"grid): {_list(edge)}."
+            )
         single = list(d.tuned.loc[d.tuned["values"] < 2, "config"])
         if single:
-            out.append(f"Only one {d.tune} swept, so compared there and not at a tuned best: {_list(single)}.")
+            out.append(
+                f"Only one {d.tune} swept, so compared there and not at a tuned best: {_list(single)}."
+            )
     return out
 
 
@@ -78,11 +93,16 @@ def _comparisons(table: pd.DataFrame) -> list[str]:
     if best.empty:
         return ["No configuration completed a run: nothing to compare."]
     b = best.iloc[0]
-    ci = (f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}" if pd.notna(b["ci_low"])
-          else f"n={b['n']}, {NEEDS_SEEDS} for an interval")
+    ci = (
+        f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}"
+        if pd.notna(b["ci_low"])
+        else f"n={b['n']}, {NEEDS_SEEDS} for an interval"
+    )
     out.append(f"Best: {b['config']}{b['at']}, final validation loss {b['mean']:.3f} ({ci}).")
     tied = [f"{r['config']}{r['at']} {_diff(r)}" for _, r in table[table["vs_best"].eq("tied")].iterrows()]
-    worse = [f"{r['config']}{r['at']} by {_diff(r)}" for _, r in table[table["vs_best"].eq("worse")].iterrows()]
+    worse = [
+        f"{r['config']}{r['at']} by {_diff(r)}" for _, r in table[table["vs_best"].eq("worse")].iterrows()
+    ]
     other = table[~table["vs_best"].isin(["best", "tied", "worse", "no completed run", NEEDS_SEEDS])]
     thin = table[table["vs_best"].eq(NEEDS_SEEDS)]
     none = table[table["vs_best"].eq("no completed run")]
@@ -93,8 +113,13 @@ def _comparisons(table: pd.DataFrame) -> list[str]:
     for _, r in other.iterrows():
         out.append(f"{r['config']}{r['at']}: {r['vs_best']} than the best, {_diff(r)}.")
     if len(thin) and table["n"].max() >= 2:
-        out.append("Not compared (" + NEEDS_SEEDS + " on both sides): "
-                   + _list([f"{r['config']}{r['at']} (n={r['n']})" for _, r in thin.iterrows()]) + ".")
+        out.append(
+            "Not compared ("
+            + NEEDS_SEEDS
+            + " on both sides): "
+            + _list([f"{r['config']}{r['at']} (n={r['n']})" for _, r in thin.iterrows()])
+            + "."
+        )
     if len(none):
         out.append("Nothing completed (every run diverged or failed): " + _list(list(none["config"])) + ".")
     return out
@@ -103,10 +128,18 @@ def _comparisons(table: pd.DataFrame) -> list[str]:
 def _failures(d: ReportData) -> list[str]:
     out = []
     if d.tune:
-        diverged = [f"{r.config} at {d.tune} {r.diverged_at}" for r in d.tuned.itertuples(index=False) if r.diverged_at]
-        failed = [f"{r.config} at {d.tune} {r.failed_at}" for r in d.tuned.itertuples(index=False) if r.failed_at]
+        diverged = [
+            f"{r.config} at {d.tune} {r.diverged_at}"
+            for r in d.tuned.itertuples(index=False)
+            if r.diverged_at
+        ]
+        failed = [
+            f"{r.config} at {d.tune} {r.failed_at}" for r in d.tuned.itertuples(index=False) if r.failed_at
+        ]
     else:
-        diverged = [f"{r.config} ({r.diverged}/{r.runs} runs)" for r in d.agg.itertuples(index=False) if r.diverged]
+        diverged = [
+            f"{r.config} ({r.diverged}/{r.runs} runs)" for r in d.agg.itertuples(index=False) if r.diverged
+        ]
         failed = [f"{r.config} ({r.failed}/{r.runs} runs)" for r in d.agg.itertuples(index=False) if r.failed]
     if diverged:
         out.append(f"Diverged (seeds per value): {_list(diverged)}.")
@@ -125,14 +158,19 @@ def _sensitivity(d: ReportData) -> list[str]:
         return out or [f"{d.tune} sensitivity not computed: the runs have no step-0 evaluation (older runs)."]
     grids = t["grid"].unique()
     values = _list([f"{r.config} {r.lr_sensitivity:.3f}" for r in t.itertuples(index=False)])
-    text = (f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each configuration's "
-            f"best across the grid, a diverged value counting as the loss at init; lower = more robust; "
-            f"a point value, no interval): {values}.")
+    text = (
+        f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each configuration's "
+        f"best across the grid, a diverged value counting as the loss at init; lower = more robust; "
+        f"a point value, no interval): {values}."
+    )
     if len(grids) == 1:
         text += f" Grid: {grids[0]}."
     else:
-        text += (" The configurations were swept over different grids (" + _list(list(grids))
-                 + "): sensitivities on different grids are not comparable.")
+        text += (
+            " The configurations were swept over different grids ("
+            + _list(list(grids))
+            + "): sensitivities on different grids are not comparable."
+        )
     return [text, *out]
 
 
@@ -141,10 +179,14 @@ def _leaks(d: ReportData) -> list[str]:
     if leaking.empty:
         return []
     keys = [k for k in d.keys if k != d.tune]
-    configs = dict.fromkeys(config_label(keys, v) or "all runs" for v in leaking[keys].itertuples(index=False))
-    return [f"Leaks the future in training mode (the norm pools statistics over the batch and the sequence): "
-            f"{_list(list(configs))}; the training loss of these runs is optimistic, their validation loss "
-            f"(eval mode) is not."]
+    configs = dict.fromkeys(
+        config_label(keys, v) or "all runs" for v in leaking[keys].itertuples(index=False)
+    )
+    return [
+        f"Leaks the future in training mode (the norm pools statistics over the batch and the sequence): "
+        f"{_list(list(configs))}; the training loss of these runs is optimistic, their validation loss "
+        f"(eval mode) is not."
+    ]
 
 
 def _throughput(d: ReportData) -> list[str]:
@@ -166,15 +208,23 @@ def _throughput(d: ReportData) -> list[str]:
         else:
             call = "faster in these runs" if c.ci.low > 0 else "slower in these runs"
         parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
-    return [f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference): "
-            f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
-            f"well; normbench bench compares the norms' speed under control. "
-            # the caveat: which norms' implementations are not at their limit (or that it is unknown)
-            f"{implementation_note(d.bench, norms)}".rstrip()]
+    return [
+        f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference): "
+        f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
+        f"well; normbench bench compares the norms' speed under control. "
+        # the caveat: which norms' implementations are not at their limit (or that it is unknown)
+        f"{implementation_note(d.bench, norms)}".rstrip()
+    ]
 
 
 def verdict(d: ReportData) -> list[str]:
     """The report's verdict, one sentence (or a short list) per item."""
     table = _configurations(d)
-    return [*_evidence(d, table), *_comparisons(table), *_failures(d), *_sensitivity(d), *_leaks(d),
-            *_throughput(d)]
+    return [
+        *_evidence(d, table),
+        *_comparisons(table),
+        *_failures(d),
+        *_sensitivity(d),
+        *_leaks(d),
+        *_throughput(d),
+    ]

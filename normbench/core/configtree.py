@@ -1,0 +1,36 @@
+"""Where the Hydra config tree lives and what its groups offer.
+
+Imports nothing heavy (no torch, no Hydra): ``normbench --help`` lists the groups from here
+and must stay fast. ``normbench.training.config`` re-exports both functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+
+def conf_dir() -> Path:
+    """The config tree: packaged into the wheel as normbench/conf, or conf/ beside the package in a checkout."""
+    here = Path(__file__).resolve().parent.parent  # the normbench package
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise RuntimeError(
+        f"normbench's config tree is missing (looked in {here / 'conf'} and {here.parent / 'conf'})"
+    )
+
+
+def group_options(group: str) -> list[str]:
+    """The names a config group offers (its YAML files), for help texts and errors."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def default_option(group: str) -> str:
+    """The option conf/config.yaml's defaults list chooses for ``group`` (``model`` -> ``mini``)."""
+    defaults = yaml.safe_load((conf_dir() / "config.yaml").read_text(encoding="utf-8"))["defaults"]
+    for entry in defaults:
+        if isinstance(entry, dict) and group in entry:
+            return str(entry[group])
+    raise KeyError(f"conf/config.yaml chooses no default for '{group}'")

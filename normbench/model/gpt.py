@@ -1,0 +1,311 @@
+"""The mini GPT: embeddings, a stack of placement blocks, an optional final norm, a tied head.
+
+Built from ``ModelConfig`` plus the norm and placement configs; the norm is chosen
+by name through ``normbench.model.norms.build_norm`` and the block class through
+``normbench.model.placements.placement_class``, so this file never branches on either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normbench.core.errors import ConfigError
+from normbench.model.layers import softcap
+from normbench.model.norms import NORMS, build_norm, norm_options
+from normbench.model.placements import BlockSpec, placement_class, placement_options
+
+
+@dataclass
+class ModelConfig:
+    """The model's sizes and options. No defaults here: conf/model/*.yaml hold them (one place)."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    block_size: int
+    dropout: float
+    bias: bool
+    init: str  # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); xavier: Xavier-uniform, no scaling
+    qk_norm: str  # a norm on q and k per head over head_dim (QK-norm), or none
+    arch: str  # gpt2: learned positions, GELU MLP; llama: rotary embeddings, SwiGLU MLP, no biases
+    attn_softcap: float  # c * tanh(z / c) on the attention logits before the softmax; 0 = off
+    logit_softcap: float  # c * tanh(z / c) on the output logits before the loss; 0 = off
+    param: str  # sp: the standard parametrization; mup: μP for Adam (Tensor Programs V), docs/norms-and-placements.md#μp-width-transfer
+    base_width: int | None  # μP's base width: the d_model at which mup equals sp; needed under mup
+    attn_gate: bool  # sigmoid(x W_g) times each head's attention output, channel by channel (Qiu et al. 2025)
+    qk_norm_scope: (
+        str  # head: QK-norm over head_dim per head; flat: over all heads' channels at once (OLMo 2)
+    )
+    v_norm: str  # a norm on v per head over head_dim, or none
+
+    def validate(self) -> None:
+        for key in ("n_layer", "n_head", "d_model", "block_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} must be a positive integer, got {getattr(self, key)}")
+        if self.d_model % self.n_head:
+            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}",
+                allowed=[f"n_head={h}" for h in divisors[:10]],
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.init not in INITS:
+            raise ConfigError(f"unknown model.init '{self.init}'", allowed=sorted(INITS))
+        if self.arch not in ARCHS:
+            raise ConfigError(f"unknown model.arch '{self.arch}'", allowed=list(ARCHS))
+        if self.arch == "llama" and (self.d_model // self.n_head) % 2:
+            raise ConfigError(
+                f"model.arch=llama rotates pairs of channels: head_dim = d_model / n_head = "
+                f"{self.d_model // self.n_head} must be even"
+            )
+        for key in ("attn_softcap", "logit_softcap"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ConfigError(
+                    f"model.{key} must be a number >= 0 (0 = off), got {value!r}",
+                    allowed=["0.0 (off)", "a cap > 0, e.g. 30.0"],
+                )
+        if self.param not in PARAMS:
+            raise ConfigError(f"unknown model.param '{self.param}'", allowed=list(PARAMS))
+        if self.base_width is not None and (
+            isinstance(self.base_width, bool) or not isinstance(self.base_width, int) or self.base_width < 1
+        ):
+            raise ConfigError(
+                f"model.base_width must be a positive integer (or null), got {self.base_width!r}"
+            )
+        if self.param == "mup" and self.base_width is None:
+            raise ConfigError(
+                "model.param=mup needs model.base_width, the d_model at which μP equals SP",
+                allowed=[f"model.base_width={self.d_model} (this width)", "the narrowest width of a sweep"],
+            )
+        if not isinstance(self.attn_gate, bool):
+            raise ConfigError(
+                f"model.attn_gate must be true or false, got {self.attn_gate!r}", allowed=["false", "true"]
+            )
+        if self.qk_norm_scope not in QK_NORM_SCOPES:
+            raise ConfigError(
+                f"unknown model.qk_norm_scope '{self.qk_norm_scope}'", allowed=list(QK_NORM_SCOPES)
+            )
+        self.qk_norm_factory()  # a refused or unbuildable QK-norm fails here, in the config's words
+        self.v_norm_factory()
+
+    def qk_norm_factory(self):
+        """A zero-argument builder of one QK-norm (over head_dim, or d_model with scope flat; no bias), or None."""
+        dim = self.d_model if self.qk_norm_scope == "flat" else self.d_model // self.n_head
+        return _attn_norm_factory("qk_norm", self.qk_norm, dim, "queries and keys")
+
+    def v_norm_factory(self):
+        """A zero-argument builder of the norm on v (over head_dim, no bias), or None for none."""
+        return _attn_norm_factory("v_norm", self.v_norm, self.d_model // self.n_head, "values")
+
+    def width_mult(self) -> float:
+        """μP's width multiplier m = d_model / base_width; 1 under sp, where nothing is scaled."""
+        return self.d_model / self.base_width if self.param == "mup" else 1.0
+
+
+def _attn_norm_factory(key: str, name: str, dim: int, what: str):
+    """A zero-argument builder of ``model.{key}=name`` over ``dim`` channels without a bias, or None for none."""
+    allowed = ["none", *qk_norms()]
+    if name == "none":
+        return None
+    if name not in NORMS:
+        raise ConfigError(f"unknown model.{key} '{name}'", allowed=allowed)
+    if name not in allowed:
+        kind = (
+            "batch statistics, which mix tokens"
+            if NORMS[name].statistics == "batch"
+            else "no statistics, so it fixes no scale"
+        )
+        raise ConfigError(f"model.{key}={name} cannot normalize {what} ({kind})", allowed=allowed)
+    # No bias, as in ViT-22B and Wortsman et al.: q and k are scaled, not shifted (v alike).
+    options = {"bias": False} if "bias" in norm_options(name) else {}
+    make = functools.partial(build_norm, name, dim, **options)
+    try:
+        make()
+    except ConfigError as err:
+        raise ConfigError(f"model.{key}={name} over {dim} channels: {err}") from None
+    return make
+
+
+# sp: the standard parametrization (the init and LR of model.init and train.lr at every width);
+# mup: μP for Adam, Tensor Programs V (Yang et al. 2022) Table 3 in its output-multiplier form.
+PARAMS = ("sp", "mup")
+
+# gpt2: GPT-2's block (learned position embedding, GELU MLP, biases as model.bias says);
+# llama: LLaMA's (rotary embeddings, SwiGLU MLP, no biases in any linear layer).
+ARCHS = ("gpt2", "llama")
+# head: QK-norm over head_dim, one norm shared by all heads (Qwen3, Gemma 3); flat: over the whole
+# d_model-wide q and k before the split into heads (OLMo 2).
+QK_NORM_SCOPES = ("head", "flat")
+
+
+def qk_norms() -> list[str]:
+    """The norms QK-norm accepts: those normalizing each vector by its own statistics."""
+    return sorted(name for name, cls in NORMS.items() if cls.statistics == "token")
+
+
+def _init_gpt2(module: nn.Module, n_layer: int) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        std = 0.02 / math.sqrt(2 * n_layer) if getattr(module, "residual_proj", False) else 0.02
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def _init_xavier(module: nn.Module, n_layer: int) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.xavier_uniform_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+
+INITS = {"gpt2": _init_gpt2, "xavier": _init_xavier}
+
+
+def hidden_weights(model: nn.Module) -> list[nn.Parameter]:
+    """The matrices with both dimensions growing with width (μP's hidden weights): every parameter of
+    two or more dimensions but the embeddings (the tied head's weight is the token embedding).
+    Weight decay applies to these only; under μP their init std and Adam LR scale with the width."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, norm: dict, placement: dict):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        norm = dict(norm)
+        make_norm = functools.partial(build_norm, norm.pop("name"), cfg.d_model, **norm)
+        make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
+        block_cls = placement_class(placement["name"])
+        options = placement_options(placement)
+        make_qk_norm, make_v_norm = cfg.qk_norm_factory(), cfg.v_norm_factory()
+        self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
+        # llama has no learned positions: rotary embeddings rotate q and k in every attention layer.
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.arch == "gpt2" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(
+            block_cls(
+                BlockSpec(
+                    cfg.d_model,
+                    cfg.n_head,
+                    cfg.dropout,
+                    cfg.bias,
+                    cfg.n_layer,
+                    layer,
+                    cfg.arch,
+                    float(cfg.attn_softcap),
+                    cfg.qk_norm_scope,
+                    cfg.attn_gate,
+                    make_qk_norm=make_qk_norm,
+                    make_v_norm=make_v_norm,
+                ),
+                make_norm,
+                **options,
+            )
+            for layer in range(1, cfg.n_layer + 1)
+        )
+        self.norm_final = make_norm("final") if placement.get("final_norm", True) else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        # What the placement does outside its blocks (nGPT); for the others nothing, and no parameters.
+        self.hooks = block_cls.model_hooks(cfg.d_model, vocab_size)
+        self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017), as in GPT-2
+        self.readout_mult: float | None = None  # μP's output multiplier 1/m on the logits; None under SP
+
+        # Each parameter is initialised once: the head's weight *is* the token embedding, so the
+        # head is skipped and the shared matrix gets the embedding's init (a Linear init would
+        # overwrite it with Xavier-uniform, std ~0.1 instead of 0.02).
+        init = INITS[cfg.init]
+        for module in self.modules():
+            if module is not self.head:
+                init(module, cfg.n_layer)
+        if cfg.param == "mup":
+            if not self.hooks.mup:
+                raise ConfigError(
+                    f"placement={block_cls.placement_name} keeps every weight at unit norm: μP's "
+                    f"width scaling does not apply to it",
+                    allowed=["model.param=sp"],
+                )
+            self._mup(cfg)
+        for block in self.blocks:
+            block.init_weights()
+        self.after_step()  # nGPT's weights start on the unit sphere, as after every step
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Called by the training loop after every optimizer step: nGPT puts the weights back on the
+        unit sphere (normbench.model.placements.Hypersphere); a no-op for every other placement."""
+        self.hooks.after_step(self)
+
+    def _mup(self, cfg: ModelConfig) -> None:
+        """μP on top of the SP model: hidden init, attention and readout scaling (the LR is the optimizer's).
+
+        docs/norms-and-placements.md#μp-width-transfer: gpt2's N(0, 0.02) is width-free, so its hidden
+        matrices get std / sqrt(m) (variance ∝ 1/fan_in, SP's at the base width); Xavier's std already
+        falls as 1/sqrt(fan), as does DeepNorm's own init, applied after this. Embeddings and vectors keep theirs.
+        """
+        m = cfg.width_mult()
+        if cfg.init == "gpt2":
+            with torch.no_grad():
+                for p in hidden_weights(self):
+                    p.mul_(m**-0.5)
+        # 1/head_dim attention, equal to SP's 1/sqrt(head_dim) at the base width (n_head held fixed).
+        head_dim = cfg.d_model // cfg.n_head
+        for block in self.blocks:
+            block.attn.scale = (cfg.base_width / cfg.n_head) ** 0.5 / head_dim
+        self.readout_mult = 1.0 / m
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        x = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
+        x = self.hooks.embedded(self.drop(x))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.hooks(self.head(self.norm_final(x)))
+        if self.readout_mult is not None:
+            logits = logits * self.readout_mult
+        if self.cfg.logit_softcap > 0:  # Gemma 2: the logits squashed into (-cap, cap) before the loss
+            logits = softcap(logits, self.cfg.logit_softcap)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
+def z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """mean over tokens of log(Z)^2, Z = sum_j exp(logits_j) the softmax normaliser, in float32.
+
+    PaLM's auxiliary loss (Chowdhery et al. 2022), Wortsman et al. 2023's fix for output-logit
+    divergence: it keeps log Z near 0 so the logits cannot drift together.
+    """
+    return logits.float().logsumexp(-1).pow(2).mean()
+
+
+@contextlib.contextmanager
+def leaves_no_trace(model: nn.Module):
+    """Run ``model`` for a probe or a trial without lasting effects: BatchNorm's running
+    statistics are restored afterwards and the global RNG (CPU, and the model's GPU) is as before."""
+    buffers = {name: value.clone() for name, value in model.named_buffers()}
+    device = next(model.parameters()).device
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:
+        with torch.no_grad():
+            for name, value in model.named_buffers():
+                value.copy_(buffers[name])

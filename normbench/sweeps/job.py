@@ -1,0 +1,203 @@
+"""The Hydra entry point: one job = one run directory.
+
+``hydra_main`` is the single ``@hydra.main`` function behind both ``normbench train``
+(a single run) and ``normbench sweep`` (Hydra's multirun: every sweeper and launcher
+plugin calls this same function, which is why it lives at module level: joblib and
+submitit pickle it). Each job writes its results into Hydra's output directory.
+Under torchrun every process runs this function; rank 0 alone writes and reports
+(``normbench.cli`` gives the other ranks a throwaway Hydra directory).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.markup import escape
+
+from normbench.core.configtree import conf_dir
+from normbench.core.errors import ConfigError, DiskFull
+from normbench.core.identity import config_hash
+from normbench.core.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
+from normbench.sweeps import composing
+from normbench.training.display import summary_table
+
+# PyTorch (normbench.training.loop and what it needs) is imported when a job runs, not with this module:
+# the multirun's child process launches jobs and never trains (normbench.sweeps.multirun).
+
+
+# Every launcher's worker imports this module to run a job: Hydra's per-job composition goes
+# the fast way there too (normbench.sweeps.composing).
+composing.install()
+
+
+def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
+    """Validate, train and report one configuration into ``run_dir``.
+
+    In a sweep (``multirun``) a job reuses the result its directory already holds for the
+    same config (see ``RunDir.decide``), and a failure of any kind is recorded in the run
+    directory and returned, never raised: one bad run must not stop the others.
+    """
+    from normbench.training import distributed
+
+    console = Console(stderr=True)
+    main = distributed.is_main()
+    lock = RunLock(run_dir)
+    if main and (holder := lock.acquire()):
+        # Another process trains this very run (a second sweep on the same directory, a SLURM
+        # array still running): never two writers in one run directory.
+        console.print(f"running elsewhere: {holder}: {run_dir} (skipped)", soft_wrap=True, highlight=False)
+        if not multirun:
+            sys.exit(2)
+        return None
+    try:
+        return _run_locked(cfg, RunDir(run_dir), multirun, console, lock)
+    except DiskFull as err:  # nothing more can be written: one line, and the run stays resumable
+        return _fail(console, err.advice(), multirun, code=1)
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Console, lock: RunLock
+) -> dict | None:
+    from normbench.training import distributed
+    from normbench.training.config import parse_config
+    from normbench.training.loop import train
+    from normbench.training.preemption import exit_code
+
+    main = distributed.is_main()
+    cfg_hash = config_hash(cfg)
+    if main:
+        decision = run_dir_.decide(
+            cfg_hash,
+            sweep=multirun,
+            retry=os.environ.get(RETRY_ENV) == "1",
+            resume=str(cfg.train.get("resume")),
+        )
+        if decision.action == "reuse":
+            console.print(
+                f"already {decision.result.get('status')} with this config: {run_dir_.path} (skipped)"
+            )
+            return decision.result
+        if decision.action == "refuse":
+            # Refused before anything is written: the other config's run stays resumable as it was.
+            return _fail(console, decision.reason, multirun, code=2)
+        lock.claim()
+        run_dir_.prepare(decision)
+        run_dir_.write_config(cfg)
+    try:
+        run = parse_config(cfg, cfg_hash)
+        if multirun:
+            # The sweep command draws its own progress; parallel jobs share the cores.
+            run.train.progress = False
+            run.train.threads = run.train.threads or job_threads(HydraConfig.get().launcher)
+            run.sweep = Path(HydraConfig.get().sweep.dir).name  # trackers group a sweep's runs by it
+        summary = train(run, run_dir_.path, console=console)
+    except DiskFull:
+        raise  # nothing can be written: run_job says so in one line
+    except ConfigError as err:
+        # Recorded as failed (never completed) so a sweep's index and a report show it.
+        if main:
+            run_dir_.write_failure(f"config error: {err}", f"config error: {err}\n", cfg_hash)
+        # Every rank says so: an error only one rank hits (its GPU, say) must not go unseen.
+        rank = "" if main else f"(rank {distributed.rank()}) "
+        return _fail(console, f"{rank}{escape(str(err))}", multirun, code=2)
+    except Exception as err:
+        # A crash outside the training loop (building the data or the model, say) fails this
+        # run only: the traceback goes to error.log, the terminal gets one line.
+        if main:
+            run_dir_.write_failure(f"{type(err).__name__}: {err}", traceback.format_exc(), cfg_hash)
+        return _fail(
+            console,
+            f"{type(err).__name__}: {err} (traceback in {run_dir_.path / ERROR_LOG})",
+            multirun,
+            code=1,
+            label="run failed",
+        )
+    if summary["status"] == "interrupted":
+        # Stopped by a signal (SLURM's preemption notice, say) after saving a checkpoint: the same
+        # command resumes it. Exiting, in a sweep too, keeps the launcher from starting another job.
+        if main:
+            console.print(
+                f"[yellow]interrupted[/yellow] at step {summary['steps']} by signal {summary['signal']}: "
+                f"checkpoint in {summary['checkpoint']}; the same command resumes it",
+                soft_wrap=True,
+                highlight=False,
+            )
+        sys.exit(exit_code(summary["signal"]))
+    if main:
+        console.print(summary_table(summary))
+    if summary["status"] == "failed":
+        if main:  # the other ranks printed their traceback already
+            console.print(
+                f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / ERROR_LOG})"
+            )
+        if not multirun:
+            sys.exit(1)
+    return summary
+
+
+def _fail(console: Console, message: str, multirun: bool, code: int, label: str = "error") -> None:
+    """One line on the terminal; a single run exits with ``code``, a sweep job returns (the others go on)."""
+    console.print(f"[bold red]{label}:[/bold red] {message}", soft_wrap=True, highlight=False)
+    if not multirun:
+        sys.exit(code)
+    return None
+
+
+def job_threads(launcher: DictConfig | dict | None) -> int:
+    """Torch threads for one job, so parallel jobs don't oversubscribe the cores; 0 = torch's default.
+
+    joblib runs n_jobs jobs at once on this machine: each gets cpus // n_jobs threads
+    (n_jobs=-1 means one job per cpu, -2 all but one, as in joblib). submitit jobs get
+    their cpus_per_task, Ray tasks their ray.remote.num_cpus. The basic launcher runs one
+    job at a time: torch's default. An explicit train.threads always wins (the caller
+    checks that).
+    """
+    from normbench.core.devices import available_cpus, local_parallel_jobs
+
+    launcher = launcher or {}
+    if launcher.get("n_jobs"):
+        return max(1, available_cpus() // local_parallel_jobs(launcher))
+    ray_cpus = ((launcher.get("ray") or {}).get("remote") or {}).get("num_cpus")
+    per_task = launcher.get("cpus_per_task") or ray_cpus
+    return int(per_task) if per_task else 0
+
+
+def warm_worker(launcher: dict) -> int:
+    """Run once in each of a launcher's workers before its first job (``normbench.sweeps.sweep`` starts
+    them while it plans the sweep): the imports and what a process's first run pays once. Returns
+    the worker's pid."""
+    from normbench.training.loop import warm_up
+
+    warm_up(job_threads(launcher))
+    return os.getpid()
+
+
+@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
+def hydra_main(cfg: DictConfig) -> None:
+    from normbench.training import distributed
+
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    if multirun and distributed.launched():
+        Console(stderr=True).print(
+            "[bold red]error:[/bold red] torchrun runs one data-parallel training job, not a sweep (-m): "
+            "sweep with a launcher (one job per GPU, e.g. hydra/launcher=submitit_slurm) or start torchrun "
+            "once per configuration; see the README's 'Scaling out'"
+        )
+        sys.exit(2)
+    try:
+        run_job(cfg, hc.runtime.output_dir, multirun=multirun)
+    finally:
+        distributed.teardown()
+        if multirun:
+            write_index(Path(hc.sweep.dir))

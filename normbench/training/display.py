@@ -1,0 +1,87 @@
+"""What a person sees of one run on the terminal: the progress bar while it trains and the closing table.
+
+Kept apart from the training loop, which only hands them numbers.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+class TrainProgress:
+    """The training bar: steps done, the last window's loss, tokens/s and gradient norm."""
+
+    def __init__(self, console: Console, enabled: bool, total: int, completed: int):
+        self.bar = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"),
+            TextColumn("|g| {task.fields[gnorm]}"),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not enabled,
+            transient=False,
+        )
+        self.task = self.bar.add_task("train", total=total, completed=completed, loss="-", tps="-", gnorm="-")
+
+    def __enter__(self) -> TrainProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, record: dict) -> None:
+        """A train record (normbench.training.loop's log window) moves the bar."""
+        self.bar.update(
+            self.task,
+            completed=record["step"],
+            loss=f"{record['train_loss']:.3f}",
+            tps=f"{record['tokens_per_s']:,.0f}",
+            gnorm=f"{record['grad_norm']:.2f}",
+        )
+
+
+def summary_table(summary: dict) -> Table:
+    """The closing table a person reads after a run."""
+    table = Table(title=f"run {summary['status']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+
+    def fmt(v, spec=".4f"):
+        return "-" if v is None else format(v, spec)
+
+    table.add_row("final val loss", fmt(summary["final_val_loss"]))
+    table.add_row("best val loss", fmt(summary["best_val_loss"]))
+    if summary["floor_loss"] is not None:
+        table.add_row("floor (Bayes-optimal)", fmt(summary["floor_loss"]))
+        if summary["final_val_loss"] is not None:
+            table.add_row("gap to floor", fmt(summary["final_val_loss"] - summary["floor_loss"]))
+    table.add_row("tokens/s", fmt(summary["tokens_per_s"], ",.0f"))
+    table.add_row(
+        "step time p50 / p90",
+        f"{fmt(summary['step_ms_p50'], '.1f')} / {fmt(summary['step_ms_p90'], '.1f')} ms",
+    )
+    if summary["mfu"] is not None:
+        peak = summary.get("peak_flops")
+        unit, scale = ("TFLOP/s", 1e12) if peak and peak >= 1e12 else ("GFLOP/s", 1e9)
+        of = f" of {peak / scale:.3g} {unit}, {summary['peak_flops_source']}" if peak else ""
+        table.add_row("MFU", f"{100 * summary['mfu']:.1f}%{of}")
+    table.add_row("peak memory", f"{fmt(summary['peak_mem_mb'], ',.0f')} MB")
+    table.add_row(
+        "max grad norm / clipped",
+        f"{fmt(summary['max_grad_norm'], '.3g')} / {100 * summary['clip_fraction']:.0f}% of steps",
+    )
+    table.add_row("wall time", f"{summary['wall_s']:.1f} s")
+    table.add_row("parameters", f"{summary['params']:,}")
+    leak = summary["causal_leak"]
+    if leak["train"] is not None:
+        flag = " [red](leaks the future in train mode)[/red]" if summary["leaks_future"] else ""
+        table.add_row("causal leak train / eval", f"{leak['train']:.1e} / {leak['eval']:.1e}{flag}")
+    if summary["error"]:
+        table.add_row("error", summary["error"])
+    return table

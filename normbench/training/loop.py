@@ -1,0 +1,679 @@
+"""The training loop: one run from typed configs to a finished run directory.
+
+``train(run, run_dir)`` builds the dataset, model and optimizer, trains with a
+warm-up + cosine schedule, evaluates in eval mode on fixed validation batches, stops
+on divergence, probes causality and writes ``summary.json``. Losses stay on the
+device and are read back once per ``train.log_every`` steps, so logging costs one
+host sync per window, not one per step. Under torchrun the same loop trains with
+DDP (normbench.training.distributed); rank 0 alone writes the run directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import platform
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from normbench.core.devices import PRECISIONS, resolve_device
+from normbench.core.errors import ConfigError, DiskFull, first_line
+from normbench.core.runs import METRICS, RunDir
+from normbench.data.corpus import build_dataset, forget_other_corpora
+from normbench.model.causality import causal_leak
+from normbench.model.gpt import GPT, hidden_weights, leaves_no_trace, z_loss
+from normbench.training import checkpoint, distributed
+from normbench.training.diagnostics import PEAKS, LayerStats, global_grad_norm
+from normbench.training.display import TrainProgress
+from normbench.training.perf import (
+    PeakMemory,
+    Phases,
+    StepTimer,
+    flops_per_token,
+    free_earlier_runs,
+    peak_flops,
+    remember_run,
+)
+from normbench.training.preemption import StopSignals
+from normbench.training.sinks import MetricSinks
+
+RESUME = ("auto", "never")
+DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's own choice for this process, before any run sets it
+LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
+
+
+@dataclass
+class TrainConfig:
+    """The training loop's settings. No defaults here: conf/train/default.yaml holds them (one place)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    weight_decay: float
+    beta1: float
+    beta2: float
+    grad_clip: float  # 0 turns clipping off
+    eval_every: int
+    eval_batches: int
+    log_every: int
+    stats_every: int  # per-layer statistics at step 0 and every N steps; 0 turns them off
+    peak_flops: (
+        float | None
+    )  # FLOP/s per device for MFU; None: a listed GPU's datasheet peak, else a measured matmul peak
+    precision: str
+    device: str
+    threads: int  # 0 leaves PyTorch's default
+    diverge_threshold: float | None  # default 3 x ln(vocab size)
+    progress: bool
+    compile: bool  # torch.compile the model for training; falls back to eager with a message
+    tf32: bool  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
+    checkpoint_every: int | None  # steps between checkpoints; None: every eval_every; 0 turns them off
+    resume: str  # auto: continue from the run directory's checkpoint of this config; never: start fresh
+    save_model: bool  # keep the final weights as model.pt
+    z_loss: float  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
+
+    def validate(self) -> None:
+        for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}")
+        for key in (
+            "lr",
+            "min_lr",
+            "weight_decay",
+            "grad_clip",
+            "warmup_steps",
+            "threads",
+            "stats_every",
+            "z_loss",
+        ):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        if self.lr == 0:
+            raise ConfigError("train.lr must be > 0")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"train.{key} must be in [0, 1), got {getattr(self, key)}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise ConfigError(
+                f"train.checkpoint_every must be >= 0 (0 turns checkpoints off), got {self.checkpoint_every}"
+            )
+        if self.resume not in RESUME:
+            raise ConfigError(f"unknown train.resume '{self.resume}'", allowed=RESUME)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown train.precision '{self.precision}'", allowed=list(PRECISIONS))
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to lr over warmup_steps, then cosine decay to min_lr at the last step.
+
+    ``step`` counts the updates made before this one (0 to steps - 1), so the last update,
+    step = steps - 1, is the one made at min_lr.
+    """
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps)
+    floor = cfg.min_lr / cfg.lr
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on the hidden matrices only: never on norms, biases or embeddings,
+    nor anywhere under a placement that fixes the weights' norms (nGPT).
+
+    Under ``model.param=mup`` the hidden matrices' LR is train.lr / m (μP for Adam; the group's
+    ``lr_mult``) and their weight decay m x train.weight_decay, so the decay per step, lr x wd, is
+    the base width's (microsoft/mup's MuAdam); the rest keep train.lr. The schedule scales every
+    group's LR by the same factor.
+    """
+    hidden = {id(p) for p in hidden_weights(model)}
+    weight_decay = cfg.weight_decay if model.hooks.weight_decay else 0.0
+    params = list(model.parameters())
+    decay = [p for p in params if id(p) in hidden]
+    no_decay = [p for p in params if id(p) not in hidden]
+    if model.cfg.param == "sp":
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    else:  # the multiplier-1 group first: group 0's LR is the schedule's own, the one the log reports
+        m = model.cfg.width_mult()
+        groups = [
+            {"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0},
+            {"params": decay, "weight_decay": weight_decay * m, "lr_mult": 1.0 / m, "lr": cfg.lr / m},
+        ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
+
+
+def compile_model(step_model: nn.Module, model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast):
+    """torch.compile the training forward, compiled now on one batch so a failure falls back to eager.
+
+    Returns (module to train with, None) or (the eager module, why compiling failed).
+    The trial pass leaves no trace: gradients are dropped, BatchNorm's running statistics
+    restored, and the RNG untouched.
+    """
+    try:
+        compiled = torch.compile(step_model)
+        with leaves_no_trace(model):
+            with autocast:
+                loss = compiled(x, y)[1]
+            loss.backward()
+        return compiled, None
+    except Exception as err:  # no compiler, unsupported platform, an op inductor can't lower
+        return step_model, first_line(err)
+    finally:
+        model.zero_grad(set_to_none=True)
+
+
+@functools.cache
+def git_commit() -> str | None:
+    """The commit of the normbench this process imported (None outside a git checkout)."""
+    try:
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=Path(__file__).parent,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: torch.device) -> dict:
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "device_type": device.type,
+        "threads": torch.get_num_threads(),
+        "git_commit": git_commit(),
+        "hostname": platform.node(),
+    }
+
+
+def warm_up(threads: int) -> None:
+    """Pay now what the first run in a process pays once: its optimizer imports torch._dynamo (over
+    a second on a 2-core machine), MFU's matmul peak is measured (``peak_flops``), the commit read.
+    A sweep's workers do this while the sweep is planned (``normbench.sweeps.job.warm_worker``)."""
+    torch.set_num_threads(threads or DEFAULT_THREADS)
+    torch.optim.AdamW([nn.Parameter(torch.zeros(1))])
+    peak_flops(torch.device("cpu"), PRECISIONS["fp32"])
+    git_commit()
+
+
+class Run:
+    """Everything one run holds while it trains."""
+
+    def __init__(self, run, run_dir: Path):
+        self.cfg, self.tcfg = run, run.train
+        self.dir = RunDir(run_dir)
+        if distributed.is_main():
+            self.dir.path.mkdir(parents=True, exist_ok=True)
+        self.device = distributed.setup(resolve_device(self.tcfg.device))
+        distributed.local_batch_size(self.tcfg.batch_size)  # a batch that does not split evenly fails here
+        if self.tcfg.precision == "fp16" and self.device.type != "cuda":
+            raise ConfigError(
+                "train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)",
+                allowed=["fp32", "bf16"],
+            )
+        # Set every run, both ways: a threads=0 run after a threads=N one in the same process
+        # (the basic launcher, a reused joblib worker) gets PyTorch's default back, not N.
+        torch.set_num_threads(self.tcfg.threads or DEFAULT_THREADS)
+        # Set both ways every run: a launcher may run several runs in one process.
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tcfg.tf32
+        forget_other_corpora(
+            run.data, run.model.block_size
+        )  # an earlier run's corpus is not this run's memory
+        self.memory = PeakMemory(self.device)  # before the data and model exist
+        # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every rank).
+        torch.manual_seed(run.seed + distributed.rank())
+        eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
+        self.data = build_dataset(run.data, run.model.block_size, eval_sequences)
+        self.model = GPT(run.model, self.data.vocab_size, run.norm, run.placement).to(self.device)
+        self.step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
+        self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
+        tcfg = self.tcfg  # the schedule holds the config, not the run: no reference cycle keeps a run alive
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, tcfg))
+        remember_run(self.model, self.optimizer)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tcfg.precision == "fp16")
+        self.autocast = torch.autocast(
+            self.device.type, dtype=PRECISIONS[self.tcfg.precision], enabled=self.tcfg.precision != "fp32"
+        )
+        self.batch_gen = torch.Generator().manual_seed(run.seed)
+        self.val = [
+            (x.to(self.device), y.to(self.device))
+            for x, y in self.data.val_batches(self.tcfg.eval_batches, self.tcfg.batch_size)
+        ]
+        self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
+        self.compile_error = None
+        self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
+        if self.tcfg.compile:
+            self.step_model, self.compile_error = compile_model(
+                self.step_model, self.model, *self.val[0], self.autocast
+            )
+
+    def train_step(self, stats: LayerStats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One update; returns (loss, global grad norm before clipping), both still on the device."""
+        x, y = self.data.train_batch(self.tcfg.batch_size, self.batch_gen)  # the global batch, on every rank
+        x, y = distributed.shard(x), distributed.shard(y)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if stats:
+            stats.begin()
+        with self.autocast:
+            logits, loss = self.step_model(x, y)
+        # train_loss stays the cross-entropy; the z term is kept apart for its own log entry.
+        z_term = self.tcfg.z_loss * z_loss(logits) if self.tcfg.z_loss else None
+        self.scaler.scale(loss if z_term is None else loss + z_term).backward()
+        self.z_term = None if z_term is None else z_term.detach()
+        self.scaler.unscale_(self.optimizer)  # true gradients for clipping and statistics
+        if stats:
+            stats.after_backward()
+        params = self.model.parameters()
+        if self.tcfg.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.tcfg.grad_clip)
+        else:
+            grad_norm = global_grad_norm(params)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.model.after_step()
+        if stats:
+            stats.after_update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return loss.detach(), grad_norm.detach()
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Validation loss, always in eval mode (BatchNorm's running stats, no dropout)."""
+        self.model.eval()
+        losses = []
+        for x, y in self.val:
+            with self.autocast:
+                losses.append(self.model(x, y)[1].float())
+        self.model.train()
+        return float(torch.stack(losses).mean())
+
+    def probe(self) -> dict:
+        tokens = self.val[0][0][:4]
+        return {
+            mode: causal_leak(self.model, tokens, self.data.vocab_size, mode == "train")
+            for mode in ("train", "eval")
+        }
+
+    def checkpoint_state(self) -> dict:
+        """Model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG streams, for a checkpoint.
+        A collective under torchrun: every rank's dropout RNG is gathered."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "batch_gen": self.batch_gen.get_state(),
+            "rng": distributed.gather(checkpoint.rng_state(self.device)),
+        }
+
+    def restore(self, saved: dict, console: Console) -> None:
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.scaler.load_state_dict(saved["scaler"])
+        self.batch_gen.set_state(saved["batch_gen"])
+        rngs, rank = saved["rng"], distributed.rank()
+        if len(rngs) != distributed.world_size() and distributed.is_main():
+            console.print(
+                f"[yellow]resuming with {distributed.world_size()} processes a checkpoint of {len(rngs)}: "
+                "dropout draws differ from an uninterrupted run[/yellow]"
+            )
+        if rank < len(rngs):
+            checkpoint.set_rng_state(rngs[rank], self.device)
+        else:
+            torch.manual_seed(self.cfg.seed + rank + 7919 * saved["step"])
+
+
+class Loop:
+    """Where training stands besides the model and optimizer, and the cadence of each component.
+
+    Each component's method decides for itself whether this step is its turn: the
+    statistics (``train.stats_every``), the log window (``train.log_every``: the one host
+    sync), evaluation (``train.eval_every`` and the last step) and checkpoints
+    (``train.checkpoint_every``). A checkpoint keeps this object's history, so a resumed
+    run's summary covers the whole run.
+    """
+
+    def __init__(self, state: Run, console: Console, started: float, phases: Phases):
+        self.state, self.tcfg, self.console = state, state.tcfg, console
+        self.started = started  # this process's start of the run, set-up included
+        self.phases = phases
+        self.main = distributed.is_main()
+        self.stats = LayerStats(state.model) if self.tcfg.stats_every else None
+        self.timer = StepTimer(warmup_steps=min(self.tcfg.log_every, self.tcfg.steps // 5))
+        self.tokens_per_step = self.tcfg.batch_size * state.cfg.model.block_size
+        self.val_losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.pending: list[
+            tuple[torch.Tensor, ...]
+        ] = []  # this log window's (loss, grad norm[, z]), on the device
+        self.earlier_s, self.resumed_at = (
+            0.0,
+            [],
+        )  # wall time and resume steps of the processes before this one
+        self.start = 0
+        saved = self.resume()
+        self.saved_step = self.start or None  # the step the newest checkpoint on disk resumes at
+        self.sinks = MetricSinks(
+            state.dir.path,
+            state.cfg,
+            enabled=self.main,
+            config_hash=state.cfg.config_hash,
+            resume_at=(saved["metrics_bytes"], saved["step"]) if saved else None,
+        )
+
+    # ------------------------------------------------------------------------- resuming and checkpoints
+
+    def resume(self) -> dict | None:
+        """Continue from the run directory's checkpoint when ``RunDir.decide`` says so and it is sound.
+
+        Rank 0 reads the run directory and hands what it found to the other ranks. A damaged
+        checkpoint, or a metrics.jsonl shorter than the checkpoint says, means a fresh start
+        with a warning; a checkpoint of another config is refused (never mixed into this run).
+        """
+        state, saved = self.state, None
+        if self.main:
+            decision = state.dir.decide(state.cfg.config_hash, resume=self.tcfg.resume)
+            if decision.action == "refuse":
+                raise ConfigError(decision.reason)
+            if decision.action == "resume":
+                saved = checkpoint.load(state.dir.path, self.warn)
+            if saved is not None and saved["config_hash"] != state.cfg.config_hash:
+                raise ConfigError(
+                    f"{state.dir.path}: the checkpoint of step {saved['step']} is of another config"
+                )
+            metrics = state.dir.path / METRICS
+            have = metrics.stat().st_size if metrics.exists() else 0
+            if saved is not None and have < saved["metrics_bytes"]:
+                self.warn(
+                    f"{metrics} is shorter ({have} bytes) than at the checkpoint of step {saved['step']} "
+                    f"({saved['metrics_bytes']} bytes); starting afresh"
+                )
+                saved = None
+            if saved is None:
+                state.dir.remove_checkpoints()
+        saved = distributed.broadcast(saved)
+        if saved is not None:
+            state.restore(saved, self.console)
+            loop = saved["loop"]
+            self.start = saved["step"]
+            self.val_losses, self.grad_norms, self.timer.times = (
+                loop["val_losses"],
+                loop["grad_norms"],
+                loop["step_times"],
+            )
+            self.pending = [tuple(row.to(state.device)) for row in loop["pending"]]
+            if self.stats is not None:  # the logit peaks seen before the interruption still count
+                self.stats.peaks.update(
+                    {k: v for k, v in loop.get("peaks", {}).items() if k in self.stats.peaks}
+                )
+            self.earlier_s, self.resumed_at = loop["wall_s"], [*loop["resumed_at"], self.start]
+            for phase, seconds in loop.get("time_s", {}).items():
+                self.phases.seconds[phase] = self.phases.seconds.get(phase, 0.0) + seconds
+            if self.main:
+                self.console.print(
+                    f"resuming at step {self.start} from the checkpoint in {state.dir.path}", highlight=False
+                )
+        return saved
+
+    def warn(self, message: str) -> None:
+        self.console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True, highlight=False)
+
+    def wall_s(self) -> float:
+        return self.earlier_s + time.perf_counter() - self.started
+
+    def checkpoint(self, done: int, now: bool = False) -> None:
+        """A checkpoint after ``done`` updates when one is due (or ``now``: a stop signal came)."""
+        every = self.tcfg.eval_every if self.tcfg.checkpoint_every is None else self.tcfg.checkpoint_every
+        if not (now or (every and done > self.start and done % every == 0)):
+            return
+        with self.phases("checkpoints"):
+            self._save_checkpoint(done)
+        self.timer.resume()
+
+    def _save_checkpoint(self, done: int) -> None:
+        loop = {
+            "val_losses": self.val_losses,
+            "grad_norms": self.grad_norms,
+            "step_times": self.timer.times,
+            "pending": torch.stack([torch.stack(p) for p in self.pending])
+            if self.pending
+            else torch.empty(0, 2),
+            "wall_s": self.wall_s(),
+            "resumed_at": self.resumed_at,
+            "peaks": dict(self.stats.peaks) if self.stats is not None else {},
+            "time_s": dict(self.phases.seconds),
+        }
+        saved = {
+            **self.state.checkpoint_state(),
+            "step": done,
+            "config_hash": self.state.cfg.config_hash,
+            "metrics_bytes": self.sinks.position(),
+            "loop": loop,
+        }
+        if self.main:
+            try:
+                checkpoint.save(self.state.dir.path, saved)
+                self.saved_step = done
+            except (OSError, DiskFull) as err:  # a full disk costs the checkpoint, not the run
+                self.warn(f"checkpoint at step {done} not written: {err}")
+
+    # ------------------------------------------------------------------------- the step and its cadences
+
+    def step(self, step: int) -> None:
+        """Update ``step`` (1-based), with per-layer statistics when they are due."""
+        # The gradients of update `step` are taken after step - 1 updates: that is their label.
+        collect = self.stats is not None and (step - 1) % self.tcfg.stats_every == 0
+        self.lr = self.state.scheduler.get_last_lr()[0]
+        with self.phases("steps"):
+            loss, grad_norm = self.state.train_step(self.stats if collect else None)
+        if collect:
+            with self.phases("statistics"):
+                self.sinks.log(self.stats.record(step - 1, grad_norm, self.tcfg.grad_clip))
+        z_term = self.state.z_term
+        self.pending.append((loss, grad_norm) if z_term is None else (loss, grad_norm, z_term))
+        self.timer.tick()
+
+    def log_window(self, step: int) -> dict | None:
+        """At the end of a log window: its train record, logged (else None). The one host sync of the
+        window, and the one all-reduce: every rank sees the same losses."""
+        if step % self.tcfg.log_every and step != self.tcfg.steps:
+            return None
+        with self.phases("logging"):
+            return self._log_window(step)
+
+    def _log_window(self, step: int) -> dict:
+        window = distributed.all_mean(torch.stack([torch.stack(p) for p in self.pending]).float())
+        losses, norms, *z_terms = window.T.tolist()
+        self.grad_norms += norms
+        window_s = sum(self.timer.times[-len(self.pending) :])
+        record = {
+            "kind": "train",
+            "step": step,
+            "train_loss": sum(losses) / len(losses),
+            "lr": self.lr,
+            "grad_norm": norms[-1],
+            "tokens_per_s": len(self.pending) * self.tokens_per_step / window_s,
+            "step_ms": 1000 * window_s / len(self.pending),
+            "tokens": step * self.tokens_per_step,
+            **({"z_loss": sum(z_terms[0]) / len(z_terms[0])} if z_terms else {}),
+        }
+        self.sinks.log(record)
+        self.pending = []
+        self.diverged = not all(math.isfinite(v) and v < self.state.threshold for v in losses)
+        return record
+
+    def evaluate(self, step: int, due: bool = True) -> None:
+        """Validation loss at step 0, every ``eval_every`` steps and at the last step."""
+        if due or step % self.tcfg.eval_every == 0 or step == self.tcfg.steps:
+            with self.phases("eval"):
+                self.val_losses.append(self.state.evaluate())
+            self.sinks.log({"kind": "eval", "step": step, "val_loss": self.val_losses[-1]})
+            self.timer.resume()
+
+
+def train(run, run_dir: Path, console: Console | None = None) -> dict:
+    """Train one configuration; return (and write) its summary. Raises ConfigError on bad input."""
+    console = console or Console(stderr=True)
+    started, phases = time.perf_counter(), Phases()
+    with phases("setup"):
+        free_earlier_runs()  # before anything of this run exists
+        state = Run(run, run_dir)
+        if state.compile_error:
+            console.print(
+                f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]",
+                soft_wrap=True,
+            )
+        loop = Loop(state, console, started, phases)
+    tcfg, status, error, step = state.tcfg, "completed", None, loop.start
+    try:
+        if loop.start == 0:
+            loop.evaluate(0)
+        loop.timer.resume()
+        with (
+            TrainProgress(console, tcfg.progress and loop.main, tcfg.steps, loop.start) as bar,
+            StopSignals() as stop,
+        ):
+            for step in range(loop.start + 1, tcfg.steps + 1):
+                # The end of step - 1: checkpoint when due, or when a stop signal came (SLURM preemption).
+                if stop.requested(step - 1, tcfg.log_every, state.device):
+                    loop.checkpoint(step - 1, now=True)
+                    status, step = "interrupted", step - 1
+                    break
+                loop.checkpoint(step - 1)
+                loop.step(step)
+                record = loop.log_window(step)
+                if record is None:
+                    continue
+                bar.update(record)
+                if loop.diverged:
+                    status = "diverged"
+                    break
+                loop.evaluate(step, due=False)
+                loop.sinks.flush()  # trackers send the window's records in one call
+    except KeyboardInterrupt:
+        loop.sinks.abort()
+        raise
+    except DiskFull as err:  # the run stops where it is, resumable: nothing more can be written
+        loop.sinks.abort()
+        err.resume_step = loop.saved_step
+        raise
+    except Exception as err:  # a crash is recorded as a failed run, never as a completed one
+        status, error = "failed", f"{type(err).__name__}: {err}"
+        if loop.main:
+            state.dir.write_error(traceback.format_exc())
+        else:
+            console.print(traceback.format_exc(), markup=False, highlight=False)
+    finally:
+        loop.sinks.close()
+    if status == "interrupted":
+        return interrupted(loop, stop, step)
+    with phases("probe"):
+        leak = state.probe() if status != "failed" else {"train": None, "eval": None}
+    with phases("finish"):
+        summary = run_summary(loop, status, error, step, leak)
+    return save_result(loop, summary)
+
+
+def save_result(loop: Loop, summary: dict) -> dict:
+    """The final weights, the trackers' summaries, then summary.json: the run is a result from here.
+    A full disk on the way leaves the run resumable from its last checkpoint."""
+    state, tcfg = loop.state, loop.tcfg
+    if loop.main:
+        try:
+            if tcfg.save_model and summary["status"] != "failed":
+                checkpoint.save_weights(state.dir.path, state.model)
+            with loop.phases("finish"):
+                summary = loop.sinks.finish(
+                    summary
+                )  # before summary.json: a tracker that fails fails the run
+            summary["time_s"] = loop.phases.seconds
+            state.dir.write_summary(summary)
+        except DiskFull as err:
+            err.resume_step = loop.saved_step
+            raise
+        state.dir.remove_checkpoints()  # the summary is the result now
+    else:
+        summary["time_s"] = loop.phases.seconds
+    return summary
+
+
+def interrupted(loop: Loop, stop: StopSignals, step: int) -> dict:
+    """Stopped by a signal after its checkpoint: end the trackers' runs and pass the signal on."""
+    loop.sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
+    try:
+        stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
+    except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
+        loop.console.print(f"[yellow]not requeued[/yellow]: {err}", highlight=False)
+    return {
+        "status": "interrupted",
+        "steps": step,
+        "signal": stop.received,
+        "checkpoint": str(loop.state.dir.path / checkpoint.CHECKPOINT),
+    }
+
+
+def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dict) -> dict:
+    """summary.json's content: results, speed, memory, diagnostics, the causality probe and the environment."""
+    state, tcfg = loop.state, loop.tcfg
+    finite_vals = [v for v in loop.val_losses if math.isfinite(v)]
+    finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]
+    speed = loop.timer.summary(loop.tokens_per_step)
+    model_flops = flops_per_token(state.model)
+    mfu = peak = peak_source = None
+    if speed["tokens_per_s"]:
+        peak, peak_source = peak_flops(state.device, PRECISIONS[tcfg.precision], tcfg.peak_flops)
+        # tokens_per_s counts the global batch, which every rank's device shares.
+        mfu = model_flops * speed["tokens_per_s"] / (peak * distributed.world_size())
+    grad_norms = loop.grad_norms
+    return {
+        "status": status,
+        "error": error,
+        "final_val_loss": loop.val_losses[-1] if status == "completed" else None,
+        "best_val_loss": min(finite_vals) if finite_vals else None,
+        "floor_loss": state.data.floor_loss,
+        **speed,
+        **state.memory.summary(),  # peak_mem_mb: this run's peak; peak_mem_kind says what it measures
+        "mfu": mfu,
+        "flops_per_token": model_flops,
+        "peak_flops": peak,  # per device
+        "peak_flops_source": peak_source,
+        "max_grad_norm": max(finite_norms) if finite_norms else None,
+        **(
+            loop.stats.peaks if loop.stats else dict.fromkeys(PEAKS)
+        ),  # max_attn_logit, max_log_z over the statistics steps
+        "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms))
+        if grad_norms and tcfg.grad_clip > 0
+        else 0.0,
+        "wall_s": loop.wall_s(),
+        "resumed_at": loop.resumed_at,
+        "steps": step,
+        "params": state.model.num_params(),
+        "vocab_size": state.data.vocab_size,
+        "world_size": distributed.world_size(),
+        "sync_batchnorm": distributed.batchnorm_sync(state.model),
+        "causal_leak": leak,
+        "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
+        "compiled": bool(tcfg.compile and state.compile_error is None),
+        "config_hash": state.cfg.config_hash,
+        "env": environment(state.device),
+    }
