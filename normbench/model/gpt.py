@@ -20,6 +20,7 @@ from normbench.core.errors import ConfigError
 from normbench.model.layers import ARCHS, Arch, AttentionNorms, softcap
 from normbench.model.norms import NORMS, build_norm, norm_options
 from normbench.model.placements import BlockSpec, placement_class, placement_options
+from normbench.model.targets import is_builtin
 
 
 @dataclass
@@ -195,7 +196,7 @@ class GPT(nn.Module):
         norm = dict(norm)
         make_norm = functools.partial(build_norm, norm.pop("name"), cfg.d_model, **norm)
         make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
-        block_cls = placement_class(placement["name"])
+        block_cls = placement_class(placement["name"], placement.get("_target_"))
         options = placement_options(placement)
         attention_norms = cfg.attention_norms()
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
@@ -231,6 +232,20 @@ class GPT(nn.Module):
         for block in self.blocks:
             block.init_weights()
         self.after_step()  # nGPT's weights start on the unit sphere, as after every step
+        if not is_builtin(block_cls):
+            self._check_residual_shape(block_cls.placement_name)
+
+    def _check_residual_shape(self, name: str) -> None:
+        """A user's block must give the residual stream back in its shape: said now, in the config's words."""
+        x = torch.zeros(1, 2, self.cfg.d_model)
+        with leaves_no_trace(self), torch.no_grad():
+            y = self.blocks[0](x)
+        if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+            got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            raise ConfigError(
+                f"placement '{name}' turns the residual stream {tuple(x.shape)} into {got}: "
+                f"a block must return a tensor of its input's shape"
+            )
 
     @torch.no_grad()
     def after_step(self) -> None:

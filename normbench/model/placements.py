@@ -27,12 +27,21 @@ from torch import nn
 
 from normbench.core.errors import ConfigError
 from normbench.model.layers import AttentionNorms, CausalSelfAttention, SwiGLU
+from normbench.model.targets import dotted, import_target, refuse_builtin_name
 
 PLACEMENTS: dict[str, type[Block]] = {}
 
 
 def register_placement(name: str):
+    """Class decorator: make a ``Block`` subclass available as ``placement=name``."""
+
     def add(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Block)):
+            raise ConfigError(
+                f"placement '{name}': {cls!r} is not a subclass of normbench.Block",
+                allowed=["class MyBlock(normbench.Block): ..."],
+            )
+        refuse_builtin_name(PLACEMENTS, "placement", name, cls)
         PLACEMENTS[name] = cls
         cls.placement_name = name
         return cls
@@ -40,18 +49,28 @@ def register_placement(name: str):
     return add
 
 
-def placement_class(name: str) -> type[Block]:
+def placement_class(name: str, target: str | None = None) -> type[Block]:
+    """The block class of ``placement=name``; a config's ``_target_`` (a user's class) is imported
+    and registered."""
+    if target is not None and (
+        name not in PLACEMENTS or dotted(PLACEMENTS[name]) != target.replace(":", ".")
+    ):
+        register_placement(name)(import_target(target, "placement", name))
     if name not in PLACEMENTS:
         raise ConfigError(f"unknown placement '{name}'", allowed=sorted(PLACEMENTS))
     return PLACEMENTS[name]
 
 
+# Keys of a placement config that are not its block's options.
+NOT_OPTIONS = ("name", "final_norm", "_target_")
+
+
 def placement_options(placement: dict) -> dict:
-    """The placement config's block options (all but name and final_norm), checked against its class."""
-    cls = placement_class(placement.get("name"))
+    """The placement config's block options (all but NOT_OPTIONS), checked against its class."""
+    cls = placement_class(placement.get("name"), placement.get("_target_"))
     params = inspect.signature(cls.__init__).parameters
     allowed = [p.name for p in params.values() if p.kind is p.KEYWORD_ONLY]
-    options = {k: v for k, v in placement.items() if k not in ("name", "final_norm")}
+    options = {k: v for k, v in placement.items() if k not in NOT_OPTIONS}
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(
