@@ -302,6 +302,9 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Print the lines as JSON, for scripts."),
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Include the torch.compile line."),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="Include the timing line."),
+    steps: int | None = typer.Option(
+        None, "--steps", help="Steps of the model=micro run that must learn. Default: 40."
+    ),
 ) -> None:
     from rich.console import Console
 
@@ -311,11 +314,12 @@ def check(
     flags = [a for a in ctx.args if a.startswith("-")]
     if flags:
         _fail(
-            f"unknown option {flags[0]}: check takes --config-dir, --json, --no-compile, --no-speed "
-            "and KEY=VALUE"
+            f"unknown option {flags[0]}: check takes --config-dir, --json, --no-compile, --no-speed, "
+            "--steps and KEY=VALUE"
         )
     try:
-        result = conformance.run_check(_user_configs(ctx.args, config_dir), compile=compile, speed=speed)
+        overrides = _user_configs(ctx.args, config_dir)
+        result = conformance.run_check(overrides, compile=compile, speed=speed, steps=steps)
     except ConfigError as err:
         _fail(err)
     if as_json:

@@ -86,7 +86,7 @@ def norm_lines(name: str, options: dict, dim: int) -> list[Line]:
         exact = copy.deepcopy(norm).double()(x.double())
         err = (norm(x).double() - exact).abs().max().item()
         rounding = (exact.to(torch.bfloat16).double() - exact).abs().max().item()
-    ok = err <= 4 * rounding + 1e-6
+    ok = err <= 2 * rounding * (1 + 1e-3)  # a float32 result can round to the neighbouring bf16 value
     lines.append(
         Line("float32 statistics under bf16", f"max error {err:.2g} vs rounding {rounding:.2g}", ok, False)
     )
@@ -197,8 +197,9 @@ def learn_line(overrides: list[str], steps: int) -> Line:
     return Line("a model=micro run learns", figure, ok, True)
 
 
-def run_check(overrides: list[str], *, compile: bool = True, speed: bool = True, steps: int = LEARN_STEPS):
-    """The conformance table for the norm and placement these overrides choose."""
+def run_check(overrides: list[str], *, compile: bool = True, speed: bool = True, steps: int | None = None):
+    """The conformance table for the norm and placement these overrides choose; ``steps`` of the
+    learning run (LEARN_STEPS by default)."""
     cfg = compose(overrides)
     run = parse_config(cfg)
     norm = dict(run.norm)
@@ -212,7 +213,7 @@ def run_check(overrides: list[str], *, compile: bool = True, speed: bool = True,
         lines.append(compile_line(probe, _norm_input(run.model.d_model)))
     if speed and name != "none":
         lines.append(speed_line(name))
-    lines.append(learn_line(overrides, steps))
+    lines.append(learn_line(overrides, steps or LEARN_STEPS))
     return {"norm": run.norm, "placement": run.placement, "lines": lines}
 
 
