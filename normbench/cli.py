@@ -119,6 +119,7 @@ def sweep(
     ),
 ) -> None:
     from normbench.core.errors import ConfigError
+    from normbench.model import extensions
     from normbench.sweeps import multirun
 
     flags = [a for a in ctx.args if a.startswith("-")]
@@ -129,6 +130,7 @@ def sweep(
         )
     # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
     child = None if dry_run else multirun.start(ctx.args)
+    extensions.install()  # installed packages' norms and placements, for the plan's composition
     from normbench.sweeps.sweep import run_sweep
 
     try:
@@ -265,11 +267,8 @@ def coordcheck(
         _fail(err)
 
 
-def _user_configs(args: list[str], config_dir: Path | None) -> list[str]:
-    """Installed packages' norms and placements registered, and --config-dir as Hydra's search path."""
-    from normbench.model import extensions
-
-    extensions.install()
+def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
+    """--config-dir as Hydra's search path: the user's conf/norm/*.yaml beside normbench's."""
     if config_dir is None:
         return list(args)
     if not config_dir.is_dir():
@@ -318,7 +317,7 @@ def check(
             "--steps and KEY=VALUE"
         )
     try:
-        overrides = _user_configs(ctx.args, config_dir)
+        overrides = _with_config_dir(ctx.args, config_dir)
         result = conformance.run_check(overrides, compile=compile, speed=speed, steps=steps)
     except ConfigError as err:
         _fail(err)
