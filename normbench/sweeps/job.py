@@ -138,7 +138,8 @@ def _run_locked(
     if summary["status"] == "failed":
         if main:  # the other ranks printed their traceback already
             console.print(
-                f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / ERROR_LOG})"
+                f"[bold red]run failed:[/bold red] {summary['error']} (traceback in "
+                f"{run_dir_.path / ERROR_LOG})"
             )
         if not multirun:
             sys.exit(1)
