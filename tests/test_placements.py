@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from conftest import build, randomize_norms
 
+from normbench.core.errors import ConfigError
 from normbench.model.gpt import GPT
 from normbench.model.placements import PLACEMENTS
 from normbench.training.config import load_group
@@ -246,7 +247,6 @@ def test_ngpt_in_bf16_is_within_tolerance_of_fp32(arch):
 
 
 def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
-    from normbench.core.errors import ConfigError
     from normbench.model.placements import placement_options
 
     cfg = load_group("model", "tiny", arch="llama", n_layer=2)
@@ -264,6 +264,15 @@ def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
         ConfigError, match=r"placement=ngpt keeps every weight at unit norm.*allowed: model.param=sp"
     ):
         GPT(load_group("model", "tiny", param="mup", base_width=32), 16, {"name": "ln"}, {"name": "ngpt"})
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_ngpt_refuses_the_attention_gate_rather_than_keep_a_matrix_off_the_sphere(arch):
+    with pytest.raises(
+        ConfigError,
+        match=r"^placement=ngpt keeps every matrix on the unit sphere, .*; allowed: model.attn_gate=false$",
+    ):
+        GPT(load_group("model", "tiny", arch=arch, attn_gate=True), 16, {"name": "ln"}, {"name": "ngpt"})
 
 
 def test_other_placements_have_no_model_hooks():
