@@ -169,6 +169,17 @@ def test_ngpt_matches_the_papers_formulas_by_hand():
     torch.testing.assert_close(model(idx)[0], s_z * (h @ model.tok_emb.weight.T))  # tied head, no final norm
 
 
+def test_ngpt_gelu_mlp_scales_its_hidden_pre_activations_by_s_v_sqrt_d_model():
+    """model.arch=gpt2: GELU's input is s_v * sqrt(d_model) * (W_fc h + b), s_v learned (init 1)."""
+    block = ngpt_model("gpt2").double().eval().blocks[0]
+    with torch.no_grad():
+        block.s_uv.raw.mul_(torch.rand_like(block.s_uv.raw) + 0.5)
+    h = unit_by_hand(torch.randn(2, 8, 32, dtype=torch.float64))
+    hidden = (h @ block.mlp.fc.weight.T + block.mlp.fc.bias) * block.s_uv.raw * math.sqrt(32)
+    expected = F.gelu(hidden) @ block.mlp.proj.weight.T + block.mlp.proj.bias
+    torch.testing.assert_close(block.mlp_out(h), expected)
+
+
 def ngpt_vectors(model) -> list[torch.Tensor]:
     """Every vector nGPT keeps on the unit sphere: embedding rows, input projections' rows, output
     projections' columns."""
