@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from conftest import build, randomize_norms
 
+from normbench.core.errors import ConfigError
 from normbench.model.gpt import GPT
 from normbench.model.placements import PLACEMENTS
 from normbench.training.config import load_group
@@ -168,6 +169,17 @@ def test_ngpt_matches_the_papers_formulas_by_hand():
     torch.testing.assert_close(model(idx)[0], s_z * (h @ model.tok_emb.weight.T))  # tied head, no final norm
 
 
+def test_ngpt_gelu_mlp_scales_its_hidden_pre_activations_by_s_v_sqrt_d_model():
+    """model.arch=gpt2: GELU's input is s_v * sqrt(d_model) * (W_fc h + b), s_v learned (init 1)."""
+    block = ngpt_model("gpt2").double().eval().blocks[0]
+    with torch.no_grad():
+        block.s_uv.raw.mul_(torch.rand_like(block.s_uv.raw) + 0.5)
+    h = unit_by_hand(torch.randn(2, 8, 32, dtype=torch.float64))
+    hidden = (h @ block.mlp.fc.weight.T + block.mlp.fc.bias) * block.s_uv.raw * math.sqrt(32)
+    expected = F.gelu(hidden) @ block.mlp.proj.weight.T + block.mlp.proj.bias
+    torch.testing.assert_close(block.mlp_out(h), expected)
+
+
 def ngpt_vectors(model) -> list[torch.Tensor]:
     """Every vector nGPT keeps on the unit sphere: embedding rows, input projections' rows, output
     projections' columns."""
@@ -246,7 +258,6 @@ def test_ngpt_in_bf16_is_within_tolerance_of_fp32(arch):
 
 
 def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
-    from normbench.core.errors import ConfigError
     from normbench.model.placements import placement_options
 
     cfg = load_group("model", "tiny", arch="llama", n_layer=2)
@@ -264,6 +275,15 @@ def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
         ConfigError, match=r"placement=ngpt keeps every weight at unit norm.*allowed: model.param=sp"
     ):
         GPT(load_group("model", "tiny", param="mup", base_width=32), 16, {"name": "ln"}, {"name": "ngpt"})
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_ngpt_refuses_the_attention_gate_rather_than_keep_a_matrix_off_the_sphere(arch):
+    with pytest.raises(
+        ConfigError,
+        match=r"^placement=ngpt keeps every matrix on the unit sphere, .*; allowed: model.attn_gate=false$",
+    ):
+        GPT(load_group("model", "tiny", arch=arch, attn_gate=True), 16, {"name": "ln"}, {"name": "ngpt"})
 
 
 def test_other_placements_have_no_model_hooks():

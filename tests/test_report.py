@@ -673,6 +673,19 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
     assert "not at their limit on cpu: rms (1.30x LayerNorm at 1024 fp32 fwd+bwd)" in sentence
 
 
+def test_bench_note_holds_derf_to_layernorms_op_as_the_bench_does(tmp_path):
+    from normbench.report.cost import implementation_note
+    from normbench.report.load import read_bench
+
+    bench_csv(
+        tmp_path / "b.csv",
+        [("ln", "native", 256, "fwd", 1.0, 5.0), ("derf", "normbench", 256, "fwd", 1.3, 4.0)],
+    )
+    assert implementation_note(read_bench([tmp_path / "b.csv"])).startswith(
+        "Implementations not at their limit on cpu: derf (1.30x LayerNorm at 256 fp32 fwd)"
+    )
+
+
 def test_without_a_bench_csv_the_throughput_note_says_the_cost_is_unknown(tmp_path, monkeypatch):
     drawn = capture_charts(monkeypatch, "throughput")
     make_run(tmp_path, "a", norm="ln", stats=False)

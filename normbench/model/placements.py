@@ -395,13 +395,23 @@ class NormalizedBlock(Block):
     Norm is x / ||x||; alpha_A and alpha_M are learned per-channel "eigen learning rates"
     (init ``placement.alpha_init``, scale 1/sqrt(d_model)). The MLP's hidden pre-activations are
     scaled by s_u (SwiGLU's up projection) and s_v * sqrt(d_model) (the gate, GELU's input under
-    model.arch=gpt2), both init 1, scale 1. The block builds no norm: ``norm=`` is ignored.
+    model.arch=gpt2), both init 1, scale 1. The block builds no norm: ``norm=`` is ignored, and
+    ``model.attn_gate=true`` is refused.
     """
 
     attention_cls = NormalizedAttention
     model_hooks = Hypersphere
 
     def __init__(self, spec, make_norm, *, alpha_init: float = 0.05):
+        if spec.attn_gate:
+            # Renormalized with the other matrices, x W_g is a cosine in [-1, 1], so the gate moves with
+            # the token by at most sigmoid's rise over that range (0.27 to 0.73 without a bias): not
+            # Qiu et al. 2025's gate, and nGPT's paper defines none; a scaling factor for it is untested.
+            raise ConfigError(
+                "placement=ngpt keeps every matrix on the unit sphere, where model.attn_gate's x W_g "
+                "would be a cosine in [-1, 1], not the gate of Qiu et al. 2025",
+                allowed=["model.attn_gate=false"],
+            )
         super().__init__(spec, make_norm)
         self.check_options(alpha_init=alpha_init)
         scale = spec.d_model**-0.5
@@ -409,7 +419,6 @@ class NormalizedBlock(Block):
         self.alpha_mlp = Scaling(spec.d_model, alpha_init, scale)
         self.s_uv = Scaling(self.mlp.fc.out_features, 1.0, 1.0)
         self.gate_gain = spec.d_model**0.5
-        self.swiglu = isinstance(self.mlp, SwiGLU)
 
     @classmethod
     def check_options(cls, *, alpha_init: float = 0.05) -> None:
@@ -420,13 +429,7 @@ class NormalizedBlock(Block):
             )
 
     def mlp_out(self, h: torch.Tensor) -> torch.Tensor:
-        hidden = self.mlp.fc(h) * self.s_uv().to(h.dtype)
-        if self.swiglu:
-            gate, up = hidden.chunk(2, dim=-1)
-            act = F.silu(gate * self.gate_gain) * up
-        else:
-            act = F.gelu(hidden * self.gate_gain)
-        return self.mlp.dropout(self.mlp.proj(act))
+        return self.mlp.from_hidden(self.mlp.fc(h) * self.s_uv().to(h.dtype), self.gate_gain)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = unit(h + self.alpha_attn().to(h.dtype) * (unit(self.attn(h)) - h))
