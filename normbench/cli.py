@@ -173,6 +173,11 @@ def report(
         "--baseline",
         help="The configuration compared with across sizes, e.g. norm=ln,placement=pre. Default: the best at the largest size.",
     ),
+    predict: str | None = typer.Option(
+        None,
+        "--predict",
+        help="Sizes to predict at, comma-separated, in parameters (tokens for a token key): each configuration's L = E + A x^-alpha fit, its loss and gap there with 95% intervals, and a backtest on the largest size. Needs --scale.",
+    ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
     from normbench.core.errors import ConfigError
@@ -188,6 +193,7 @@ def report(
             tune_key=tune,
             scale_key=scale,
             baseline=baseline,
+            predict=predict,
         )
     except ConfigError as err:
         _fail(err)
@@ -201,9 +207,7 @@ def bench(
     tokens: int | None = typer.Option(
         None, "--tokens", help="Tokens per call (rows of the (tokens, dim) input)."
     ),
-    norms: str | None = typer.Option(
-        None, "--norms", help="Comma-separated norms. Default: the whole zoo."
-    ),
+    norms: str | None = typer.Option(None, "--norms", help="Comma-separated norms. Default: the whole zoo."),
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Also time torch.compile'd versions."),
     repeats: int = typer.Option(25, "--repeats", help="Timed blocks per median; more on a noisy machine."),
     threads: int = typer.Option(

@@ -140,6 +140,8 @@ class ReportData:
     scale: object | None = (
         None  # normbench.report.scale.Scale: the scale axis, scale.csv and trend.csv, or None
     )
+    predict: pd.DataFrame | None = None  # predict.csv (--predict), or None
+    backtest: pd.DataFrame | None = None  # backtest.csv (--predict with ≥ 4 sizes), or None
 
 
 def load_runs(run_dirs: list[Path], warn) -> ReportData:

@@ -64,6 +64,7 @@ class Scale:
     run_config: pd.Series  # per run (index of d.runs): its configuration label
     table: pd.DataFrame  # scale.csv
     trend: pd.DataFrame  # trend.csv
+    samples: dict  # (configuration, size) -> its completed final losses at its best value, by seed
 
 
 def _numeric(series: pd.Series) -> bool:
@@ -321,6 +322,7 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
         run_config=runs["_config"],
         table=table,
         trend=_trend(table, key, order, baseline, d.tune),
+        samples=samples,
     )
 
 
