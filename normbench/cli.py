@@ -207,7 +207,9 @@ def bench(
     tokens: int | None = typer.Option(
         None, "--tokens", help="Tokens per call (rows of the (tokens, dim) input)."
     ),
-    norms: str | None = typer.Option(None, "--norms", help="Comma-separated norms. Default: the whole zoo."),
+    norms: str | None = typer.Option(
+        None, "--norms", help="Comma-separated norms. Default: the whole zoo."
+    ),
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Also time torch.compile'd versions."),
     repeats: int = typer.Option(25, "--repeats", help="Timed blocks per median; more on a noisy machine."),
     threads: int = typer.Option(

@@ -32,7 +32,6 @@ winner about 80% of the time and that no scaling-law method beat it for the comp
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,7 +71,7 @@ def parse_predict(text: str) -> list[float]:
 
 
 def check_sizes(key: str, values) -> None:
-    """Fewer than MIN_SIZES sizes among ``values`` (the runs' KEY): one line saying what a prediction needs."""
+    """Fewer than MIN_SIZES sizes among ``values`` (the runs' KEY): one line saying what is needed."""
     sizes = sorted(pd.to_numeric(pd.Series(values), errors="coerce").dropna().unique())
     if len(sizes) < MIN_SIZES:
         raise ConfigError(
@@ -353,7 +352,8 @@ def predict_sentences(s: Scale, pred: pd.DataFrame, back: pd.DataFrame | None) -
     out = [
         f"Prediction: each configuration's best-value loss fitted by L = E + A x^-alpha against its "
         f"{unit} ({len(s.table[s.key].unique())} sizes), 95% intervals from a bootstrap over seeds "
-        f"({BOOTSTRAP} resamples); the intervals carry the seeds' noise, not whether the law holds beyond the grid."
+        f"({BOOTSTRAP} resamples); the intervals carry the seeds' noise, not whether the law holds "
+        "beyond the grid."
     ]
     for row in pred.itertuples(index=False):
         if row.config == s.baseline:
