@@ -526,6 +526,88 @@ def chart_scale_best_value(d: ReportData):
     )
 
 
+@chart("predict", "Each configuration's fitted law and the prediction beyond the grid")
+def chart_predict(d: ReportData):
+    s, pred = d.scale, d.predict
+    if s is None or pred is None:
+        return None  # no prediction asked for (--predict)
+    styles = _scale_styles(d)
+    fig, axes = _figure(2, width=6.0, height=4.6, ncols=2)
+    targets = sorted(pred["target"].unique())
+    grid = np.geomspace(s.table["x"].min(), max(targets[-1], s.table["x"].max()), 200)
+    for config in s.configs:
+        style, part = styles[config], s.table[s.table["config"].eq(config)]
+        rows = pred[pred["config"].eq(config)]
+        law = rows.iloc[0]
+        mean = part["final_val_loss_mean"]
+        axes[0].errorbar(
+            part["x"],
+            mean,
+            yerr=[(mean - part["ci_low"]).fillna(0), (part["ci_high"] - mean).fillna(0)],
+            color=style["color"],
+            marker=style["marker"] or "o",
+            linestyle="none",
+            capsize=3,
+            label=_plain(f"{config} (measured, 95% CI)"),
+        )
+        if np.isfinite(law["alpha"]):
+            axes[0].plot(
+                grid,
+                law["E"] + law["A"] * grid ** -law["alpha"],
+                color=style["color"],
+                linestyle=style["linestyle"],
+                label=_plain(f"{config}: {law['E']:.3f} + {law['A']:.3g} x^-{law['alpha']:.3f}"),
+            )
+        for ax, y, low, high, what in (
+            (axes[0], "loss_pred", "loss_ci_low", "loss_ci_high", "loss"),
+            (axes[1], "gap_pred", "gap_ci_low", "gap_ci_high", "gap"),
+        ):
+            shown = rows.dropna(subset=[y, low])
+            if config == s.baseline and what == "gap":
+                continue
+            ax.errorbar(
+                shown["target"],
+                shown[y],
+                yerr=[shown[y] - shown[low], shown[high] - shown[y]],
+                color=style["color"],
+                marker="D",
+                markerfacecolor="white",
+                linestyle="none",
+                capsize=4,
+                label=_plain(f"{config} predicted (bootstrap 95%)"),
+            )
+        if config != s.baseline:
+            measured = part.dropna(subset=["diff_vs_baseline"])
+            axes[1].plot(
+                measured["x"],
+                measured["diff_vs_baseline"],
+                color=style["color"],
+                linestyle=style["linestyle"],
+                marker=style["marker"] or "o",
+            )
+            band = measured.dropna(subset=["diff_ci_low"])
+            axes[1].fill_between(
+                band["x"], band["diff_ci_low"], band["diff_ci_high"], color=style["color"], alpha=0.15, lw=0
+            )
+    axes[1].axhline(0.0, color="black", linewidth=1)
+    largest = s.table["x"].max()
+    unit = {"params": "parameters", "tokens": "training tokens"}.get(s.x, s.key)
+    for ax, ylabel, title in (
+        (axes[0], "final val loss (at each best value)", "Measured loss, fitted law, prediction"),
+        (axes[1], f"final val loss - {s.baseline}'s", f"Gap to {s.baseline}: measured, predicted"),
+    ):
+        ax.axvline(largest, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set(xlabel=_plain(f"{unit} (dotted: the largest size measured)"), ylabel=_plain(ylabel))
+        ax.set_title(_plain(title))
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        "L = E + A x^-alpha per configuration; open diamonds: the prediction and its bootstrap interval"
+    )
+    _legend(fig, axes)
+    return fig
+
+
 @chart("scale_tuning", "Final loss against the tuned key, one panel per size")
 def chart_scale_tuning(d: ReportData):
     """Wortsman et al.'s Fig. 1 at each size: how the LR curve moves as the model grows."""
