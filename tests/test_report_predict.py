@@ -185,7 +185,7 @@ def test_a_law_that_does_not_converge_falls_back_to_the_log_linear_gap_and_says_
     truth = 0.01 * math.log(2e6)
     assert row["gap_pred"] == pytest.approx(truth, abs=0.01)
     assert "by the log-linear gap (a power law did not converge)" in " ".join(text.split())
-    assert NOT_CONVERGED != row["verdict"]
+    assert row["verdict"] != NOT_CONVERGED
 
 
 def test_bad_predict_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch):

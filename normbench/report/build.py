@@ -189,6 +189,9 @@ def run_report(
         d.agg = d.agg.join(aggregate_statistics(d))
         d.styles = charts_module.make_styles(d.runs, d.agg)
         table = display_table(d.agg, d.keys, metric)
+        if scale[0]:  # before the verdict, which compares the configurations within each size
+            d.scale = scale_axis(d, *scale)
+            d.styles = charts_module.size_styles(d)
         sentences = verdict(d)
         write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
         write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
@@ -198,7 +201,6 @@ def run_report(
         else:
             (out / "tuned.csv").unlink(missing_ok=True)  # from an earlier, tuned report in the same folder
         if scale[0]:
-            d.scale = scale_axis(d, *scale)
             scale_display = (d.scale.key, scale_verdict(d.scale), *scale_tables(d.scale))
             write_atomic(out / "scale.csv", d.scale.table.to_csv(index=False))
             write_atomic(out / "trend.csv", d.scale.trend.to_csv(index=False))
