@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import SMALL_MODEL, build, randomize_norms
 
 from normbench.core.errors import ConfigError
-from normbench.model.gpt import GPT
+from normbench.model.gpt import GPT, DepthScaled
 from normbench.model.placements import PLACEMENTS
 from normbench.training.config import load_group
 
@@ -281,7 +281,7 @@ SMALL_WIDTH = SMALL_MODEL.d_model
 
 def test_rezero_starts_as_the_identity_with_alpha_zero_and_no_norm():
     model = build("rezero")
-    assert all(float(b.alpha_attn) == 0.0 == float(b.alpha_mlp) for b in model.blocks)
+    assert all(b.alpha_attn.item() == 0.0 == b.alpha_mlp.item() for b in model.blocks)
     assert not any("norm" in name for name, _ in model.blocks.named_parameters())
     x = torch.randn(2, 12, SMALL_WIDTH)
     with torch.no_grad():
@@ -312,9 +312,9 @@ def test_ln_scaling_multiplies_each_blocks_norms_by_one_over_sqrt_layer(placemen
     cfg = dataclasses.replace(SMALL_MODEL, ln_scaling=True)
     model = GPT(cfg, 16, {"name": "ln"}, {"name": placement, "final_norm": True}).eval()
     randomize_norms(model)
-    factors = [(b.norm_attn.factor, b.norm_mlp.factor) for b in model.blocks]
-    assert factors == [(1.0, 1.0), (1 / math.sqrt(2),) * 2, (1 / math.sqrt(3),) * 2, (0.5, 0.5)]
-    assert isinstance(model.norm_final, torch.nn.LayerNorm)  # the final norm is not scaled
+    factors = [f for b in model.blocks for f in (b.norm_attn.factor, b.norm_mlp.factor)]
+    assert factors == pytest.approx([1.0, 1.0, 2**-0.5, 2**-0.5, 3**-0.5, 3**-0.5, 0.5, 0.5], rel=1e-15)
+    assert not isinstance(model.norm_final, DepthScaled)  # the final norm is not scaled
 
     def post(layer, b, x):
         x = ln(b.norm_attn.norm, x + b.attn(x)) / math.sqrt(layer)

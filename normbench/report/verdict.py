@@ -229,8 +229,9 @@ def _at_best_runs(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
 
 def _ends(frame: pd.DataFrame, y: str) -> pd.Series:
     """Per run: its last layer's ``y`` over its first layer's (runs with ≥ 3 layers)."""
-    wide = frame.pivot_table(index="run", columns="layer", values=y)
-    wide = wide[wide.notna().sum(axis=1) >= 3]
+    wide = frame.dropna(subset=[y]).pivot_table(index="run", columns="layer", values=y)
+    if wide.shape[1] < 3:  # no statistics, or too shallow a model for a profile
+        return pd.Series(dtype=float)
     return (wide.iloc[:, -1] / wide.iloc[:, 0]).dropna()
 
 

@@ -139,6 +139,7 @@ class LayerStats:
             self.groups["embedding.pos"] = [model.pos_emb.weight]
         self.groups["final_norm"] = list(model.norm_final.parameters())
         self._resid: list[torch.Tensor | None] = [None] * len(model.blocks)
+        self._resid_var: list[torch.Tensor | None] = [None] * len(model.blocks)
         self._attn: list[tuple[torch.Tensor, ...] | None] = [None] * len(model.blocks)
         self._head: dict[str, torch.Tensor] = {}
         capped = {"max_attn_logit": model.cfg.attn_softcap > 0, "max_log_z": model.cfg.logit_softcap > 0}
@@ -172,7 +173,8 @@ class LayerStats:
             out = output.detach().float()
             # RMS over everything; the variance over each token's channels, averaged over the tokens
             # (the residual-stream variance of Sun et al. 2025, which grows with depth under Pre-LN)
-            self._resid[index] = (out.pow(2).mean().sqrt(), out.var(-1, unbiased=False).mean())
+            self._resid[index] = out.pow(2).mean().sqrt()
+            self._resid_var[index] = out.var(-1, unbiased=False).mean()
 
         return store
 
@@ -247,8 +249,8 @@ class LayerStats:
         ]
         for name, value in [
             *self._values.items(),
-            *((f"resid.{i}", r[0]) for i, r in enumerate(self._resid) if r),
-            *((f"resid_var.{i}", r[1]) for i, r in enumerate(self._resid) if r),
+            *((f"resid.{i}", r) for i, r in enumerate(self._resid)),
+            *((f"resid_var.{i}", v) for i, v in enumerate(self._resid_var)),
             *attn,
             *self._head.items(),
             *((f"saturation.{k}", v) for k, v in self._saturation.items()),
