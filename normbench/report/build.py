@@ -197,6 +197,9 @@ def run_report(
         write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
         if d.tuned is not None:
             tuned_display = tuned_table(d.tuned)
+            if d.scale is not None:  # by size; each size's own comparison is in the verdict and scale.csv
+                order = d.tuned[scale[0]].sort_values(kind="stable").index
+                tuned_display = tuned_display.loc[order].drop(columns=["vs best", "p"]).reset_index(drop=True)
             write_atomic(out / "tuned.csv", d.tuned.to_csv(index=False))
         else:
             (out / "tuned.csv").unlink(missing_ok=True)  # from an earlier, tuned report in the same folder

@@ -625,7 +625,8 @@ def chart_predict(d: ReportData):
         ax.set_title(_plain(title))
         ax.grid(alpha=0.3)
     fig.suptitle(
-        "L = E + A x^-alpha per configuration; open diamonds: the prediction and its bootstrap interval"
+        "L = E + A x^-alpha per configuration (lines; dots: measured, 95% CI)\n"
+        "open diamonds: the prediction with its bootstrap 95% interval"
     )
     _legend(fig, axes)
     return fig
