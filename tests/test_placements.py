@@ -3,15 +3,16 @@ final norm."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import build, randomize_norms
+from conftest import SMALL_MODEL, build, randomize_norms
 
 from normbench.core.errors import ConfigError
-from normbench.model.gpt import GPT
+from normbench.model.gpt import GPT, DepthScaled
 from normbench.model.placements import PLACEMENTS
 from normbench.training.config import load_group
 
@@ -294,3 +295,72 @@ def test_other_placements_have_no_model_hooks():
         before = {n: t.clone() for n, t in model.state_dict().items()}
         model.after_step()
         assert all(torch.equal(before[n], t) for n, t in model.state_dict().items()), name
+
+
+# ---------------------------------------------------------------- ReZero and LayerNorm Scaling
+
+SMALL_WIDTH = SMALL_MODEL.d_model
+
+
+def test_rezero_starts_as_the_identity_with_alpha_zero_and_no_norm():
+    model = build("rezero")
+    assert all(b.alpha_attn.item() == 0.0 == b.alpha_mlp.item() for b in model.blocks)
+    assert not any("norm" in name for name, _ in model.blocks.named_parameters())
+    x = torch.randn(2, 12, SMALL_WIDTH)
+    with torch.no_grad():
+        for block in model.blocks:
+            assert torch.equal(block(x), x)
+
+
+def test_rezero_block_is_x_plus_alpha_f_by_hand_and_alpha_learns(tmp_path):
+    model = build("rezero")
+    block = model.blocks[1]
+    with torch.no_grad():
+        block.alpha_attn.fill_(0.3)
+        block.alpha_mlp.fill_(-0.7)
+        x = torch.randn(2, 12, SMALL_WIDTH)
+        h = x + 0.3 * block.attn(x)
+        assert torch.allclose(block(x), h - 0.7 * block.mlp(h), atol=1e-6)
+    # at init only alpha has a gradient (f's output is multiplied by 0); it moves off 0 in one step
+    model = build("rezero").train()
+    idx = torch.randint(16, (2, 12))
+    model(idx, idx)[1].backward()
+    assert float(model.blocks[0].alpha_mlp.grad.abs()) > 0
+    assert float(model.blocks[0].mlp.fc.weight.grad.abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_ln_scaling_multiplies_each_blocks_norms_by_one_over_sqrt_layer(placement):
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(SMALL_MODEL, ln_scaling=True)
+    model = GPT(cfg, 16, {"name": "ln"}, {"name": placement, "final_norm": True}).eval()
+    randomize_norms(model)
+    factors = [f for b in model.blocks for f in (b.norm_attn.factor, b.norm_mlp.factor)]
+    assert factors == pytest.approx([1.0, 1.0, 2**-0.5, 2**-0.5, 3**-0.5, 3**-0.5, 0.5, 0.5], rel=1e-15)
+    assert not isinstance(model.norm_final, DepthScaled)  # the final norm is not scaled
+
+    def post(layer, b, x):
+        x = ln(b.norm_attn.norm, x + b.attn(x)) / math.sqrt(layer)
+        return ln(b.norm_mlp.norm, x + b.mlp(x)) / math.sqrt(layer)
+
+    def pre(layer, b, x):
+        x = x + b.attn(ln(b.norm_attn.norm, x) / math.sqrt(layer))
+        return x + b.mlp(ln(b.norm_mlp.norm, x) / math.sqrt(layer))
+
+    idx = torch.randint(16, (2, 12))
+    with torch.no_grad():
+        expected = run_by_hand(model, idx, pre if placement == "pre" else post)
+        assert torch.allclose(model(idx)[0], expected, atol=1e-5)
+
+
+def test_placement_lns_is_pre_with_ln_scaling_and_the_two_together_are_refused():
+    idx = torch.randint(16, (2, 12))
+    torch.manual_seed(0)
+    option = GPT(
+        dataclasses.replace(SMALL_MODEL, ln_scaling=True), 16, {"name": "ln"}, {"name": "pre"}
+    ).eval()
+    with torch.no_grad():
+        assert torch.equal(option(idx)[0], build("lns")(idx)[0])
+    for placement in ("lns", "rezero", "ngpt"):
+        with pytest.raises(ConfigError, match=f"^model.ln_scaling=true with placement={placement}"):
+            GPT(dataclasses.replace(SMALL_MODEL, ln_scaling=True), 16, {"name": "ln"}, {"name": placement})

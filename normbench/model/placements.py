@@ -1,6 +1,6 @@
 """Where the norm sits in a block: pre, post, peri (sandwich), DeepNorm, the placements of
-recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm, HybridNorm) and nGPT's
-normalized transformer, behind one registry.
+recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm, HybridNorm), ReZero's
+norm-free residual and nGPT's normalized transformer, behind one registry.
 
 A placement is a ``Block`` subclass registered with ``@register_placement("name")``
 plus one YAML file in ``conf/placement/``. Every block gets the same two sub-layers,
@@ -223,7 +223,8 @@ class LayerNormScalingBlock(PreNormBlock):
 
     LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large Language Models"): it keeps
     the deep layers' output variance from growing, so they keep contributing. No new parameters;
-    the final norm is not scaled.
+    the final norm is not scaled. The same model as ``placement=pre model.ln_scaling=true``
+    (normbench.model.gpt.DepthScaled), which scales the norms of any placement.
     """
 
     def __init__(self, spec, make_norm):
@@ -233,6 +234,26 @@ class LayerNormScalingBlock(PreNormBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm_attn(x) * self.scale)
         return x + self.mlp(self.norm_mlp(x) * self.scale)
+
+
+@register_placement("rezero")
+class ReZeroBlock(Block):
+    """x + a * f(x), a a learned scalar per sub-layer initialised at 0, and no norm at all.
+
+    ReZero (Bachlechner et al. 2020, arXiv 2003.04887): at init every block is the identity, so
+    signals and gradients pass through any depth unchanged and the model trains without warm-up
+    or LayerNorm. The block builds no norm (``norm=`` is ignored); conf/placement/rezero.yaml
+    turns the final norm off as well.
+    """
+
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
+        self.alpha_attn = nn.Parameter(torch.zeros(()))
+        self.alpha_mlp = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.alpha_attn * self.attn(x)
+        return x + self.alpha_mlp * self.mlp(x)
 
 
 @register_placement("mixln")
