@@ -331,7 +331,7 @@ def test_the_maxnorm_example_passes_its_lines(monkeypatch):
 
 @pytest.mark.slow
 def test_check_passes_a_sound_norm_on_every_line_and_the_example_trains_sweeps_and_reports(tmp_path):
-    """The CLI end to end: check (exit 0, every line), then a tiny sweep of maxnorm against ln, then its report."""
+    """The CLI end to end: check (exit 0, every line), a tiny sweep of maxnorm against ln, its report."""
     import os
 
     example = REPO / "examples" / "maxnorm"
