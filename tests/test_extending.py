@@ -224,6 +224,17 @@ def test_bad_user_norms_are_one_line_errors(userpkg, norm, message):
     assert "\n" not in str(err.value)
 
 
+def test_check_says_a_missing_target_in_one_line_and_exits_2(tmp_path):
+    (tmp_path / "norm").mkdir()
+    (tmp_path / "norm" / "gone.yaml").write_text("name: gone\n_target_: nb_nowhere.Gone\n")
+    result = CliRunner().invoke(app, ["check", "--config-dir", str(tmp_path), "norm=gone", "--no-compile"])
+    assert result.exit_code == 2
+    assert result.output.startswith(
+        "error: norm 'gone': cannot import nb_nowhere for _target_ nb_nowhere.Gone"
+    )
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output
+
+
 def make_dist(site, name: str, entry_points: str) -> None:
     """An installed distribution as pip leaves it: a dist-info with METADATA and entry_points.txt."""
     info = site / f"{name}-0.1.dist-info"
