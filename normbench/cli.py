@@ -366,7 +366,7 @@ def new(
         _fail(err)
     for path in written:
         typer.echo(f"wrote {path}")
-    typer.echo(f"try it: cd {folder} && normbench check --config-dir conf {kind}={name}")
+    typer.echo(f"try it: cd {folder} && PYTHONPATH=. normbench check --config-dir conf {kind}={name}")
 
 
 def main() -> None:
