@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import REPO, compose_cfg, tiny
 from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from typer.testing import CliRunner
 
@@ -120,10 +121,24 @@ def userpkg(tmp_path_factory):
     sys.path.insert(0, str(root))
     yield root
     sys.path.remove(str(root))
-    for name in ("mine", "mine2"):
-        NORMS.pop(name, None)
-    for name in ("half", "narrowing"):
-        PLACEMENTS.pop(name, None)
+
+
+@pytest.fixture(autouse=True)
+def registries(monkeypatch):
+    """Each test leaves normbench's registries and Hydra's ConfigStore as it found them: a user's norm
+    must not turn up in another test's norm=glob(*)."""
+    norms, placements = dict(NORMS), dict(PLACEMENTS)
+    store = ConfigStore.instance().repo
+    groups = {group: dict(store[group]) for group in ("norm", "placement") if group in store}
+    monkeypatch.setattr(extensions, "_installed", {})
+    yield
+    for registry, saved in ((NORMS, norms), (PLACEMENTS, placements)):
+        registry.clear()
+        registry.update(saved)
+    for group in ("norm", "placement"):
+        store.pop(group, None)
+        if group in groups:
+            store[group] = groups[group]
 
 
 def user_norm(cls: str, name: str = "mine") -> dict:
@@ -260,31 +275,25 @@ def test_entry_point_packages_are_found_and_a_broken_one_is_named(userpkg, tmp_p
     monkeypatch.syspath_prepend(str(tmp_path))
     warned = []
     skipped = extensions.install(warn=warned.append)
-    try:
-        assert warned == skipped and len(skipped) == 2
-        assert any(
-            "'broken' (nb_userpkg_missing:Norm) is left out: ModuleNotFoundError" in s for s in skipped
-        )
-        assert any("'ln' (nb_userpkg:Sound) is left out: 'ln' is normbench's own norm" in s for s in skipped)
-        assert NORMS["ln"].__module__ == "normbench.model.norms"
-        cfg = compose_cfg(tiny("norm=epnorm", "placement=ephalf"))
-        assert cfg.norm == {"name": "epnorm", "_target_": "nb_userpkg.Sound", "eps": 1e-6}
-        assert cfg.placement == {
-            "name": "ephalf",
-            "final_norm": True,
-            "_target_": "nb_userpkg.Half",
-            "scale": 0.5,
-        }
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            # The options "norm=glob(*)" expands to in a sweep.
-            assert "epnorm" in GlobalHydra.instance().config_loader().get_group_options("norm")
-        run = parse_config(cfg)
-        assert type(GPT(run.model, 16, run.norm, run.placement).blocks[0].norm_attn).__name__ == "Sound"
-        assert extensions.install(warn=warned.append) == [] and len(warned) == 2  # said once
-    finally:
-        NORMS.pop("epnorm", None)
-        PLACEMENTS.pop("ephalf", None)
+    assert warned == skipped and len(skipped) == 2
+    assert any("'broken' (nb_userpkg_missing:Norm) is left out: ModuleNotFoundError" in s for s in skipped)
+    assert any("'ln' (nb_userpkg:Sound) is left out: 'ln' is normbench's own norm" in s for s in skipped)
+    assert NORMS["ln"].__module__ == "normbench.model.norms"
+    cfg = compose_cfg(tiny("norm=epnorm", "placement=ephalf"))
+    assert cfg.norm == {"name": "epnorm", "_target_": "nb_userpkg.Sound", "eps": 1e-6}
+    assert cfg.placement == {
+        "name": "ephalf",
+        "final_norm": True,
+        "_target_": "nb_userpkg.Half",
+        "scale": 0.5,
+    }
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        # The options "norm=glob(*)" expands to in a sweep.
+        assert "epnorm" in GlobalHydra.instance().config_loader().get_group_options("norm")
+    run = parse_config(cfg)
+    assert type(GPT(run.model, 16, run.norm, run.placement).blocks[0].norm_attn).__name__ == "Sound"
+    assert extensions.install(warn=warned.append) == [] and len(warned) == 2  # said once
 
 
 def test_new_writes_a_norm_and_a_placement_that_pass_their_lines(tmp_path, monkeypatch):
@@ -298,14 +307,8 @@ def test_new_writes_a_norm_and_a_placement_that_pass_their_lines(tmp_path, monke
         tiny(f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "norm=fresh", "placement=fresh", "model=micro")
     )
     run = parse_config(cfg)
-    try:
-        lines = conformance.norm_lines("fresh", {"eps": 1e-6}, run.model.d_model) + conformance.model_lines(
-            run
-        )
-        assert [line.name for line in lines if not line.ok] == []
-    finally:
-        NORMS.pop("fresh", None)
-        PLACEMENTS.pop("fresh", None)
+    lines = conformance.norm_lines("fresh", {"eps": 1e-6}, run.model.d_model) + conformance.model_lines(run)
+    assert [line.name for line in lines if not line.ok] == []
     with pytest.raises(ConfigError, match="overwrites nothing"):
         scaffold.write("norm", "fresh", tmp_path)
     with pytest.raises(ConfigError, match="'rms' is normbench's own norm"):
@@ -326,18 +329,12 @@ def test_the_maxnorm_example_passes_its_lines(monkeypatch):
     )
     run = parse_config(cfg)
     run.placement = {"name": "scaledpre", "final_norm": True, "_target_": "normbench_maxnorm.ScaledPreBlock"}
-    try:
-        lines = conformance.norm_lines("maxnorm", {"eps": 1e-6}, run.model.d_model) + conformance.model_lines(
-            run
-        )
-        assert [line.name for line in lines if not line.ok] == []
-        # MaxNorm by hand: each vector over its largest absolute entry.
-        x = torch.randn(3, 5, 64)
-        expected = x / (x.abs().amax(-1, keepdim=True) + 1e-6)
-        assert torch.allclose(norm_class("maxnorm")(64)(x), expected, atol=1e-6)
-    finally:
-        NORMS.pop("maxnorm", None)
-        PLACEMENTS.pop("scaledpre", None)
+    lines = conformance.norm_lines("maxnorm", {"eps": 1e-6}, run.model.d_model) + conformance.model_lines(run)
+    assert [line.name for line in lines if not line.ok] == []
+    # MaxNorm by hand: each vector over its largest absolute entry.
+    x = torch.randn(3, 5, 64)
+    expected = x / (x.abs().amax(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(norm_class("maxnorm")(64)(x), expected, atol=1e-6)
 
 
 @pytest.mark.slow
