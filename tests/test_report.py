@@ -29,6 +29,9 @@ RUN_CHARTS = [
     "logits",
 ]
 SCALE_CHARTS = ["scale_gap", "scale_best_value", "scale_tuning"]  # with a scale axis only (test_report_scale)
+# with per-layer residual variance or layer-skip losses, with ≥ 2 placements' per-layer statistics
+# (test_report_depth); with --predict (test_report_predict)
+DEPTH_CHARTS, PREDICT_CHARTS = ["depth_profile", "grad_profile"], ["predict"]
 
 
 def make_run(
@@ -434,7 +437,13 @@ def test_200_runs(tmp_path):
     assert len(agg) == 20 and agg["runs"].sum() == 200 and agg["diverged"].sum() == 20
     assert all((out / f"{name}.png").exists() for name in RUN_CHARTS)
     assert not any((out / f"{name}.png").exists() for name in SCALE_CHARTS)  # no size varies
-    assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | set(SCALE_CHARTS) | {"bench"}
+    assert {name for name, _, _ in CHARTS} == {
+        *RUN_CHARTS,
+        *SCALE_CHARTS,
+        *DEPTH_CHARTS,
+        *PREDICT_CHARTS,
+        "bench",
+    }
 
 
 @pytest.mark.slow  # a sweep's job processes
