@@ -1,0 +1,69 @@
+"""``hydra/sweeper=normbench``: plans the grid, skips what is done, launches the rest.
+
+Before launching, ``normbench.sweeps.planning.make_plan`` composes every job (once per choice of
+config groups), fixes the stable sweep directory and reads what each run directory holds; the
+plan goes to ``plan.json`` and one line on stdout (``PLANNED``) tells the sweep command where.
+Only the runs with something to do are launched: new ones, interrupted ones, and with
+``retry_failed`` the diverged and failed ones. A run locked by another process is left to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+PLANNED = "[normbench] planned:"  # the line that gives the sweep command the plan's directory
+
+
+@dataclass
+class NormbenchSweeperConf:
+    _target_: str = "hydra_plugins.normbench_plugins.sweeper.NormbenchSweeper"
+    params: dict[str, str] | None = None  # the grid, as Hydra's basic sweeper reads it (experiments set it)
+    retry_failed: bool = False  # launch the diverged and failed runs again (normbench sweep --retry-failed)
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="normbench", node=NormbenchSweeperConf, provider="normbench")
+
+
+class NormbenchSweeper(Sweeper):
+    def __init__(self, params: dict[str, str] | None = None, retry_failed: bool = False) -> None:
+        self.params = params or {}
+        self.retry_failed = retry_failed
+        self.hydra_context: HydraContext | None = None
+        self.config: DictConfig | None = None
+        self.launcher = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.hydra_context, self.config = hydra_context, config
+        # The launcher is set up first: the local one starts warming its workers while this plans.
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> Any:
+        from normbench.sweeps.planning import make_plan, will_run
+        from normbench.sweeps.sweep import ray_preflight
+
+        try:
+            plan = make_plan(self.hydra_context.config_loader, self.config, list(arguments))
+            ray_preflight(plan.launcher)
+            plan.write()
+            OmegaConf.save(self.config, plan.sweep_dir / "multirun.yaml")
+            print(f"{PLANNED} {plan.sweep_dir}", flush=True)
+            todo = [job for job in plan.jobs if will_run(job, self.retry_failed)]
+            if "${hydra:" in str(OmegaConf.to_container(self.config.hydra.sweep)["subdir"]):
+                todo = plan.jobs  # run directories named by job number: every job keeps its number
+            returns = self.launcher.launch([job.overrides for job in todo], initial_job_idx=0) if todo else []
+        finally:
+            close = getattr(self.launcher, "close", None)
+            if close is not None:
+                close()
+        for r in returns:
+            _ = r.return_value  # a job that raised fails the sweep, as with Hydra's basic sweeper
+        return [returns]

@@ -1,0 +1,119 @@
+"""The local launcher's worker processes (``hydra/launcher=local``): started, warmed, fed jobs, stopped.
+
+``WarmPool`` owns a ``concurrent.futures.ProcessPoolExecutor`` of ``n_jobs`` processes. They start
+at once (the launcher is set up before the sweeper plans) and each warms up in its initializer:
+Hydra's resolvers, then ``normbench.sweeps.job.warm_worker`` (PyTorch's imports, what a process's
+first run pays once). The jobs go to them composed (``normbench.sweeps.composing``, in the
+launching process, where the plan composed every choice of groups already): a worker composes
+nothing and scans no plugins; it runs each job through Hydra's public ``run_job``.
+
+At most ``n_jobs`` jobs are in flight: when one returns, the next is submitted. So a stop starts
+no new job: Ctrl-C (SIGINT to the sweep's process group) and a job that exits on a stop signal
+(SIGTERM, SLURM's notice: it saved a checkpoint) let the running jobs finish their stop, then the
+launcher raises the same stop. When the last job has returned, the idle workers are killed rather
+than left to tear PyTorch down (most of a second each): they hold nothing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, configure_log, run_job, setup_globals
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from normbench.core.devices import local_parallel_jobs
+from normbench.sweeps import composing
+
+_worker: dict = {}  # in a worker: the Hydra context and task function every job runs with
+
+
+class WarmPool:
+    def __init__(self, n_jobs: int, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig):
+        self.hydra_context = hydra_context
+        self.workers = local_parallel_jobs({"n_jobs": n_jobs}) or 1
+        launcher = OmegaConf.to_container(config.hydra.launcher, resolve=True)
+        # spawn, not fork: the launching process runs threads (Hydra's, the sweep's watch of its parent).
+        self.executor = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(hydra_context, task_function, launcher),
+        )
+        # One task per worker starts every worker now (the executor starts them as tasks arrive).
+        self.pids = [self.executor.submit(os.getpid) for _ in range(self.workers)]
+
+    def run(self, master: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+        """Run the jobs, ``self.workers`` at a time; their JobReturns in order."""
+        setup_globals()
+        configure_log(master.hydra.hydra_logging, master.hydra.verbose)
+        Path(str(master.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        todo = iter(enumerate(job_overrides, start=initial_job_idx))
+        running: dict[Future, int] = {}
+        returns: dict[int, JobReturn] = {}
+        stop: BaseException | None = None
+
+        def submit_next() -> None:
+            for idx, overrides in todo:
+                cfg = composing.compose(self.hydra_context.config_loader, master, list(overrides))
+                with open_dict(cfg):
+                    cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{idx}", idx
+                running[self.executor.submit(_execute, cfg)] = idx
+                return
+
+        for _ in range(self.workers):
+            submit_next()
+        while running:
+            try:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt as err:  # Ctrl-C: the running jobs got it too and are stopping
+                stop = stop or err
+                continue
+            for future in done:
+                idx = running.pop(future)
+                try:
+                    returns[idx] = future.result()
+                except SystemExit as err:  # a job stopped by a signal, after its checkpoint
+                    stop = stop or err
+                except KeyboardInterrupt as err:
+                    stop = stop or err
+                if stop is None:
+                    submit_next()
+        if stop is not None:
+            raise stop
+        return [returns[idx] for idx in sorted(returns)]
+
+    def close(self) -> None:
+        """Stop the workers: idle ones are killed (nothing to save), then the executor is shut down."""
+        for future in self.pids:
+            if future.done() and future.exception() is None:
+                try:
+                    os.kill(future.result(), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _init_worker(hydra_context: HydraContext, task_function: TaskFunction, launcher: dict) -> None:
+    from normbench.sweeps.job import warm_worker
+
+    setup_globals()  # Hydra's resolvers (${now:...}, ${hydra:...})
+    _worker.update(hydra_context=hydra_context, task_function=task_function)
+    warm_worker(launcher)
+
+
+def _execute(cfg: DictConfig) -> JobReturn:
+    HydraConfig.instance().set_config(cfg)
+    return run_job(
+        hydra_context=_worker["hydra_context"],
+        config=cfg,
+        task_function=_worker["task_function"],
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
