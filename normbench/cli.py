@@ -128,7 +128,7 @@ def sweep(
             "(to see a run's config: normbench train --cfg job KEY=VALUE ...)"
         )
     # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
-    child = None if dry_run else multirun.start(ctx.args)
+    child = None if dry_run else multirun.start(ctx.args, retry_failed)
     from normbench.sweeps.sweep import run_sweep
 
     try:

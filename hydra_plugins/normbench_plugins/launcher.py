@@ -7,8 +7,6 @@ in the worker) and runs through Hydra's ``run_job``, as under any launcher. The 
 ``normbench.sweeps.launching``.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,7 +24,9 @@ class LocalLauncherConf:
     n_jobs: int = 1
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="local", node=LocalLauncherConf, provider="normbench")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="local", node=LocalLauncherConf, provider="normbench"
+)
 
 
 class LocalLauncher(Launcher):

@@ -7,10 +7,8 @@ Only the runs with something to do are launched: new ones, interrupted ones, and
 ``retry_failed`` the diverged and failed ones. A run locked by another process is left to it.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
-from typing import Any
+from typing import Any  # a structured config's types, as OmegaConf reads them
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
@@ -18,17 +16,19 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-PLANNED = "[normbench] planned:"  # the line that gives the sweep command the plan's directory
-
 
 @dataclass
 class NormbenchSweeperConf:
     _target_: str = "hydra_plugins.normbench_plugins.sweeper.NormbenchSweeper"
-    params: dict[str, str] | None = None  # the grid, as Hydra's basic sweeper reads it (experiments set it)
+    params: dict[str, str] | None = (
+        None  # the grid, as Hydra's basic sweeper reads it (experiments set it)
+    )
     retry_failed: bool = False  # launch the diverged and failed runs again (normbench sweep --retry-failed)
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="normbench", node=NormbenchSweeperConf, provider="normbench")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="normbench", node=NormbenchSweeperConf, provider="normbench"
+)
 
 
 class NormbenchSweeper(Sweeper):
@@ -47,6 +47,7 @@ class NormbenchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
+        from normbench.sweeps.multirun import PLANNED
         from normbench.sweeps.planning import make_plan, will_run
         from normbench.sweeps.sweep import ray_preflight
 

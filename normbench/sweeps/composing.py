@@ -27,7 +27,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 _ABSENT = object()
 _bases: dict[tuple, DictConfig] = {}
-_groups: dict[str, set[str]] = {}  # a parent group's child groups: the config tree does not change in a process
+_groups: dict[
+    str, set[str]
+] = {}  # a parent group's child groups: the config tree does not change in a process
 
 
 def compose(loader: ConfigLoader, master: DictConfig, overrides: list[str]) -> DictConfig:

@@ -35,7 +35,9 @@ _worker: dict = {}  # in a worker: the Hydra context and task function every job
 
 
 class WarmPool:
-    def __init__(self, n_jobs: int, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig):
+    def __init__(
+        self, n_jobs: int, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ):
         self.hydra_context = hydra_context
         self.workers = local_parallel_jobs({"n_jobs": n_jobs}) or 1
         launcher = OmegaConf.to_container(config.hydra.launcher, resolve=True)
@@ -49,7 +51,9 @@ class WarmPool:
         # One task per worker starts every worker now (the executor starts them as tasks arrive).
         self.pids = [self.executor.submit(os.getpid) for _ in range(self.workers)]
 
-    def run(self, master: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+    def run(
+        self, master: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> list[JobReturn]:
         """Run the jobs, ``self.workers`` at a time; their JobReturns in order."""
         setup_globals()
         configure_log(master.hydra.hydra_logging, master.hydra.verbose)

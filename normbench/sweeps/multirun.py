@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 
 from normbench.core.configtree import conf_dir
-from normbench.core.runs import SWEEP_ENV
+from normbench.core.runs import RETRY_ENV, SWEEP_ENV
 
 PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
 ERROR = "[normbench] error:"  # the child's one line for a mistake found before any job ran
+PLANNED = "[normbench] planned:"  # the sweeper's line that gives the sweep command the plan's directory
 
 
 def sweep_owner() -> str:
@@ -38,8 +39,11 @@ def sweep_owner() -> str:
 # ----------------------------------------------------------------------------- in the sweep command
 
 
-def start(args: list[str]) -> subprocess.Popen:
-    """Start Hydra's multirun over ``args`` in a child process, its output (its workers' too) on a pipe."""
+def start(args: list[str], retry_failed: bool = False) -> subprocess.Popen:
+    """Start Hydra's multirun over ``args`` in a child process, its output (its workers' too) on a pipe.
+    With ``retry_failed`` the sweeper launches the diverged and failed runs again, and they run."""
+    if retry_failed:
+        args = [*args, "hydra.sweeper.retry_failed=true", f"++hydra.job.env_set.{RETRY_ENV}=1"]
     env = {**os.environ, PARENT_ENV: str(os.getpid()), SWEEP_ENV: sweep_owner(), "HYDRA_FULL_ERROR": "1"}
     root = Path(__file__).resolve().parents[2]
     if conf_dir() == root / "conf":  # a source checkout: the child must import this very normbench

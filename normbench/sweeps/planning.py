@@ -77,14 +77,21 @@ class Plan:
     def write(self) -> None:
         """plan.json in the sweep directory, with what each run directory holds now."""
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        self.at_launch = {j.run_dir: (_mtime(j.run_dir / CONFIG), _mtime(j.run_dir / SUMMARY)) for j in self.jobs}
+        self.at_launch = {
+            j.run_dir: (_mtime(j.run_dir / CONFIG), _mtime(j.run_dir / SUMMARY)) for j in self.jobs
+        }
         jobs = [
             {**asdict(j), "job": j.num, "run_dir": j.run_dir.name, "at_launch": self.at_launch[j.run_dir]}
             for j in self.jobs
         ]
         for j in jobs:
             del j["num"]
-        body = {"sweep_dir": str(self.sweep_dir), "varying": self.varying, "launcher": self.launcher, "jobs": jobs}
+        body = {
+            "sweep_dir": str(self.sweep_dir),
+            "varying": self.varying,
+            "launcher": self.launcher,
+            "jobs": jobs,
+        }
         write_atomic(self.sweep_dir / PLAN, json.dumps(body, indent=1) + "\n")
 
     @classmethod
@@ -178,7 +185,9 @@ def grid(overrides) -> list[list[str]]:
         elif o.is_discrete_sweep():
             axes[key] = [f"{key}={value}" for value in o.sweep_string_iterator()]
         else:
-            raise ConfigError(f"cannot sweep {key} over an interval in a grid", allowed=["KEY=A,B,C", "range(...)"])
+            raise ConfigError(
+                f"cannot sweep {key} over an interval in a grid", allowed=["KEY=A,B,C", "range(...)"]
+            )
     return [list(combination) for combination in itertools.product(*axes.values())]
 
 
