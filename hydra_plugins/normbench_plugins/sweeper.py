@@ -20,9 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 @dataclass
 class NormbenchSweeperConf:
     _target_: str = "hydra_plugins.normbench_plugins.sweeper.NormbenchSweeper"
-    params: dict[str, str] | None = (
-        None  # the grid, as Hydra's basic sweeper reads it (experiments set it)
-    )
+    params: dict[str, str] | None = None  # the grid, as Hydra's basic sweeper reads it (experiments set it)
     retry_failed: bool = False  # launch the diverged and failed runs again (normbench sweep --retry-failed)
 
 
@@ -48,17 +46,18 @@ class NormbenchSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from normbench.sweeps.multirun import PLANNED
-        from normbench.sweeps.planning import make_plan, will_run
+        from normbench.sweeps.planning import make_plan, names_runs_by_job, will_run
         from normbench.sweeps.sweep import ray_preflight
 
         try:
-            plan = make_plan(self.hydra_context.config_loader, self.config, list(arguments))
+            params = [f"{k}={v}" for k, v in self.params.items()]
+            plan = make_plan(self.hydra_context.config_loader, self.config, [*params, *arguments])
             ray_preflight(plan.launcher)
             plan.write()
             OmegaConf.save(self.config, plan.sweep_dir / "multirun.yaml")
             print(f"{PLANNED} {plan.sweep_dir}", flush=True)
             todo = [job for job in plan.jobs if will_run(job, self.retry_failed)]
-            if "${hydra:" in str(OmegaConf.to_container(self.config.hydra.sweep)["subdir"]):
+            if names_runs_by_job(self.config):
                 todo = plan.jobs  # run directories named by job number: every job keeps its number
             returns = self.launcher.launch([job.overrides for job in todo], initial_job_idx=0) if todo else []
         finally:

@@ -29,7 +29,7 @@ from normbench.core.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_ind
 from normbench.training.display import summary_table
 
 # PyTorch (normbench.training.loop and what it needs) is imported when a job runs, not with this module:
-# the multirun's child process launches jobs and never trains (normbench.sweeps.multirun).
+# the sweep command starts Hydra's multirun in a child process before anything else (normbench.sweeps.multirun).
 
 
 def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:

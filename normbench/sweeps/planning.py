@@ -78,7 +78,7 @@ class Plan:
         """plan.json in the sweep directory, with what each run directory holds now."""
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         self.at_launch = {
-            j.run_dir: (_mtime(j.run_dir / CONFIG), _mtime(j.run_dir / SUMMARY)) for j in self.jobs
+            j.run_dir: (mtime(j.run_dir / CONFIG), mtime(j.run_dir / SUMMARY)) for j in self.jobs
         }
         jobs = [
             {**asdict(j), "job": j.num, "run_dir": j.run_dir.name, "at_launch": self.at_launch[j.run_dir]}
@@ -191,6 +191,11 @@ def grid(overrides) -> list[list[str]]:
     return [list(combination) for combination in itertools.product(*axes.values())]
 
 
+def names_runs_by_job(master: DictConfig) -> bool:
+    """Whether hydra.sweep.subdir reads the job's Hydra config (${hydra:job.num}, say) rather than its config."""
+    return "${hydra:" in str(OmegaConf.to_container(master.hydra.sweep)["subdir"])
+
+
 def pin_sweep_dir(master: DictConfig) -> Path:
     """The sweep directory (as the user gave it, else ``default_sweep_dir``), then fixed in the master
     config and in the overrides every job is composed from: absolute, because a launcher may run a
@@ -207,11 +212,11 @@ def pin_sweep_dir(master: DictConfig) -> Path:
     return sweep_dir
 
 
-def make_plan(loader: ConfigLoader, master: DictConfig, arguments: list[str]) -> Plan:
+def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str]) -> Plan:
     """The jobs of the grid, each composed as its launcher will compose it, with its run directory and state.
 
-    ``master``: the multirun's config (its sweep directory pinned here); ``arguments``: the task
-    overrides from the command line, as Hydra hands them to its sweeper.
+    ``master``: the multirun's config (its sweep directory pinned here); ``overrides``: the sweeper's
+    params (an experiment's grid), then the task overrides from the command line.
     """
     from normbench.training.config import parse_config
 
@@ -219,11 +224,10 @@ def make_plan(loader: ConfigLoader, master: DictConfig, arguments: list[str]) ->
         raise ConfigError("normbench sweep plans with its own sweeper", allowed=["hydra/sweeper=normbench"])
     try:
         sweep_dir = pin_sweep_dir(master)
-        params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
-        overrides = OverridesParser.create(config_loader=loader).parse_overrides([*params, *arguments])
-        needs_hydra_resolver = "${hydra:" in str(OmegaConf.to_container(master.hydra.sweep)["subdir"])
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
+        needs_hydra_resolver = names_runs_by_job(master)
         jobs = []
-        for num, job_overrides in enumerate(grid(overrides)):
+        for num, job_overrides in enumerate(grid(parsed)):
             job_cfg = composing.compose(loader, master, job_overrides)
             with open_dict(job_cfg.hydra.job):
                 job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"plan_{num}"
@@ -275,7 +279,8 @@ def plan_sweep(args: list[str]) -> Plan:
                 master = loader.load_configuration("config", [*args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN)
             except (HydraException, OmegaConfBaseException) as err:
                 raise ConfigError(short(err)) from None
-            return make_plan(loader, master, list(master.hydra.overrides.task))
+            params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
+            return make_plan(loader, master, [*params, *master.hydra.overrides.task])
     finally:
         GlobalHydra.instance().clear()
 
@@ -291,7 +296,7 @@ def _state_before(job: Job) -> str:
     return "interrupted" if decision.action == "resume" else "new"
 
 
-def _mtime(path: Path) -> float:
+def mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
     except OSError:

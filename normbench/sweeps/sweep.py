@@ -43,7 +43,7 @@ from normbench.core.runs import (
 )
 from normbench.sweeps import multirun
 from normbench.sweeps.multirun import sweep_owner
-from normbench.sweeps.planning import Plan, check_args, plan_sweep, will_run
+from normbench.sweeps.planning import Plan, check_args, mtime, plan_sweep, will_run
 
 LOG = "sweep.log"
 FINISHED = ("completed", "diverged", "failed")
@@ -231,6 +231,10 @@ def run_sweep(
         if where is None:
             return _failed_before_launch(child, before, console)
         plan = Plan.read(Path(where))
+    except KeyboardInterrupt:
+        multirun.abandon(child)
+        console.print("[yellow]interrupted[/yellow] while planning: no run had started")
+        return 130
     except BaseException:
         multirun.abandon(child)
         raise
@@ -317,14 +321,15 @@ def _failed_before_launch(child: subprocess.Popen, output: list[bytes], console:
 
 def _interrupted(plan: Plan, by_dir: dict[str, dict], args: list[str], retry_failed: bool) -> str:
     """Ctrl-C's one line: what finished, what was cut short, what never started, and the command that resumes."""
-    states = [by_dir.get(job.run_dir.name, {}).get("status", "pending") for job in plan.jobs]
-    finished = sum(s in FINISHED for s in states)
-    cut = states.count("interrupted") + states.count("running")
-    waiting = len(states) - finished - cut
+    states = {job.run_dir: by_dir.get(job.run_dir.name, {}).get("status", "pending") for job in plan.jobs}
+    finished = sum(s in FINISHED for s in states.values())
+    cut = [d for d, s in states.items() if s in ("interrupted", "running")]
+    saved = sum(RunDir(d).checkpoint_step() is not None for d in cut)
+    waiting = len(states) - finished - len(cut)
     command = shlex.join(["normbench", "sweep", *(["--retry-failed"] if retry_failed else []), *args])
     return (
-        f"[yellow]interrupted[/yellow]: {finished} of {_runs(len(states))} finished, {cut} interrupted"
-        + (" (they resume from their checkpoints)" if cut else "")
+        f"[yellow]interrupted[/yellow]: {finished} of {_runs(len(states))} finished, {len(cut)} interrupted"
+        + (f" ({saved} with a checkpoint to resume from)" if saved else "")
         + (f", {waiting} not started" if waiting else "")
         + f"; resume with: {command}"
     )
@@ -338,7 +343,7 @@ def _efficiency(plan: Plan, started: float) -> str:
     steps = [
         (RunDir(job.run_dir).read_summary() or {}).get("time_s", {}).get("steps", 0.0)
         for job in plan.jobs
-        if _mtime(job.run_dir / SUMMARY) != plan.at_launch[job.run_dir][1]
+        if mtime(job.run_dir / SUMMARY) != plan.at_launch[job.run_dir][1]
         and RunLock(job.run_dir).last_owner().get("sweep") == sweep_owner()
     ]
     wall = time.perf_counter() - started
@@ -356,7 +361,7 @@ def _account_for_others(plan: Plan, by_dir: dict[str, dict], console: Console) -
         lock = RunLock(job.run_dir)
         if status == "running elsewhere":
             others.setdefault(lock.holder() or "another process", []).append(status)
-        elif status in FINISHED and _mtime(job.run_dir / SUMMARY) != plan.at_launch[job.run_dir][1]:
+        elif status in FINISHED and mtime(job.run_dir / SUMMARY) != plan.at_launch[job.run_dir][1]:
             owner = lock.last_owner()
             if owner and owner.get("sweep") != sweep_owner():
                 others.setdefault(describe_owner(owner), []).append(status)
@@ -441,14 +446,14 @@ def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float) 
             states = []
             for job in plan.jobs:
                 config_then, summary_then = plan.at_launch[job.run_dir]
-                summary_now = _mtime(job.run_dir / SUMMARY)
+                summary_now = mtime(job.run_dir / SUMMARY)
                 if job.run_dir in finished and finished[job.run_dir][0] == summary_now:
                     states.append(finished[job.run_dir][1])
                     continue
                 state = run_status(job.run_dir)
                 if state in FINISHED and summary_now:
                     finished[job.run_dir] = (summary_now, state)
-                if state == "running" and _mtime(job.run_dir / CONFIG) == config_then:
+                if state == "running" and mtime(job.run_dir / CONFIG) == config_then:
                     state = "pending"  # left over from a killed sweep, not started again yet
                 if state in FINISHED and job.run_dir not in reported and summary_now != summary_then:
                     reported.add(job.run_dir)
@@ -470,10 +475,3 @@ def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float) 
                 proc.wait(timeout=poll_s)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
