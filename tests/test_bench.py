@@ -93,7 +93,8 @@ class ThriceLayerNorm(torch.nn.Module):
 
 def test_ratio_to_ln_agrees_with_a_timing_made_here(monkeypatch):
     """The bench's ratio_to_ln for a norm three times LayerNorm's cost, against the same ratio timed
-    independently in this test (its own inputs, its own clock calls), and the copy bandwidth against a clone."""
+    independently in this test (its own inputs, its own clock calls), and the copy bandwidth against a
+    clone."""
     monkeypatch.setitem(NORMS, "ln3", ThriceLayerNorm)
     tokens, dim = 512, 256
     df = run_bench(

@@ -54,7 +54,8 @@ def test_train_writes_the_run_directory(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
 
-# (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as docs/configuration.md says).
+# (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as
+# docs/configuration.md says).
 BAD_INPUTS = [
     (
         ["norm=foo"],
@@ -108,7 +109,8 @@ BAD = [
     (["model.qk_norm=foo"], "unknown model.qk_norm 'foo'; allowed: none, gn, ln, rms, scale"),
     (
         ["model.qk_norm=bn"],
-        "model.qk_norm=bn cannot normalize queries and keys (batch statistics, which mix tokens); allowed: none, gn, ln, rms, scale",
+        "model.qk_norm=bn cannot normalize queries and keys (batch statistics, which mix tokens); allowed: "
+        "none, gn, ln, rms, scale",
     ),
     (
         ["placement=mixln", "placement.post_fraction=1.5"],
@@ -137,7 +139,8 @@ def test_bad_input_is_one_line(tmp_path, overrides, message):
 
 @pytest.mark.slow  # a fresh interpreter
 def test_help_imports_no_torch():
-    """normbench --help must stay fast: importing the CLI and printing help loads neither torch nor Hydra's app."""
+    """normbench --help must stay fast: importing the CLI and printing help loads neither torch nor Hydra's
+    app."""
     code = (
         "import sys\n"
         "from normbench.cli import app\n"

@@ -1,4 +1,5 @@
-"""A plain install works: the built wheel, without extras, in a fresh virtual environment, used from any folder.
+"""A plain install works: the built wheel, without extras, in a fresh virtual environment, from any
+folder.
 
 The rest of the suite runs with every extra installed, so it cannot see a command that needs one
 (joblib, say) when it should not. Here the wheel (with its Hydra plugins and config tree) goes into
@@ -65,8 +66,8 @@ def test_the_plain_wheel_has_no_extras_and_every_command_runs(plain):
     assert (sweep_dir / "report" / "report.html").exists()
 
     coord = _run(
-        bin_ / "normbench", "coordcheck", "model=micro", "--widths", "32,64", "--steps", "1", "--out", "coord",
-        cwd=work,
+        bin_ / "normbench", "coordcheck", "model=micro", "--widths", "32,64", "--steps", "1",
+        "--out", "coord", cwd=work,
     )  # fmt: skip
     assert coord.returncode == 0, coord.stdout + coord.stderr
     assert (work / "coord" / "coordcheck.csv").exists()

@@ -1,4 +1,5 @@
-"""Where the norm sits: the placements of recent models against hand-built blocks, DeepNorm, Post-LN, the final norm."""
+"""Where the norm sits: the placements of recent models against hand-built blocks, DeepNorm, Post-LN, the
+final norm."""
 
 from __future__ import annotations
 
@@ -42,15 +43,17 @@ def run_by_hand(model, idx, block_fn):
 @pytest.mark.parametrize(
     "placement, post_fraction, block_fn",
     [
-        ("lns", None, lambda l, b, x: hand_pre(b, x, scale=1 / math.sqrt(l))),
-        ("mixln", 0.25, lambda l, b, x: hand_post(b, x) if l <= 1 else hand_pre(b, x)),
-        ("mixln", 0.5, lambda l, b, x: hand_post(b, x) if l <= 2 else hand_pre(b, x)),
-        ("mixln", 0.0, lambda l, b, x: hand_pre(b, x)),
-        ("mixln", 1.0, lambda l, b, x: hand_post(b, x)),
+        ("lns", None, lambda layer, b, x: hand_pre(b, x, scale=1 / math.sqrt(layer))),
+        ("mixln", 0.25, lambda layer, b, x: hand_post(b, x) if layer <= 1 else hand_pre(b, x)),
+        ("mixln", 0.5, lambda layer, b, x: hand_post(b, x) if layer <= 2 else hand_pre(b, x)),
+        ("mixln", 0.0, lambda layer, b, x: hand_pre(b, x)),
+        ("mixln", 1.0, lambda layer, b, x: hand_post(b, x)),
         (
             "reordered",
             None,
-            lambda l, b, x: (lambda x: x + ln(b.norm_mlp_out, b.mlp(x)))(x + ln(b.norm_attn_out, b.attn(x))),
+            lambda layer, b, x: (lambda x: x + ln(b.norm_mlp_out, b.mlp(x)))(
+                x + ln(b.norm_attn_out, b.attn(x))
+            ),
         ),
     ],
 )
@@ -84,7 +87,7 @@ def test_deepnorm_alpha_and_beta_init():
     assert block.alpha == pytest.approx((2 * n_layer) ** 0.25)
     beta = (8 * n_layer) ** -0.25
     xavier = lambda fan_in, fan_out, gain: gain * math.sqrt(2.0 / (fan_in + fan_out))
-    q, k, v = block.attn.qkv.weight.split(d)
+    q, _k, v = block.attn.qkv.weight.split(d)
     assert q.std().item() == pytest.approx(xavier(d, d, 1.0), rel=0.05)
     assert v.std().item() == pytest.approx(xavier(d, d, beta), rel=0.05)
     assert block.mlp.fc.weight.std().item() == pytest.approx(xavier(d, 4 * d, beta), rel=0.05)
@@ -109,7 +112,7 @@ def test_post_placement_normalizes_the_residual_stream():
             {"name": placement, "final_norm": False},
         )
         outs = []
-        model.blocks[-1].register_forward_hook(lambda m, i, o: outs.append(o))
+        model.blocks[-1].register_forward_hook(lambda m, i, o, outs=outs: outs.append(o))
         model(idx)
         per_token = outs[0].std(-1, unbiased=False)
         assert torch.allclose(per_token, torch.ones_like(per_token), atol=1e-3) == normalized
@@ -166,7 +169,8 @@ def test_ngpt_matches_the_papers_formulas_by_hand():
 
 
 def ngpt_vectors(model) -> list[torch.Tensor]:
-    """Every vector nGPT keeps on the unit sphere: embedding rows, input projections' rows, output projections' columns."""
+    """Every vector nGPT keeps on the unit sphere: embedding rows, input projections' rows, output
+    projections' columns."""
     vectors = [model.tok_emb.weight] + ([model.pos_emb.weight] if model.pos_emb is not None else [])
     for block in model.blocks:
         vectors += [

@@ -334,7 +334,7 @@ def test_stability_map_and_leaks_future(tmp_path, monkeypatch):
                 status="diverged" if lr == 1e-2 else "completed",
                 final=float("nan") if lr == 1e-2 else 2.5,
             )
-    out, text = report([tmp_path])
+    out, _text = report([tmp_path])
     assert (out / "stability.png").exists()
     agg = pd.read_csv(out / "aggregate.csv")
     assert list(agg.columns[1:3]) == ["norm", "train.lr"]
@@ -481,7 +481,7 @@ def test_pdf_and_svg_charts(tmp_path, monkeypatch):
         assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")  # always: the page embeds it
 
 
-# --- logit diagnostics (issue #14) and implementation cost (issue #13) -------------------------------------------
+# --- logit diagnostics (issue #14) and implementation cost (issue #13) --------------------------------------
 
 
 def capture_charts(monkeypatch, *names) -> dict:
@@ -518,7 +518,7 @@ def test_logit_chart_plots_the_seed_mean_and_skips_non_finite_values(tmp_path, m
         final=math.nan,
         logits=[(1.0, 4.0), (2.0, 4.1), (math.inf, math.nan)],
     )
-    out, text = report([tmp_path])
+    out, _text = report([tmp_path])
     attn, log_z = drawn["logits"].axes[:2]
     assert attn.get_yscale() == "log" and log_z.get_yscale() == "linear"
     ln_attn, rms_attn = lines_by_label(attn)["ln"], lines_by_label(attn)["rms"]
@@ -607,7 +607,8 @@ BENCH_HEADER = "norm,impl,dim,dtype,device,pass,tokens,ms,gb_per_s,copy_gb_per_s
 
 
 def bench_csv(path, rows) -> None:
-    """rows: (norm, impl, dim, pass, ratio_to_ln, gb_per_s); LayerNorm's native op takes 1 ms, copy runs at 10 GB/s."""
+    """rows: (norm, impl, dim, pass, ratio_to_ln, gb_per_s); LayerNorm's native op takes 1 ms, copy runs at
+    10 GB/s."""
     path.write_text(
         BENCH_HEADER
         + "".join(
@@ -651,7 +652,7 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
     drawn = capture_charts(monkeypatch, "bench", "throughput")
     make_run(tmp_path / "runs", "a", norm="ln", stats=False)
     make_run(tmp_path / "runs", "b", norm="rms", stats=False)
-    out, text = report([tmp_path / "runs", tmp_path / "b.csv"])
+    out, _text = report([tmp_path / "runs", tmp_path / "b.csv"])
     fig = drawn["bench"]
     assert "dyt (1.20x" in fig.get_supxlabel().replace("\n", " ") and "scale" not in fig.get_supxlabel()
     ratio_ax = fig.axes[0]

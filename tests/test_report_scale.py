@@ -141,7 +141,8 @@ def test_best_lr_per_size_its_drift_and_sensitivity_match_a_hand_computation(tmp
         for w, lr_best in best.items():
             row = table[table["config"].eq(norm) & table["model.d_model"].eq(w)].iloc[0]
             assert row["best_value"] == pytest.approx(lr_best)
-            # Wortsman's sensitivity: mean over the grid of the excess over the best (no value near the init loss)
+            # Wortsman's sensitivity: mean over the grid of the excess over the best (no value near the init
+            # loss)
             hand = sum(0.1 * abs(math.log10(lr / lr_best)) for lr in GRID) / len(GRID)
             assert row["lr_sensitivity"] == pytest.approx(hand, abs=1e-12)
     trend = pd.read_csv(out / "trend.csv").set_index("config")
@@ -161,7 +162,7 @@ def test_a_size_with_one_seed_is_not_compared_and_claims_no_trend(tmp_path, monk
     gap = lambda w: 0.1 * math.log2(w)
     plant(tmp_path, gap, widths=(16,))
     plant(tmp_path, gap, widths=(32,), seeds=(0,))
-    out, text = report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
+    out, _text = report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
     table = pd.read_csv(out / "scale.csv")
     one = table[table["config"].eq("rms") & table["model.d_model"].eq(32)].iloc[0]
     assert one["diff_method"] == NEEDS_SEEDS and pd.isna(one["diff_ci_low"]) and one["vs_best"] == NEEDS_SEEDS

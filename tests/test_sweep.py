@@ -1,4 +1,5 @@
-"""normbench sweep: Hydra's multirun through the basic, joblib and submitit launchers, resume, index, dry-run."""
+"""normbench sweep: Hydra's multirun through normbench's sweeper and the local, joblib and submitit
+launchers; resume, index, dry-run, Ctrl-C."""
 
 from __future__ import annotations
 
@@ -551,7 +552,8 @@ def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_j
             OverridesParser.create(config_loader=hydras).parse_overrides(list(master.hydra.overrides.task))
         )
         assert len(jobs) == 16
-        # The grid's jobs (the fast way), one with a + override and one with a key the config lacks (Hydra's way).
+        # The grid's jobs (the fast way), one with a + override and one with a key the config lacks
+        # (Hydra's way).
         for job in [*jobs, [*jobs[0], "+train.extra=1"]]:
             fast, slow = composing.compose(loader, master, job), hydras.load_sweep_config(master, job)
             assert OmegaConf.to_container(fast) == OmegaConf.to_container(slow)
@@ -648,8 +650,9 @@ def test_a_sweep_that_is_not_needed_goes_with_its_warming_workers_and_leaves_not
 
 
 def test_the_multirun_child_never_imports_torch():
-    """The sweep command starts the child first thing: what it imports to start (normbench.sweeps.multirun,
-    normbench.sweeps.job for Hydra's task function) must not load PyTorch, a second of CPU."""
+    """The sweep command starts the child first thing: what it imports to start
+    (normbench.sweeps.multirun, normbench.sweeps.job for Hydra's task function) must not load PyTorch,
+    a second of CPU."""
     code = "import sys, normbench.sweeps.multirun, normbench.sweeps.job; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

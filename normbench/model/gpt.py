@@ -37,7 +37,9 @@ class ModelConfig:
     arch: str  # gpt2: learned positions, GELU MLP; llama: rotary embeddings, SwiGLU MLP, no biases
     attn_softcap: float  # c * tanh(z / c) on the attention logits before the softmax; 0 = off
     logit_softcap: float  # c * tanh(z / c) on the output logits before the loss; 0 = off
-    param: str  # sp: the standard parametrization; mup: μP for Adam (Tensor Programs V), docs/norms-and-placements.md#μp-width-transfer
+    # sp: the standard parametrization; mup: μP for Adam (Tensor Programs V),
+    # docs/norms-and-placements.md#μp-width-transfer
+    param: str
     base_width: int | None  # μP's base width: the d_model at which mup equals sp; needed under mup
     attn_gate: bool  # sigmoid(x W_g) times each head's attention output, channel by channel (Qiu et al. 2025)
     qk_norm_scope: (
@@ -98,7 +100,8 @@ class ModelConfig:
         self.v_norm_factory()
 
     def qk_norm_factory(self):
-        """A zero-argument builder of one QK-norm (over head_dim, or d_model with scope flat; no bias), or None."""
+        """A zero-argument builder of one QK-norm (over head_dim, or d_model with scope flat; no bias), or
+        None."""
         dim = self.d_model if self.qk_norm_scope == "flat" else self.d_model // self.n_head
         return _attn_norm_factory("qk_norm", self.qk_norm, dim, "queries and keys")
 
@@ -112,7 +115,8 @@ class ModelConfig:
 
 
 def _attn_norm_factory(key: str, name: str, dim: int, what: str):
-    """A zero-argument builder of ``model.{key}=name`` over ``dim`` channels without a bias, or None for none."""
+    """A zero-argument builder of ``model.{key}=name`` over ``dim`` channels without a bias, or None for
+    none."""
     allowed = ["none", *qk_norms()]
     if name == "none":
         return None
@@ -253,7 +257,8 @@ class GPT(nn.Module):
 
         docs/norms-and-placements.md#μp-width-transfer: gpt2's N(0, 0.02) is width-free, so its hidden
         matrices get std / sqrt(m) (variance ∝ 1/fan_in, SP's at the base width); Xavier's std already
-        falls as 1/sqrt(fan), as does DeepNorm's own init, applied after this. Embeddings and vectors keep theirs.
+        falls as 1/sqrt(fan), as does DeepNorm's own init, applied after this. Embeddings and vectors keep
+        theirs.
         """
         m = cfg.width_mult()
         if cfg.init == "gpt2":

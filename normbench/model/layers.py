@@ -3,8 +3,8 @@
 
 The projections are named so the diagnostics can find them: ``attn.qkv`` (input),
 ``attn.proj`` (output), ``mlp.fc`` (input), ``mlp.proj`` (output); QK-norm's two norms
-are ``attn.q_norm`` and ``attn.k_norm``, the values' ``attn.v_norm``, the output gate ``attn.gate``. The output
-projections write into the residual stream and carry ``residual_proj = True``,
+are ``attn.q_norm`` and ``attn.k_norm``, the values' ``attn.v_norm``, the output gate ``attn.gate``. The
+output projections write into the residual stream and carry ``residual_proj = True``,
 which the initialisation scales.
 """
 

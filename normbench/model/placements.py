@@ -7,8 +7,8 @@ plus one YAML file in ``conf/placement/``. Every block gets the same two sub-lay
 a ``BlockSpec`` (sizes, depth, its own 1-based layer index) and a ``make_norm(position)``
 factory, so any norm works in any placement and no block ever looks at which norm it was
 given. A placement that acts outside its blocks (nGPT: the embeddings, the logits, the
-weights after each step) names a ``ModelHooks`` subclass, which the model calls. A placement's own options (``placement.post_fraction``) are
-the keyword-only arguments of its constructor, checked by ``check_options``.
+weights after each step) names a ``ModelHooks`` subclass, which the model calls. A placement's own options
+(``placement.post_fraction``) are the keyword-only arguments of its constructor, checked by ``check_options``.
 """
 
 from __future__ import annotations
@@ -317,7 +317,8 @@ class HybridNormBlock(Block):
 
 
 def unit(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """x / ||x|| along ``dim``, in float32 for a half input (the precision contract of normbench.model.norms)."""
+    """x / ||x|| along ``dim``, in float32 for a half input (the precision contract of
+    normbench.model.norms)."""
     wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     return F.normalize(wide, dim=dim).to(x.dtype)
 

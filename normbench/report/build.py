@@ -8,7 +8,8 @@
     charts   the registered charts
     render   report.html, summary.md, the terminal
 
-and the files: summary.csv, aggregate.csv, tuned.csv, scale.csv, trend.csv, summary.md, report.html, the charts.
+and the files: summary.csv, aggregate.csv, tuned.csv, scale.csv, trend.csv, summary.md, report.html, the
+charts.
 """
 
 from __future__ import annotations

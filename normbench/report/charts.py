@@ -348,7 +348,8 @@ def chart_tuning(d: ReportData):
 
 
 def _tuning_points(group: pd.DataFrame, mean_ci) -> list[tuple]:
-    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds not completed)."""
+    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds not
+    completed)."""
     points = []
     for value, at in group.groupby("_value"):
         done = at.loc[at["status"].eq("completed"), "final_val_loss"].dropna()
@@ -551,7 +552,8 @@ def chart_scale_tuning(d: ReportData):
                 continue
             points = _tuning_points(at, mean_ci)
             r = row.iloc[0]
-            # the sensitivity goes in the panel's note: in the label it would split a configuration's legend entry
+            # the sensitivity goes in the panel's note: in the label it would split a configuration's legend
+            # entry
             mark = pd.Series(
                 {
                     "config": config,
@@ -657,7 +659,8 @@ def chart_grad_by_layer(d: ReportData):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     fig.suptitle(
-        f"Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS{_at_best_note(d)}"
+        "Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual "
+        f"RMS{_at_best_note(d)}"
     )
     _legend(fig, axes)
     return fig
@@ -735,7 +738,10 @@ def chart_logits(d: ReportData):
             ),
         )
     if not panels:
-        return "no stats record with logit diagnostics in metrics.jsonl (runs older than them, or train.stats_every=0)"
+        return (
+            "no stats record with logit diagnostics in metrics.jsonl (runs older than them, or "
+            "train.stats_every=0)"
+        )
     fig, axes = _figure(len(panels), width=6.0, height=4.2)
     for ax, (y, title, ylabel, scale) in zip(axes, panels):
         _bands(ax, d, d.logits, "step", y)

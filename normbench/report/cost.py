@@ -1,7 +1,7 @@
 """Implementation cost: whether a bench CSV shows a norm's implementation at the cost its math allows.
 
-RMSNorm, ScaleNorm, DyT and per-token GroupNorm read and write no more memory than LayerNorm, so an implementation
-of theirs slower than LayerNorm's native op by more than ``LIMIT`` measures the code, not the
+RMSNorm, ScaleNorm, DyT and per-token GroupNorm read and write no more memory than LayerNorm, so an
+implementation of theirs slower than LayerNorm's native op by more than ``LIMIT`` measures the code, not the
 norm (issue #13). The bench chart, the throughput chart and the verdict all carry the one
 sentence built here, so a throughput difference is never read as a property of the norm
 without it.

@@ -14,8 +14,8 @@ each configuration at each size (scale.csv):
 Across sizes, per configuration (trend.csv): the difference against log2(x), x the size's
 parameters (its tokens when KEY is a token budget or the parameters do not change; KEY's own
 value when neither does), fitted by weighted least squares with weights 1/SE² over the sizes
-where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis-how-a-verdict-moves-with-size). The slope's variance is the
-one the seeds give, 1/Σ wᵢ(xᵢ - x̄)², with Welch-Satterthwaite degrees of freedom (from the
+where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis-how-a-verdict-moves-with-size). The slope's
+variance is the one the seeds give, 1/Σ wᵢ(xᵢ - x̄)², with Welch-Satterthwaite degrees of freedom (from the
 scatter of ≥ 3 sizes only when no size has any spread); with ≥ 3 sizes a χ² test says whether
 the sizes lie off the line by more than their seeds explain (the gap moves, but not in a straight
 line in log x), and the sentence says so. The interval is Student's t.
@@ -160,7 +160,8 @@ class Fit:
 
 
 def fit_trend(x, gap, se, df) -> Fit:
-    """Weighted least squares of ``gap`` on log2(``x``), weights 1/se²; the slope's 95% interval (module doc)."""
+    """Weighted least squares of ``gap`` on log2(``x``), weights 1/se²; the slope's 95% interval (module
+    doc)."""
     t = np.log2(np.asarray(x, float))
     gap, se, df = (np.asarray(v, float) for v in (gap, se, df))
     positive = se[se > 0]
@@ -416,7 +417,8 @@ def _x_words(s: Scale) -> str:
 
 
 def scale_verdict(s: Scale) -> list[str]:
-    """The trend section's sentences: the axis, each size's verdict, each comparison's trend, the best value's drift."""
+    """The trend section's sentences: the axis, each size's verdict, each comparison's trend, the best
+    value's drift."""
     t, key, short = s.table.assign(_size=s.table[s.key]), s.key, _short(s.key)
     sizes = sorted(t[key].unique())
     how = "detected: the one size key that varies" if s.detected else "given with --scale"
@@ -425,7 +427,8 @@ def scale_verdict(s: Scale) -> list[str]:
         s.x, f"{key} itself"
     )
     out = [
-        f"Scale axis {key} ({how}): sizes {', '.join(map(_fmt_value, sizes))}. Each configuration is compared with "
+        f"Scale axis {key} ({how}): sizes {', '.join(map(_fmt_value, sizes))}. Each configuration is "
+        "compared with "
         f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in final "
         f"validation loss (positive: worse than the baseline), and the difference is fitted against log2 of "
         f"{x} by weighted least squares (weights 1/SE², t interval on the slope)."
@@ -445,7 +448,8 @@ def scale_verdict(s: Scale) -> list[str]:
                 parts.append(
                     f"{name}: "
                     + ", ".join(
-                        f"{r['config']} {r['diff_vs_best']:+.3f} {fmt_ci(r, 'diff_vs_best_ci_low', 'diff_vs_best_ci_high', '+')}"
+                        f"{r['config']} {r['diff_vs_best']:+.3f} "
+                        f"{fmt_ci(r, 'diff_vs_best_ci_low', 'diff_vs_best_ci_high', '+')}"
                         for _, r in rows.iterrows()
                     )
                 )

@@ -159,7 +159,8 @@ def _sensitivity(d: ReportData) -> list[str]:
     grids = t["grid"].unique()
     values = _list([f"{r.config} {r.lr_sensitivity:.3f}" for r in t.itertuples(index=False)])
     text = (
-        f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each configuration's "
+        f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each "
+        "configuration's "
         f"best across the grid, a diverged value counting as the loss at init; lower = more robust; "
         f"a point value, no interval): {values}."
     )
@@ -209,7 +210,8 @@ def _throughput(d: ReportData) -> list[str]:
             call = "faster in these runs" if c.ci.low > 0 else "slower in these runs"
         parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
     return [
-        f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference): "
+        f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the "
+        "difference): "
         f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
         f"well; normbench bench compares the norms' speed under control. "
         # the caveat: which norms' implementations are not at their limit (or that it is unknown)

@@ -83,9 +83,9 @@ class WarmPool:
                 idx = running.pop(future)
                 try:
                     returns[idx] = future.result()
-                except SystemExit as err:  # a job stopped by a signal, after its checkpoint
-                    stop = stop or err
-                except KeyboardInterrupt as err:
+                except (
+                    BaseException
+                ) as err:  # a job stopped by a signal (after its checkpoint), a lost worker
                     stop = stop or err
                 if stop is None:
                     submit_next()

@@ -70,7 +70,8 @@ def read_until(proc: subprocess.Popen, marker: str) -> tuple[str | None, list[by
 
 
 def copy_output(proc: subprocess.Popen, log: Path, before: list[bytes]) -> threading.Thread:
-    """Append ``before``, then the child's output as it comes, to ``log``, until all its processes close it."""
+    """Append ``before``, then the child's output as it comes, to ``log``, until all its processes
+    close it."""
 
     def copy() -> None:
         with open(log, "ab") as out:

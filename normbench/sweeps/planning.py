@@ -159,7 +159,8 @@ def short(err: Exception) -> str:
 
 
 def default_sweep_dir(cfg: DictConfig, arguments: list[str]) -> Path:
-    """results/sweeps/<experiment or grid>-<hash of the user's overrides>: the same command finds the same directory.
+    """results/sweeps/<experiment or grid>-<hash of the user's overrides>: the same command finds the same
+    directory.
 
     The hash ignores the order of the overrides, the launcher and other hydra.* settings,
     and the keys that never change a result (NOT_HASHED).
@@ -192,7 +193,7 @@ def grid(overrides) -> list[list[str]]:
 
 
 def names_runs_by_job(master: DictConfig) -> bool:
-    """Whether hydra.sweep.subdir reads the job's Hydra config (${hydra:job.num}, say) rather than its config."""
+    """Whether hydra.sweep.subdir reads the job's Hydra config (${hydra:job.num}, say), not its config."""
     return "${hydra:" in str(OmegaConf.to_container(master.hydra.sweep)["subdir"])
 
 

@@ -66,7 +66,8 @@ STYLES = {
 
 
 def _table(title: str, plan: Plan) -> Table:
-    """A table with the job number and one column per swept key, which keep their width; the run dir gives way."""
+    """A table with the job number and one column per swept key, which keep their width; the run dir
+    gives way."""
     table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right", no_wrap=True)
     names = [key.rsplit(".", 1)[-1] for key in plan.varying]  # train.lr -> lr, unless two keys end alike
@@ -200,7 +201,8 @@ def too_large_for_every_node(remote: dict, nodes: list[dict], address: str | Non
         f"the largest node of the Ray cluster at {address}" if address else "this machine (Ray started here)"
     )
     return (
-        f"each run asks Ray for {count(int(want['CPU']), 'CPU')} and {count(int(want['GPU']), 'GPU')}, but {where} "
+        f"each run asks Ray for {count(int(want['CPU']), 'CPU')} and {count(int(want['GPU']), 'GPU')}, "
+        f"but {where} "
         f"has {count(have['CPU'], 'CPU')} and {count(have['GPU'], 'GPU')}: no run could ever start; set {fix}"
     )
 
@@ -320,7 +322,8 @@ def _failed_before_launch(child: subprocess.Popen, output: list[bytes], console:
 
 
 def _interrupted(plan: Plan, by_dir: dict[str, dict], args: list[str], retry_failed: bool) -> str:
-    """Ctrl-C's one line: what finished, what was cut short, what never started, and the command that resumes."""
+    """Ctrl-C's one line: what finished, what was cut short, what never started, and the command that
+    resumes."""
     states = {job.run_dir: by_dir.get(job.run_dir.name, {}).get("status", "pending") for job in plan.jobs}
     finished = sum(s in FINISHED for s in states.values())
     cut = [d for d, s in states.items() if s in ("interrupted", "running")]
@@ -349,7 +352,8 @@ def _efficiency(plan: Plan, started: float) -> str:
     wall = time.perf_counter() - started
     if not workers or not any(steps):
         return ""
-    return f", training steps {100 * sum(steps) / (workers * wall):.0f}% of {workers} worker{'s' if workers > 1 else ''} x {wall:.0f} s"
+    share = 100 * sum(steps) / (workers * wall)
+    return f", training steps {share:.0f}% of {workers} worker{'s' if workers > 1 else ''} x {wall:.0f} s"
 
 
 def _account_for_others(plan: Plan, by_dir: dict[str, dict], console: Console) -> None:

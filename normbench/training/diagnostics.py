@@ -15,8 +15,8 @@ The logits are the two instabilities of Wortsman et al. 2023: attention logits t
 grow until attention is one-hot (``max_attn_logit``, fixed by QK-norm) and output
 logits that drift (``max_log_z``, fixed by z-loss). Under soft-capping (model.attn_softcap,
 model.logit_softcap) these are what the softmax sees, after the cap, and ``*_raw`` beside them
-the values before it; without a cap the two are the same and only the first is written. SDPA never materializes the
-attention logits, so a statistics step computes them once more from the layer's own
+the values before it; without a cap the two are the same and only the first is written. SDPA never
+materializes the attention logits, so a statistics step computes them once more from the layer's own
 q and k (``CausalSelfAttention.heads``): one extra q·kᵀ per layer, on that step only.
 """
 
@@ -62,7 +62,8 @@ def attention_logits(
     q: torch.Tensor, k: torch.Tensor, cap: float = 0.0, scale: float | None = None
 ) -> torch.Tensor:
     """The logits SDPA would softmax, q·kᵀ · scale in float32 (scale None: 1/sqrt(head_dim); μP's 1/head_dim
-    comes as the attention's ``scale``), the future at -inf; soft-capped, cap * tanh(logits / cap), where ``cap`` > 0."""
+    comes as the attention's ``scale``), the future at -inf; soft-capped, cap * tanh(logits / cap), where
+    ``cap`` > 0."""
     T = q.shape[-2]
     logits = (q.float() @ k.float().transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if cap > 0:
@@ -99,18 +100,21 @@ SATURATION = 2.0
 
 
 def saturated_fraction(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The fraction of the elements of x whose argument(x) (alpha x, Derf's alpha x + s) is beyond SATURATION."""
+    """The fraction of the elements of x whose argument(x) (alpha x, Derf's alpha x + s) is beyond
+    SATURATION."""
     return (norm.argument(x.detach().float()).abs() > SATURATION).float().mean()
 
 
 # The run-level peaks summary.json carries: the largest value any statistics step saw.
 PEAKS = ("max_attn_logit", "max_log_z")
-# Each peak's value before the soft-cap (model.attn_softcap, model.logit_softcap), carried where that cap is on.
+# Each peak's value before the soft-cap (model.attn_softcap, model.logit_softcap), carried where that cap is
+# on.
 RAW_PEAKS = {"max_attn_logit": "max_attn_logit_raw", "max_log_z": "max_log_z_raw"}
 
 
 def _largest(values) -> float | None:
-    """The largest of the layers' values; NaN if any is NaN (a diverging run), whatever its order; None if none."""
+    """The largest of the layers' values; NaN if any is NaN (a diverging run), whatever its order; None if
+    none."""
     values = [v for v in values if v is not None]
     return (math.nan if any(map(math.isnan, values)) else max(values)) if values else None
 

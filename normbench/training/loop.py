@@ -238,7 +238,8 @@ class Run:
             run.data, run.model.block_size
         )  # an earlier run's corpus is not this run's memory
         self.memory = PeakMemory(self.device)  # before the data and model exist
-        # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every rank).
+        # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every
+        # rank).
         torch.manual_seed(run.seed + distributed.rank())
         eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
         self.data = build_dataset(run.data, run.model.block_size, eval_sequences)
@@ -314,8 +315,8 @@ class Run:
         }
 
     def checkpoint_state(self) -> dict:
-        """Model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG streams, for a checkpoint.
-        A collective under torchrun: every rank's dropout RNG is gathered."""
+        """Model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG streams, for a
+        checkpoint. A collective under torchrun: every rank's dropout RNG is gathered."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -540,7 +541,8 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         state = Run(run, run_dir)
         if state.compile_error:
             console.print(
-                f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]",
+                f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
+                "eagerly[/yellow]",
                 soft_wrap=True,
             )
         loop = Loop(state, console, started, phases)
@@ -633,7 +635,8 @@ def interrupted(loop: Loop, stop: StopSignals, step: int) -> dict:
 
 
 def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dict) -> dict:
-    """summary.json's content: results, speed, memory, diagnostics, the causality probe and the environment."""
+    """summary.json's content: results, speed, memory, diagnostics, the causality probe and the
+    environment."""
     state, tcfg = loop.state, loop.tcfg
     finite_vals = [v for v in loop.val_losses if math.isfinite(v)]
     finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]
