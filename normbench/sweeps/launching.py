@@ -64,12 +64,13 @@ class WarmPool:
         stop: BaseException | None = None
 
         def submit_next() -> None:
-            for idx, overrides in todo:
-                cfg = composing.compose(self.hydra_context.config_loader, master, list(overrides))
-                with open_dict(cfg):
-                    cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{idx}", idx
-                running[self.executor.submit(_execute, cfg)] = idx
+            idx, overrides = next(todo, (None, None))
+            if overrides is None:
                 return
+            cfg = composing.compose(self.hydra_context.config_loader, master, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{idx}", idx
+            running[self.executor.submit(_execute, cfg)] = idx
 
         for _ in range(self.workers):
             submit_next()
@@ -83,9 +84,7 @@ class WarmPool:
                 idx = running.pop(future)
                 try:
                     returns[idx] = future.result()
-                except (
-                    BaseException
-                ) as err:  # a job stopped by a signal (after its checkpoint), a lost worker
+                except BaseException as err:  # a job stopped by a signal (at a checkpoint); a lost worker
                     stop = stop or err
                 if stop is None:
                     submit_next()

@@ -86,12 +86,7 @@ class Plan:
         ]
         for j in jobs:
             del j["num"]
-        body = {
-            "sweep_dir": str(self.sweep_dir),
-            "varying": self.varying,
-            "launcher": self.launcher,
-            "jobs": jobs,
-        }
+        body = {"varying": self.varying, "launcher": self.launcher, "jobs": jobs}
         write_atomic(self.sweep_dir / PLAN, json.dumps(body, indent=1) + "\n")
 
     @classmethod
