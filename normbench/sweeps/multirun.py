@@ -77,7 +77,7 @@ def copy_output(proc: subprocess.Popen, log: Path, before: list[bytes]) -> threa
         with open(log, "ab") as out:
             out.writelines(before)
             out.flush()
-            while chunk := os.read(proc.stdout.fileno(), 1 << 16):
+            while chunk := proc.stdout.read1(1 << 16):  # what read_until's reads left buffered, first
                 out.write(chunk)
                 out.flush()
 
