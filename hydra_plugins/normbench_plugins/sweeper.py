@@ -38,8 +38,12 @@ class NormbenchSweeper(Sweeper):
         self.launcher = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from normbench.sweeps.planning import pin_sweep_dir
+
         self.hydra_context, self.config = hydra_context, config
-        # The launcher is set up first: the local one starts warming its workers while this plans.
+        # Before the launcher reads the config (submitit's folder is ${hydra.sweep.dir}/.submitit).
+        self.sweep_dir = pin_sweep_dir(config)
+        # The launcher is set up before the plan: the local one warms its workers while this plans.
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
@@ -51,7 +55,9 @@ class NormbenchSweeper(Sweeper):
 
         try:
             params = [f"{k}={v}" for k, v in self.params.items()]
-            plan = make_plan(self.hydra_context.config_loader, self.config, [*params, *arguments])
+            plan = make_plan(
+                self.hydra_context.config_loader, self.config, [*params, *arguments], self.sweep_dir
+            )
             ray_preflight(plan.launcher)
             plan.write()
             OmegaConf.save(self.config, plan.sweep_dir / "multirun.yaml")

@@ -208,18 +208,18 @@ def pin_sweep_dir(master: DictConfig) -> Path:
     return sweep_dir
 
 
-def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str]) -> Plan:
+def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str], sweep_dir: Path) -> Plan:
     """The jobs of the grid, each composed as its launcher will compose it, with its run directory and state.
 
-    ``master``: the multirun's config (its sweep directory pinned here); ``overrides``: the sweeper's
-    params (an experiment's grid), then the task overrides from the command line.
+    ``master``: the multirun's config, its sweep directory pinned (``pin_sweep_dir``, which gave
+    ``sweep_dir``); ``overrides``: the sweeper's params (an experiment's grid), then the task
+    overrides from the command line.
     """
     from normbench.training.config import parse_config
 
     if master.hydra.sweeper.get("_target_") != SWEEPER:
         raise ConfigError("normbench sweep plans with its own sweeper", allowed=["hydra/sweeper=normbench"])
     try:
-        sweep_dir = pin_sweep_dir(master)
         parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
         needs_hydra_resolver = names_runs_by_job(master)
         jobs = []
@@ -276,7 +276,7 @@ def plan_sweep(args: list[str]) -> Plan:
             except (HydraException, OmegaConfBaseException) as err:
                 raise ConfigError(short(err)) from None
             params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
-            return make_plan(loader, master, [*params, *master.hydra.overrides.task])
+            return make_plan(loader, master, [*params, *master.hydra.overrides.task], pin_sweep_dir(master))
     finally:
         GlobalHydra.instance().clear()
 
