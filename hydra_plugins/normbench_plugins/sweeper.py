@@ -8,7 +8,7 @@ Only the runs with something to do are launched: new ones, interrupted ones, and
 """
 
 from dataclasses import dataclass
-from typing import Any  # a structured config's types, as OmegaConf reads them
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins

@@ -195,12 +195,14 @@ def names_runs_by_job(master: DictConfig) -> bool:
 def pin_sweep_dir(master: DictConfig) -> Path:
     """The sweep directory (as the user gave it, else ``default_sweep_dir``), then fixed in the master
     config and in the overrides every job is composed from: absolute, because a launcher may run a
-    job in another working directory, and resolved once, because ${now:...} would differ in every process."""
-    given = {o.split("=", 1)[0].lstrip("+") for o in master.hydra.overrides.hydra}
+    job in another working directory, and resolved once, because ${now:...} would differ in every
+    process."""
+    as_written = OmegaConf.to_container(master.hydra.overrides.hydra)  # ${hydra:...} unresolved
+    given = {o.split("=", 1)[0].lstrip("+") for o in as_written}
     if "hydra.sweep.dir" in given:
         sweep_dir = Path(str(master.hydra.sweep.dir))
     else:
-        sweep_dir = default_sweep_dir(master, list(master.hydra.overrides.task))
+        sweep_dir = default_sweep_dir(master, OmegaConf.to_container(master.hydra.overrides.task))
     pinned = str(sweep_dir.resolve())
     with read_write(master), open_dict(master):
         master.hydra.sweep.dir = pinned
@@ -276,7 +278,8 @@ def plan_sweep(args: list[str]) -> Plan:
             except (HydraException, OmegaConfBaseException) as err:
                 raise ConfigError(short(err)) from None
             params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
-            return make_plan(loader, master, [*params, *master.hydra.overrides.task], pin_sweep_dir(master))
+            task = OmegaConf.to_container(master.hydra.overrides.task)
+            return make_plan(loader, master, [*params, *task], pin_sweep_dir(master))
     finally:
         GlobalHydra.instance().clear()
 
