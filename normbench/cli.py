@@ -186,6 +186,15 @@ def report(
             "the largest size."
         ),
     ),
+    predict: str | None = typer.Option(
+        None,
+        "--predict",
+        help=(
+            "Sizes to predict at, comma-separated, in parameters (tokens for a token key): each "
+            "configuration's L = E + A x^-alpha fit, its loss and gap there with 95% intervals, and a "
+            "backtest on the largest size. Needs --scale."
+        ),
+    ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
     from normbench.core.errors import ConfigError
@@ -201,6 +210,7 @@ def report(
             tune_key=tune,
             scale_key=scale,
             baseline=baseline,
+            predict=predict,
         )
     except ConfigError as err:
         _fail(err)

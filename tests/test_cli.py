@@ -29,7 +29,7 @@ def test_help_lists_commands_groups_and_examples():
     assert train.exit_code == 0
     from normbench.core.configtree import group_options
 
-    placements = "deepnorm, hybrid, lns, mixln, ngpt, peri, post, pre, reordered"
+    placements = "deepnorm, hybrid, lns, mixln, ngpt, peri, post, pre, reordered, rezero"
     assert placements == ", ".join(group_options("placement"))
     for text in (
         "norm",
@@ -125,6 +125,11 @@ BAD = [
         "placement 'pre' has no option post_fraction; allowed: placement.final_norm",
     ),
     (["train.z_loss=-1"], "train.z_loss must be >= 0, got -1"),
+    (
+        ["placement=ngpt", "model.attn_gate=true"],
+        "placement=ngpt keeps every matrix on the unit sphere, where model.attn_gate's x W_g would be a "
+        "cosine in [-1, 1], not the gate of Qiu et al. 2025; allowed: model.attn_gate=false",
+    ),
 ]
 
 

@@ -29,6 +29,9 @@ RUN_CHARTS = [
     "logits",
 ]
 SCALE_CHARTS = ["scale_gap", "scale_best_value", "scale_tuning"]  # with a scale axis only (test_report_scale)
+# with per-layer residual variance or layer-skip losses, with ≥ 2 placements' per-layer statistics
+# (test_report_depth); with --predict (test_report_predict)
+DEPTH_CHARTS, PREDICT_CHARTS = ["depth_profile", "grad_profile"], ["predict"]
 
 
 def make_run(
@@ -434,7 +437,13 @@ def test_200_runs(tmp_path):
     assert len(agg) == 20 and agg["runs"].sum() == 200 and agg["diverged"].sum() == 20
     assert all((out / f"{name}.png").exists() for name in RUN_CHARTS)
     assert not any((out / f"{name}.png").exists() for name in SCALE_CHARTS)  # no size varies
-    assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | set(SCALE_CHARTS) | {"bench"}
+    assert {name for name, _, _ in CHARTS} == {
+        *RUN_CHARTS,
+        *SCALE_CHARTS,
+        *DEPTH_CHARTS,
+        *PREDICT_CHARTS,
+        "bench",
+    }
 
 
 @pytest.mark.slow  # a sweep's job processes
@@ -671,6 +680,19 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
     assert "dyt" not in drawn["throughput"].get_supxlabel()
     sentence = next(s for s in (out / "summary.md").read_text().splitlines() if s.startswith("- Throughput"))
     assert "not at their limit on cpu: rms (1.30x LayerNorm at 1024 fp32 fwd+bwd)" in sentence
+
+
+def test_bench_note_holds_derf_to_layernorms_op_as_the_bench_does(tmp_path):
+    from normbench.report.cost import implementation_note
+    from normbench.report.load import read_bench
+
+    bench_csv(
+        tmp_path / "b.csv",
+        [("ln", "native", 256, "fwd", 1.0, 5.0), ("derf", "normbench", 256, "fwd", 1.3, 4.0)],
+    )
+    assert implementation_note(read_bench([tmp_path / "b.csv"])).startswith(
+        "Implementations not at their limit on cpu: derf (1.30x LayerNorm at 256 fp32 fwd)"
+    )
 
 
 def test_without_a_bench_csv_the_throughput_note_says_the_cost_is_unknown(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ ADDED_KEYS = {
     "model.attn_gate": False,
     "model.qk_norm_scope": "head",
     "model.v_norm": "none",
+    "model.ln_scaling": False,
     "norm.alpha_init_attn": None,
     "norm.alpha_init_mlp": None,
     "norm.alpha_init_final": None,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import math
 import os
 import urllib.request
 from dataclasses import dataclass
@@ -281,8 +280,3 @@ def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):
             raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.val_fraction}")
         return WindowDataset(tokens, len(chars), block_size, cfg.val_fraction)
     raise ConfigError(f"unknown data '{cfg.name}'", allowed=["synthetic", "text", "shakespeare"])
-
-
-def uniform_floor(vocab_size: int) -> float:
-    """The floor of an i.i.d. uniform process: ln(vocab)."""
-    return math.log(vocab_size)

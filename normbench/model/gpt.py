@@ -46,6 +46,7 @@ class ModelConfig:
         str  # head: QK-norm over head_dim per head; flat: over all heads' channels at once (OLMo 2)
     )
     v_norm: str  # a norm on v per head over head_dim, or none
+    ln_scaling: bool  # LayerNorm Scaling: each block's norm outputs times 1/sqrt(l), l its 1-based layer
 
     def validate(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "block_size"):
@@ -91,6 +92,10 @@ class ModelConfig:
         if not isinstance(self.attn_gate, bool):
             raise ConfigError(
                 f"model.attn_gate must be true or false, got {self.attn_gate!r}", allowed=["false", "true"]
+            )
+        if not isinstance(self.ln_scaling, bool):
+            raise ConfigError(
+                f"model.ln_scaling must be true or false, got {self.ln_scaling!r}", allowed=["false", "true"]
             )
         if self.qk_norm_scope not in QK_NORM_SCOPES:
             raise ConfigError(
@@ -184,6 +189,29 @@ def hidden_weights(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
 
 
+class DepthScaled(nn.Module):
+    """A block's norm with its output times 1/sqrt(l), l the block's 1-based layer (model.ln_scaling).
+
+    LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", arXiv 2502.05795) as a model option:
+    it scales whatever norms the placement builds (model.qk_norm, model.v_norm and the final norm
+    are left alone). Under Pre-LN this is ``placement=lns``; under Post-LN it scales the residual
+    stream itself.
+    """
+
+    def __init__(self, norm: nn.Module, layer: int):
+        super().__init__()
+        self.norm = norm
+        self.factor = layer**-0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) * self.factor
+
+
+def _depth_scaled(make_norm, layer: int):
+    """make_norm whose norms are DepthScaled for ``layer``."""
+    return lambda *args, **kwargs: DepthScaled(make_norm(*args, **kwargs), layer)
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, norm: dict, placement: dict):
         super().__init__()
@@ -194,6 +222,16 @@ class GPT(nn.Module):
         make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
         block_cls = placement_class(placement["name"])
         options = placement_options(placement)
+        if cfg.ln_scaling and placement["name"] in ("lns", "ngpt", "rezero"):
+            raise ConfigError(
+                f"model.ln_scaling=true with placement={placement['name']}: "
+                + (
+                    "lns already scales its norms (it is pre with ln_scaling)"
+                    if placement["name"] == "lns"
+                    else "the placement builds no norm to scale"
+                ),
+                allowed=["model.ln_scaling=false", "placement=pre model.ln_scaling=true"],
+            )
         make_qk_norm, make_v_norm = cfg.qk_norm_factory(), cfg.v_norm_factory()
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         # llama has no learned positions: rotary embeddings rotate q and k in every attention layer.
@@ -215,7 +253,7 @@ class GPT(nn.Module):
                     make_qk_norm=make_qk_norm,
                     make_v_norm=make_v_norm,
                 ),
-                make_norm,
+                _depth_scaled(make_norm, layer) if cfg.ln_scaling else make_norm,
                 **options,
             )
             for layer in range(1, cfg.n_layer + 1)

@@ -30,7 +30,7 @@ from normbench.data.corpus import build_dataset, forget_other_corpora
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, hidden_weights, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
-from normbench.training.diagnostics import PEAKS, LayerStats, global_grad_norm
+from normbench.training.diagnostics import PEAKS, LayerStats, global_grad_norm, layer_skip_losses
 from normbench.training.display import TrainProgress
 from normbench.training.perf import (
     PeakMemory,
@@ -591,8 +591,13 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         return interrupted(loop, stop, step)
     with phases("probe"):
         leak = state.probe() if status != "failed" else {"train": None, "eval": None}
+        # each layer's contribution (docs/diagnostics.md), with the other statistics
+        skip = (
+            layer_skip_losses(state.model, state.evaluate) if loop.stats and status == "completed" else None
+        )
     with phases("finish"):
         summary = run_summary(loop, status, error, step, leak)
+        summary["layer_skip_loss"] = skip
     return save_result(loop, summary)
 
 
