@@ -710,7 +710,7 @@ def test_a_sweep_plans_the_run_directories_and_hashes_it_always_did(
 def test_the_sweep_command_forwards_every_signal_a_job_checkpoints_on():
     """The sweep command names the stop signals itself (it must not import PyTorch); they must be the
     ones the training loop checkpoints on, or a preempted sweep's jobs would die without a checkpoint."""
-    from normbench.sweeps.sweep import STOP_SIGNALS
+    from normbench.sweeps.multirun import STOP_SIGNALS
     from normbench.training.preemption import SIGNALS
 
     assert STOP_SIGNALS == SIGNALS

@@ -8,9 +8,9 @@ launching process, where the plan composed every choice of groups already): a wo
 nothing and scans no plugins; it runs each job through Hydra's public ``run_job``.
 
 At most ``n_jobs`` jobs are in flight: when one returns, the next is submitted. So a stop starts
-no new job: Ctrl-C (SIGINT to the sweep's process group) and a job that exits on a stop signal
-(SIGTERM, SLURM's notice: it saved a checkpoint) let the running jobs finish their stop, then the
-launcher raises the same stop. When the last job has returned the workers are let go, and each
+no new job: Ctrl-C or SIGTERM (to the sweep's process group, where the jobs get it too) and a job
+that exits on a stop signal (it saved a checkpoint) let the running jobs finish their stop, then
+the launcher raises the same stop. When the last job has returned the workers are let go, and each
 exits without tearing PyTorch down (most of a second each).
 """
 
@@ -20,7 +20,9 @@ import atexit
 import logging
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -32,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normbench.core.devices import local_parallel_jobs
 from normbench.sweeps import composing
+from normbench.sweeps.multirun import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 _worker: dict = {}  # in a worker: the Hydra context and task function every job runs with
@@ -72,29 +75,39 @@ class WarmPool:
 
         def submit_next() -> None:
             idx, overrides = next(todo, (None, None))
-            if overrides is None:
+            if overrides is None or stop is not None:
                 return
             cfg = composing.compose(self.hydra_context.config_loader, master, list(overrides))
             with open_dict(cfg):
                 cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{idx}", idx
             running[self.executor.submit(_execute, cfg)] = idx
 
-        for _ in range(self.workers):
-            submit_next()
-        while running:
-            try:
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-            except KeyboardInterrupt as err:  # Ctrl-C: the running jobs got it too and are stopping
-                stop = stop or err
-                continue
-            for future in done:
-                idx = running.pop(future)
+        def stopped(signum, frame) -> None:  # SIGTERM (preemption) reached the group: no new job
+            nonlocal stop
+            stop = stop or SystemExit(128 + signum)
+
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            previous = {sig: signal.signal(sig, stopped) for sig in STOP_SIGNALS}
+        try:
+            for _ in range(self.workers):
+                submit_next()
+            while running:
                 try:
-                    returns[idx] = future.result()
-                except BaseException as err:  # a job stopped by a signal (at a checkpoint); a lost worker
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                except KeyboardInterrupt as err:  # Ctrl-C: the running jobs got it too and are stopping
                     stop = stop or err
-                if stop is None:
+                    continue
+                for future in done:
+                    idx = running.pop(future)
+                    try:
+                        returns[idx] = future.result()
+                    except BaseException as err:  # a job stopped by a signal (at a checkpoint); a lost worker
+                        stop = stop or err
                     submit_next()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if stop is not None:
             raise stop
         return [returns[idx] for idx in sorted(returns)]

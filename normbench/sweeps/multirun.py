@@ -26,6 +26,12 @@ from pathlib import Path
 from normbench.core.configtree import conf_dir
 from normbench.core.runs import RETRY_ENV, SWEEP_ENV
 
+# The stop signals a job checkpoints on (normbench.training.preemption.SIGNALS), named here so that
+# neither the sweep command nor the child imports PyTorch: the command forwards them to the child's
+# process group, where every job gets them.
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
+)
 PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
 ERROR = "[normbench] error:"  # the child's one line for a mistake found before any job ran
 PLANNED = "[normbench] planned:"  # the sweeper's line that gives the sweep command the plan's directory
@@ -108,6 +114,10 @@ def main() -> None:
     parent = int(os.environ.get(PARENT_ENV) or 0)
     if parent:
         threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    # A stop signal reaches the whole group: the jobs checkpoint and exit, and the launcher, here,
+    # outlives it to see them do so and end the multirun with their exit code.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: None)
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

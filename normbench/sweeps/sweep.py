@@ -42,16 +42,11 @@ from normbench.core.runs import (
     write_index,
 )
 from normbench.sweeps import multirun
-from normbench.sweeps.multirun import sweep_owner
+from normbench.sweeps.multirun import STOP_SIGNALS, sweep_owner
 from normbench.sweeps.planning import Plan, check_args, mtime, plan_sweep, will_run
 
 LOG = "sweep.log"
 FINISHED = ("completed", "diverged", "failed")
-# The stop signals a job checkpoints on (normbench.training.preemption.SIGNALS), named here so that
-# the sweep command does not import PyTorch: it forwards them to every job.
-STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
-)
 
 STYLES = {
     "completed": "green",
@@ -400,8 +395,12 @@ def _launch(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        output.join(timeout=10)  # the last lines in sweep.log before it is read (or the workers hold it open)
-        child.stdout.close()
+        # What the child leaves behind goes with it (idle workers of a launcher: they hold sweep.log's
+        # pipe open); before it has ended, only if the watch itself failed.
+        multirun.signal_group(child, signal.SIGKILL)
+        output.join(timeout=10)  # the last lines in sweep.log before it is read
+        if not output.is_alive():
+            child.stdout.close()
     return child.returncode, stops
 
 
