@@ -1,7 +1,7 @@
 r"""Where a sweep's time goes: run a sweep, then split the workers' time into training steps and the rest.
 
     python benchmarks/sweep_efficiency.py experiment=lr_sensitivity \
-        hydra/launcher=joblib hydra.launcher.n_jobs=2
+        hydra/launcher=local hydra.launcher.n_jobs=2
 
 Runs ``normbench sweep`` with the given overrides into a fresh sweep directory (or reads one
 already run: --sweep-dir DIR --wall SECONDS), and prints: the wall time; the workers' time

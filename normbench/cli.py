@@ -97,16 +97,16 @@ same config are kept, interrupted ones run again, diverged and failed ones are k
 
 [bold]Named experiments[/bold] (experiment=NAME): {", ".join(group_options("experiment"))}
 
-[bold]Launchers[/bold]: hydra/launcher=joblib hydra.launcher.n_jobs=N (parallel on this machine:
-each job gets cpus // N torch threads), hydra/launcher=slurm (SLURM, one GPU per job; pip install
-'normbench\\[slurm]'), hydra/launcher=ray_cluster (Ray; pip install 'normbench\\[ray]'). See the README's
-Sweeps section.
+[bold]Launchers[/bold]: by default one run at a time, in a warm worker process; hydra.launcher.n_jobs=N
+runs N at once on this machine (each gets cpus // N torch threads); hydra/launcher=slurm (SLURM, one GPU
+per job; pip install 'normbench\\[slurm]'), hydra/launcher=ray_cluster (Ray; pip install
+'normbench\\[ray]'). See the README's Sweeps section.
 
 [bold]Examples[/bold]
 
   normbench sweep norm=ln,rms,bn,gn placement=pre,post seed=0,1,2
 
-  normbench sweep experiment=norm_zoo hydra/launcher=joblib hydra.launcher.n_jobs=2
+  normbench sweep experiment=norm_zoo hydra.launcher.n_jobs=2
 
   normbench sweep --dry-run experiment=warmup train.steps=2000
 
@@ -133,7 +133,7 @@ def sweep(
             "(to see a run's config: normbench train --cfg job KEY=VALUE ...)"
         )
     # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
-    child = None if dry_run else multirun.start(ctx.args)
+    child = None if dry_run else multirun.start(ctx.args, retry_failed)
     extensions.install()  # installed packages' norms and placements, for the plan's composition
     from normbench.sweeps.sweep import run_sweep
 

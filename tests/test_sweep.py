@@ -1,5 +1,5 @@
-"""normbench sweep: Hydra's multirun through the basic, joblib and submitit launchers, resume, index,
-dry-run."""
+"""normbench sweep: Hydra's multirun through normbench's sweeper and the local, joblib and submitit
+launchers; resume, index, dry-run, Ctrl-C."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,7 +162,7 @@ JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 @pytest.mark.skipif(
     not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc"
 )
-@pytest.mark.parametrize("launcher", [[], JOBLIB], ids=["basic", "joblib"])
+@pytest.mark.parametrize("launcher", [[], JOBLIB], ids=["local", "joblib"])
 def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_path, launcher):
     args = ["sweep", "seed=0,1,2", *TINY, "train.steps=30", "train.threads=1", *launcher]
     proc = subprocess.Popen(
@@ -203,8 +204,11 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
 @pytest.mark.skipif(
     not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc"
 )
-def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
-    args = ["sweep", "seed=0,1", *TINY, "train.steps=2000", "train.threads=1", *JOBLIB]
+@pytest.mark.parametrize("presses", [1, 2], ids=["once", "twice"])
+def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path, presses):
+    """The first Ctrl-C lets the running jobs stop (at a checkpoint, where the loop saves one); a second
+    ends them at once. Either way one line says what finished, what was cut short and how to resume."""
+    args = ["sweep", "seed=0,1", *TINY, "train.steps=2000", "train.threads=1", "hydra.launcher.n_jobs=2"]
     # A terminal's Ctrl-C reaches a process whose SIGINT is at its default, whatever the test runner's is
     # (a shell's background job inherits it ignored).
     proc = subprocess.Popen(
@@ -220,14 +224,17 @@ def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path):
         children = _sweep_children(proc.pid)
         assert children
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends
-        out, err = proc.communicate(
-            timeout=180
-        )  # the jobs get 10 s to stop, then SIGKILL; a loaded machine is slow
+        if presses == 2:
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=180 if presses == 1 else 30)  # a loaded machine is slow
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, out + err
-    assert "interrupted: run the same command again to resume" in out
+    line = " ".join(out.split())
+    assert re.search(r"interrupted: 0 of 2 runs finished, [12] interrupted", line), out
+    assert "resume with: normbench sweep seed=0,1" in line
     assert "Traceback" not in out + err
     assert not any(_alive(pid) for pid in children), "jobs kept running after Ctrl-C"
     (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
@@ -303,10 +310,7 @@ def test_same_sweep_dir_whatever_the_order_of_overrides_or_the_launcher(tmp_path
     )
     custom = plan_sweep(["norm=ln,rms", "hydra.sweep.dir=elsewhere"])
     assert custom.sweep_dir == Path("elsewhere")
-    # What the jobs get: absolute (launchers may change directory) and resolved once.
-    assert custom.args[-1] == f"hydra.sweep.dir={tmp_path.resolve() / 'elsewhere'}"
-    stamped = plan_sweep(["hydra.sweep.dir=out/${now:%H%M%S%f}"])
-    assert stamped.args[-1] == f"hydra.sweep.dir={tmp_path.resolve() / stamped.sweep_dir}"
+    assert {job.run_dir.parent for job in custom.jobs} == {Path("elsewhere")}
 
 
 def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
@@ -505,22 +509,34 @@ def test_the_live_view_says_runs_not_started_under_ray_wait_for_its_resources():
     assert waiting_for_ray(None, 3) == ""
 
 
+class CountingLoader:
+    """A config loader that counts the compositions it is asked for (Hydra's own, passed through)."""
+
+    def __init__(self, loader):
+        self.loader, self.composed = loader, []
+
+    def load_sweep_config(self, master, overrides):
+        self.composed.append(list(overrides))
+        return self.loader.load_sweep_config(master, overrides)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
 def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_job(monkeypatch, tmp_path):
     """normbench.sweeps.composing composes once per choice of groups and applies key changes itself: every
-    job's whole config (the hydra node included) must be what Hydra composes for that job."""
+    job's whole config (the hydra node included) must be what Hydra composes for that job, and the
+    launcher, composing after the plan in the same process, composes nothing again."""
     from hydra import initialize_config_dir
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
     from normbench.sweeps import composing
+    from normbench.sweeps.planning import grid
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(composing, "_bases", {})
-    composing.install()
-    hydras_own = ConfigLoaderImpl.load_sweep_config.hydras_own
     args = [
         "norm=ln,gn",
         "placement=pre,mixln",
@@ -529,74 +545,30 @@ def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_j
         "model=micro",
         "model.qk_norm=rms",
         "train.steps=7",
-        "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
     ]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"):
-        loader = GlobalHydra.instance().config_loader()
-        master = loader.load_configuration("config", args, RunMode.MULTIRUN)
-        overrides = OverridesParser.create(config_loader=loader).parse_overrides(
-            list(master.hydra.overrides.task)
+        hydras = GlobalHydra.instance().config_loader()
+        loader = CountingLoader(hydras)
+        master = hydras.load_configuration("config", [*args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN)
+        jobs = grid(
+            OverridesParser.create(config_loader=hydras).parse_overrides(list(master.hydra.overrides.task))
         )
-        jobs = BasicSweeper.split_arguments(overrides, None)[0]
         assert len(jobs) == 16
-        # The grid's jobs (the fast way), one with a + override and one with a key the config lacks (Hydra's
-        # way).
-        for job in [*map(list, jobs), [*jobs[0], "+train.extra=1"]]:
-            fast, slow = loader.load_sweep_config(master, job), hydras_own(loader, master, job)
+        # The grid's jobs (the fast way), one with a + override and one with a key the config lacks
+        # (Hydra's way).
+        for job in [*jobs, [*jobs[0], "+train.extra=1"]]:
+            fast, slow = composing.compose(loader, master, job), hydras.load_sweep_config(master, job)
             assert OmegaConf.to_container(fast) == OmegaConf.to_container(slow)
         with pytest.raises(Exception, match="Could not override 'train.extra'"):
-            loader.load_sweep_config(master, [*jobs[0], "train.extra=1"])
+            composing.compose(loader, master, [*jobs[0], "train.extra=1"])
+        assert len(composing._bases) == 4  # 2 norms x 2 placements: each choice of groups composed once
+        loader.composed.clear()
+        for job in jobs:  # the launcher, after the plan
+            composing.compose(loader, master, job)
+        assert loader.composed == []
     GlobalHydra.instance().clear()
-    assert len(composing._bases) == 4  # 2 norms x 2 placements: each choice of groups composed once
-
-
-def test_joblib_workers_watch_their_memory_rather_than_collect_garbage_after_every_task():
-    """Without psutil, loky's workers run a full garbage collection after every task (a sixth of a
-    second with torch loaded, per run of a sweep); the joblib extra brings psutil, with which they
-    only check their resident memory (docs/benchmarks.md#sweep-efficiency)."""
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    from joblib.externals.loky import process_executor
-
-    assert process_executor._USE_PSUTIL
-
-
-def test_a_job_keeps_the_workers_plugin_scan(monkeypatch):
-    """Hydra's launchers hand each job the launcher's singletons without the plugin registry, and
-    Singleton.set_state would scan (executing every plugin module) again for every job: a twentieth
-    of a second each. normbench.sweeps.composing keeps the process's first scan."""
-    from hydra.core.plugins import Plugins
-    from hydra.core.singleton import Singleton
-
-    from normbench.sweeps import composing
-
-    composing.install()
-    scanned = Plugins.instance()
-    scans = []
-    monkeypatch.setattr(Plugins, "_initialize", lambda self: scans.append(self))
-    for _ in range(3):  # what hydra_joblib_launcher's execute_job does before each job
-        Singleton.set_state(Singleton.get_state())
-    assert scans == [] and Plugins.instance() is scanned
-
-
-def test_the_multirun_child_leaves_the_batch_check_to_the_plan(monkeypatch):
-    """Hydra's sweeper would compose every job once more before the first starts; the plan has checked
-    them. The skip must hold for the sweeper class Hydra instantiates, after its plugin scan."""
-    from hydra.core.plugins import Plugins
-    from hydra.plugins.sweeper import Sweeper
-
-    from normbench.sweeps import multirun
-    from normbench.sweeps.sweep import BASIC_SWEEPER
-
-    monkeypatch.setattr(Sweeper, "validate_batch_is_legal", Sweeper.validate_batch_is_legal)  # restored after
-    multirun.leave_batch_check_to_the_plan()
-    plugins = Plugins.instance()
-    plugins._initialize()  # the scan executes basic_sweeper.py again: a new BasicSweeper class
-    sweeper = plugins.class_name_to_class[BASIC_SWEEPER](max_batch_size=None, params=None)
-    assert (
-        sweeper.validate_batch_is_legal([["norm=nonexistent"]]) is None
-    )  # no config loader: composing would fail
 
 
 def test_checking_a_config_again_gives_it_its_own_typed_groups():
@@ -620,41 +592,42 @@ def test_a_sweep_subdir_that_reads_hydras_job_config_is_planned_as_hydra_names_i
     assert [job.run_dir.name for job in plan.jobs] == ["job0", "job1"]
 
 
-@pytest.mark.slow  # a sweep's joblib workers
+@pytest.mark.slow  # the local launcher's workers
 @pytest.mark.skipif(
     not Path("/proc/self/environ").exists(), reason="finds the sweep's processes through /proc"
 )
-def test_joblib_workers_are_warmed_while_the_sweep_plans_then_run_its_jobs(tmp_path, monkeypatch):
-    """The multirun's child starts before the plan and warms joblib's workers (imports, the optimizer's
-    torch._dynamo, the matmul peak); Hydra's launcher must then reuse those very workers, whose output
-    reaches sweep.log, and they are gone when the sweep ends."""
-    from normbench.core.runs import RunLock
-    from normbench.sweeps.multirun import WARMED
-
-    monkeypatch.chdir(tmp_path)
-    code, out = sweep(["seed=0,1,2", *TINY, "train.steps=5", *JOBLIB, f"hydra.sweep.dir={tmp_path / 's'}"])
-    assert code == 0, out
-    log = (tmp_path / "s" / "sweep.log").read_text()
-    assert WARMED in log, log
-    warmed = {int(pid) for pid in log.split(WARMED, 1)[1].splitlines()[0].split()}
-    owners = {RunLock(d).last_owner()["pid"] for d in (tmp_path / "s").glob("*-s*-*")}
-    assert len(warmed) == 2 and owners <= warmed, (warmed, owners)
-    assert log.count("run completed") == 3  # each job's summary table, printed in a worker
-    assert not any(_alive(pid) for pid in warmed), "joblib's workers outlived the sweep"
-
-
-@pytest.mark.slow  # a warming child and its joblib workers
-@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="loky's semaphores live in /dev/shm")
-def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_nothing_behind(
+def test_the_local_launchers_warm_workers_run_every_job_and_are_gone_when_the_sweep_ends(
     tmp_path, monkeypatch
 ):
-    """When the plan refuses the overrides (or finds nothing to run) the warming child is stopped the
-    orderly way: no worker left running, none of loky's semaphores or joblib's folders left in /dev/shm."""
+    """hydra/launcher=local starts n_jobs workers of its own, before the sweeper plans; they run every job
+    (each run's lock records the process that trained it), their output reaches sweep.log, and no
+    worker outlives the sweep."""
+    from normbench.core.runs import RunLock
+
+    monkeypatch.chdir(tmp_path)
+    code, out = sweep(
+        ["seed=0,1,2", *TINY, "train.steps=5", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 's'}"]
+    )
+    assert code == 0, out
+    log = (tmp_path / "s" / "sweep.log").read_text()
+    owners = {RunLock(d).last_owner()["pid"] for d in (tmp_path / "s").glob("*-s*-*")}
+    assert 1 <= len(owners) <= 2, owners
+    assert log.count("run completed") == 3  # each job's summary table, printed in a worker
+    assert not any(_alive(pid) for pid in owners), "the launcher's workers outlived the sweep"
+
+
+@pytest.mark.slow  # a planning child and its warming workers
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="multiprocessing's semaphores live in /dev/shm")
+def test_a_sweep_that_is_not_needed_goes_with_its_warming_workers_and_leaves_nothing_behind(
+    tmp_path, monkeypatch
+):
+    """When the sweep command abandons the multirun (a mistake, nothing to run, Ctrl-C while it plans),
+    the child and the workers it is warming go at once, leaving nothing in /dev/shm."""
     from normbench.sweeps import multirun
 
     monkeypatch.chdir(tmp_path)
     shm = set(os.listdir("/dev/shm"))
-    child = multirun.start([*TINY, *JOBLIB])
+    child = multirun.start([*TINY, "hydra.launcher.n_jobs=2"])
 
     def its_group() -> list[int]:  # the child leads a process group of its own: its workers are in it
         pids = []
@@ -667,10 +640,10 @@ def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_not
         return pids
 
     deadline = time.time() + 120
-    while len(its_group()) < 4 and time.time() < deadline:
-        time.sleep(0.1)  # the child, joblib's resource tracker and its two workers
+    while len(its_group()) < 3 and time.time() < deadline:
+        time.sleep(0.1)  # the child and its two workers
     started = its_group()
-    assert len(started) >= 4, "the child never started its workers"
+    assert len(started) >= 3, "the child never started its workers"
     multirun.abandon(child)
     deadline = time.time() + 30
     while any(_alive(pid) for pid in started) and time.time() < deadline:
@@ -680,58 +653,10 @@ def test_a_warming_child_that_is_not_needed_goes_with_its_workers_and_leaves_not
     assert not left, left
 
 
-def test_the_plans_composed_configs_serve_the_job_processes_as_hydra_would_compose_them(
-    tmp_path, monkeypatch
-):
-    """The plan composes every choice of groups; the sweep shares them with its job processes
-    (normbench.sweeps.composing.share), which must then compose nothing themselves for the grid's jobs and
-    still get, job by job, the config Hydra composes from the multirun's own master config."""
-    from hydra import initialize_config_dir
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-
-    from normbench.sweeps import composing
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(composing, "_bases", {})
-    plan = plan_sweep(["norm=ln,rms", "seed=0,1", *TINY, *JOBLIB])
-    blob = composing.shared_bytes()
-    # A job process: its own (empty) cache, the shared file, the master config Hydra's multirun loads.
-    monkeypatch.setattr(composing, "_bases", {})
-    composing._adopt_shared.cache_clear()
-    monkeypatch.setenv(composing.SHARED_ENV, str(tmp_path / "composed.pickle"))
-    composing.share(blob)
-    hydras_own = ConfigLoaderImpl.load_sweep_config.hydras_own
-    composed = []
-    load_configuration = ConfigLoaderImpl.load_configuration
-    monkeypatch.setattr(
-        ConfigLoaderImpl,
-        "load_configuration",
-        lambda self, *a, **k: composed.append(a) or load_configuration(self, *a, **k),
-    )
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"):
-            loader = GlobalHydra.instance().config_loader()
-            master = loader.load_configuration(
-                "config", [*plan.args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN
-            )
-            composed.clear()
-            fast = [loader.load_sweep_config(master, job.overrides) for job in plan.jobs]
-            assert composed == []  # every choice of groups came from the plan
-            for job, cfg in zip(plan.jobs, fast):
-                assert OmegaConf.to_container(cfg) == OmegaConf.to_container(
-                    hydras_own(loader, master, job.overrides)
-                )
-    finally:
-        GlobalHydra.instance().clear()
-
-
 def test_the_multirun_child_never_imports_torch():
-    """The child launches jobs and never trains: what it imports (normbench.sweeps.multirun,
-    normbench.sweeps.job for Hydra's task function) must not load PyTorch, a second of CPU at every sweep's
-    start."""
+    """The sweep command starts the child first thing: what it imports to start
+    (normbench.sweeps.multirun, normbench.sweeps.job for Hydra's task function) must not load PyTorch,
+    a second of CPU."""
     code = "import sys, normbench.sweeps.multirun, normbench.sweeps.job; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
@@ -749,3 +674,47 @@ def test_a_configs_identity_is_what_it_was_when_its_runs_were_stored(tmp_path, m
     assert (
         hashes["norm=rms placement=pre train.lr=0.1 seed=2 experiment=lr_sensitivity"] == "cfaf040d04cfd7d1"
     )
+
+
+@pytest.mark.parametrize(
+    "args, sweep_dir, jobs, digest, last",
+    [
+        (
+            ["experiment=lr_sensitivity"],
+            "lr_sensitivity-ca9d4cbb",
+            90,
+            "7011254e99be2c3b",
+            "none-post-s2-9ba4950f",
+        ),
+        (
+            ["norm=ln,rms,bn,gn", "placement=pre,post,peri", "train.lr=1e-3,1e-2", "seed=0,1", "model=micro"],
+            "grid-2fa099dc",
+            48,
+            "262e7d710c5e199a",
+            "gn-peri-s1-705033c5",
+        ),
+    ],
+    ids=["lr_sensitivity", "grid48"],
+)
+def test_a_sweep_plans_the_run_directories_and_hashes_it_always_did(
+    tmp_path, monkeypatch, args, sweep_dir, jobs, digest, last
+):
+    """The sweep and run directory names and config hashes, job by job, that the plan made before normbench
+    had its own Hydra plugins (94fe8bb, Hydra's basic sweeper): a sweep run again finds its results."""
+    import hashlib
+
+    monkeypatch.chdir(tmp_path)
+    plan = plan_sweep(args)
+    lines = "\n".join(f"{job.run_dir.name} {job.config_hash}" for job in plan.jobs)
+    assert plan.sweep_dir == Path("results/sweeps") / sweep_dir
+    assert len(plan.jobs) == jobs and plan.jobs[-1].run_dir.name == last
+    assert hashlib.sha256(lines.encode()).hexdigest()[:16] == digest
+
+
+def test_the_sweep_command_forwards_every_signal_a_job_checkpoints_on():
+    """The sweep command names the stop signals itself (it must not import PyTorch); they must be the
+    ones the training loop checkpoints on, or a preempted sweep's jobs would die without a checkpoint."""
+    from normbench.sweeps.multirun import STOP_SIGNALS
+    from normbench.training.preemption import SIGNALS
+
+    assert STOP_SIGNALS == SIGNALS

@@ -28,17 +28,14 @@ from normbench.core.errors import ConfigError, DiskFull
 from normbench.core.identity import config_hash
 from normbench.core.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
 from normbench.model import extensions
-from normbench.sweeps import composing
 from normbench.training.display import summary_table
 
 # PyTorch (normbench.training.loop and what it needs) is imported when a job runs, not with this module:
-# the multirun's child process launches jobs and never trains (normbench.sweeps.multirun).
+# the sweep command starts Hydra's multirun in a child process before anything else
+# (normbench.sweeps.multirun).
 
-
-# Every launcher's worker imports this module to run a job: Hydra's per-job composition goes
-# the fast way there too (normbench.sweeps.composing).
-composing.install()
-# Installed packages' norms and placements, as config options in this process (normbench.model.extensions).
+# Installed packages' norms and placements, as config options in every process that composes or
+# builds a job: the sweep's child and the launcher's workers import this module (normbench.model.extensions).
 extensions.install()
 
 
@@ -182,7 +179,7 @@ def _fail(console: Console, message: str, multirun: bool, code: int, label: str 
 def job_threads(launcher: DictConfig | dict | None) -> int:
     """Torch threads for one job, so parallel jobs don't oversubscribe the cores; 0 = torch's default.
 
-    joblib runs n_jobs jobs at once on this machine: each gets cpus // n_jobs threads
+    The local and joblib launchers run n_jobs jobs at once on this machine: each gets cpus // n_jobs threads
     (n_jobs=-1 means one job per cpu, -2 all but one, as in joblib). submitit jobs get
     their cpus_per_task, Ray tasks their ray.remote.num_cpus. The basic launcher runs one
     job at a time: torch's default. An explicit train.threads always wins (the caller
@@ -198,18 +195,16 @@ def job_threads(launcher: DictConfig | dict | None) -> int:
     return int(per_task) if per_task else 0
 
 
-def warm_worker(launcher: dict) -> int:
-    """Run once in each of a launcher's workers before its first job (``normbench.sweeps.sweep`` starts
-    them while it plans the sweep): the imports and what a process's first run pays once. Returns
-    the worker's pid."""
+def warm_worker(launcher: dict) -> None:
+    """Run once in each of the local launcher's workers before its first job (they start while the
+    sweeper plans, normbench.sweeps.launching): the imports and what a process's first run pays once."""
     from normbench.training.loop import warm_up
 
     warm_up(job_threads(launcher))
-    return os.getpid()
 
 
-@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
-def hydra_main(cfg: DictConfig) -> None:
+def task(cfg: DictConfig) -> None:
+    """One job, as Hydra calls it: a run, or one run of a sweep."""
     from normbench.training import distributed
 
     hc = HydraConfig.get()
@@ -227,3 +222,8 @@ def hydra_main(cfg: DictConfig) -> None:
         distributed.teardown()
         if multirun:
             write_index(Path(hc.sweep.dir))
+
+
+# A plain module-level ``task`` under the decorated entry point: launchers pickle the task function
+# by reference (normbench's local launcher with the standard pickle, which needs the very object).
+hydra_main = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)

@@ -1,53 +1,39 @@
 """Sweeps: ``normbench sweep`` is Hydra's multirun, made resumable and watchable.
 
-Hydra sweeps and launches (the basic sweeper's grid syntax; the basic, joblib, submitit
-and ray launchers) and every job runs ``normbench.sweeps.job.hydra_main`` exactly like a
-``train`` run. This module adds what a plain multirun lacks:
+Every job runs ``normbench.sweeps.job.task`` exactly like a ``train`` run. normbench's own Hydra
+sweeper (``hydra/sweeper=normbench``: ``normbench.sweeps.planning``) plans the grid: a stable sweep
+directory (``results/sweeps/NAME-HASH``) and one run directory per distinct config, so running the
+same command again resumes it; it launches only the runs with something to do. Its local launcher
+(``hydra/launcher=local``, the default; ``normbench.sweeps.launching``) runs them on warm workers;
+Hydra's joblib, submitit and Ray launchers work unchanged.
 
-- a stable sweep directory (``results/sweeps/NAME-HASH``) and one run directory per
-  distinct config (``conf/config.yaml`` names it after the config hash), so running the
-  same command again resumes it;
-- the plan (the jobs the sweeper will make, which ``--dry-run`` lists), the live progress
-  and the closing table.
-
-What a job does with its run directory (reuse a result, resume an interrupted run) is
-``normbench.core.runs.RunDir.decide``, and the index it rebuilds is ``normbench.core.runs.write_index``:
-the jobs never import this module.
-
-``run_sweep`` runs Hydra's multirun in a child process (``normbench.sweeps.multirun``: started
-before the plan, its output goes to ``sweep.log``) and watches the run directories, so the
-display is the same whatever launcher runs the jobs and wherever they run, as long as they
-write to this filesystem.
+This module is the command around it: ``run_sweep`` starts Hydra's multirun in a child process
+(``normbench.sweeps.multirun``; its output goes to sweep.log), reads the plan the sweeper wrote,
+and watches the run directories, so the display is the same whatever launcher runs the jobs and
+wherever they run, as long as they write to this filesystem; then the closing table, and on
+Ctrl-C one line saying what finished, what was interrupted and how to resume.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
+import shlex
 import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from normbench.core.devices import available_cpus, local_parallel_jobs
-from normbench.core.errors import ConfigError, first_line, installed
-from normbench.core.fileio import write_atomic
+from normbench.core.errors import ConfigError, first_line
 from normbench.core.runs import (
     CONFIG,
     ERROR_LOG,
     INDEX,
-    PLAN,
-    RETRY_ENV,
     SUMMARY,
     RunDir,
     RunLock,
@@ -55,24 +41,13 @@ from normbench.core.runs import (
     run_status,
     write_index,
 )
-from normbench.sweeps import composing, multirun
-from normbench.sweeps.multirun import sweep_owner
-from normbench.training.config import NOT_HASHED, conf_dir, config_hash, group_options
-from normbench.training.preemption import SIGNALS, exit_code
+from normbench.sweeps import multirun
+from normbench.sweeps.multirun import STOP_SIGNALS, sweep_owner
+from normbench.sweeps.planning import Plan, check_args, mtime, plan_sweep, will_run
 
 LOG = "sweep.log"
 FINISHED = ("completed", "diverged", "failed")
-# Launcher choices that need a plugin, and the extra that installs it.
-LAUNCHER_EXTRAS = {
-    "joblib": ("hydra_joblib_launcher", "joblib"),
-    "submitit_local": ("hydra_submitit_launcher", "slurm"),
-    "submitit_slurm": ("hydra_submitit_launcher", "slurm"),
-    "slurm": ("hydra_submitit_launcher", "slurm"),
-    "ray": ("hydra_ray_launcher", "ray"),
-    "ray_aws": ("hydra_ray_launcher", "ray"),
-    "ray_cluster": ("hydra_ray_launcher", "ray"),
-}
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
 STYLES = {
     "completed": "green",
     "diverged": "yellow",
@@ -82,204 +57,12 @@ STYLES = {
     "running elsewhere": "cyan",
 }
 
-
-# ----------------------------------------------------------------------- the plan (runs in the sweep command)
-
-
-@dataclass
-class Job:
-    num: int
-    overrides: list[str]  # as the sweeper hands them to the job
-    run_dir: Path
-    config_hash: str
-    state: str = "new"  # before launch: new, interrupted, completed, diverged, failed
-    invalid: str | None = None  # the ConfigError the job will fail with
-    resume_step: int | None = None  # an interrupted run's checkpoint: where it resumes
-    holder: str | None = None  # running elsewhere: the process that owns its run directory
-
-
-@dataclass
-class Plan:
-    sweep_dir: Path
-    jobs: list[Job]
-    args: list[str]  # the overrides Hydra's multirun gets: the user's plus the sweep dir
-    varying: list[str]  # the keys whose value differs between jobs
-    launcher: dict | None = None  # hydra.launcher, resolved
-
-    def values(self, job: Job) -> list[str]:
-        kv = dict(o.split("=", 1) for o in job.overrides if "=" in o)
-        return [kv.get(key, "") for key in self.varying]
-
-
-def _hydra_quote(value: str) -> str:
-    """An override value Hydra's parser reads back unchanged."""
-    if re.fullmatch(r"[\w./:-]+", value):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _check_args(parsed) -> None:
-    """Mistakes worth a better message than Hydra's."""
-    for o in parsed:
-        key = o.key_or_group
-        if key == "experiment":
-            names = group_options("experiment")
-            if o.is_sweep_override():
-                raise ConfigError("one experiment per sweep (experiment=NAME)", allowed=names)
-            if o.value() not in names:
-                raise ConfigError(f"unknown experiment '{o.value()}'", allowed=names)
-        if key == "hydra/launcher":
-            name = str(o.value())
-            module, extra = LAUNCHER_EXTRAS.get(name, (None, None))
-            if module and not installed(f"hydra_plugins.{module}"):
-                raise ConfigError(
-                    f"hydra/launcher={name} needs the Hydra launcher plugin {module.replace('_', '-')}: "
-                    f"pip install 'normbench[{extra}]'"
-                )
-
-
-def _short(err: Exception) -> str:
-    """Hydra's composition errors on one line, with the options it lists but not its search path."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[1].startswith("Available options"):
-        options = [line for line in lines[2:] if not line.startswith(("Config search path", "provider="))]
-        return f"{lines[0]}; {lines[1].rstrip(':').lower()}: {', '.join(options)}"
-    return " ".join(lines[:2])
-
-
-def default_sweep_dir(cfg: DictConfig, parsed: list) -> Path:
-    """results/sweeps/<experiment or grid>-<hash of the user's overrides>: the same command finds the same
-    directory.
-
-    The hash ignores the order of the overrides, the launcher and other hydra.* settings,
-    and the keys that never change a result (NOT_HASHED).
-    """
-    keyed = sorted(
-        o.input_line
-        for o in parsed
-        if not o.is_hydra_override()
-        and not any(o.key_or_group == k or o.key_or_group.startswith(f"{k}.") for k in NOT_HASHED)
-    )
-    digest = hashlib.sha256("\n".join(keyed).encode()).hexdigest()[:8]
-    name = cfg.hydra.runtime.choices.get("experiment") or "grid"
-    return Path(str(cfg.results_dir)) / "sweeps" / f"{name}-{digest}"
-
-
-def plan_sweep(args: list[str]) -> Plan:
-    """The jobs Hydra's basic sweeper will make from these overrides, each with its run directory and state.
-
-    Uses the sweeper's own parser and grid expansion (lists, range(), glob(), the
-    experiment's hydra.sweeper.params) and composes every job's config as Hydra will.
-    """
-    from hydra import initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
-    from hydra.types import RunMode
-    from omegaconf.errors import OmegaConfBaseException
-
-    from normbench.training.config import parse_config
-
-    composing.install()  # every job's config composed as Hydra does, once per choice of groups
-    try:
-        parsed = OverridesParser.create().parse_overrides(args)
-    except OverrideParseException as err:
-        raise ConfigError(
-            f"cannot read the override '{err.override}': {err.message.splitlines()[0]}",
-            allowed=["KEY=VALUE", "KEY=A,B,C", "KEY=range(START,STOP)", "GROUP=glob(PATTERN)"],
-        ) from None
-    _check_args(parsed)
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"):
-            loader = GlobalHydra.instance().config_loader()
-            cfg = loader.load_configuration("config", args, RunMode.MULTIRUN)
-            if cfg.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
-                raise ConfigError(
-                    "normbench sweep plans and resumes grids of Hydra's basic sweeper",
-                    allowed=["hydra/sweeper=basic"],
-                )
-            hydra_overrides = OmegaConf.to_container(
-                cfg.hydra.overrides.hydra
-            )  # as written: ${hydra:...} unresolved
-            if "hydra.sweep.dir" in {o.split("=", 1)[0].lstrip("+") for o in hydra_overrides}:
-                sweep_dir = Path(str(cfg.hydra.sweep.dir))
-            else:
-                sweep_dir = default_sweep_dir(cfg, parsed)
-            # Pinned for the jobs: absolute, because a launcher may run them in another working
-            # directory, and resolved once, because ${now:...} would differ in every process.
-            args = [*args, f"hydra.sweep.dir={_hydra_quote(str(sweep_dir.resolve()))}"]
-            # The jobs' master config, as the multirun will load it (``--multirun`` adds hydra.mode):
-            # its job processes reuse what the plan composes from it (normbench.sweeps.composing.share).
-            cfg = loader.load_configuration("config", [*args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN)
-            launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-            params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
-            overrides = OverridesParser.create(config_loader=loader).parse_overrides(
-                params + list(cfg.hydra.overrides.task)
-            )
-            jobs = []
-            needs_hydra_resolver = "${hydra:" in str(OmegaConf.to_container(cfg.hydra.sweep)["subdir"])
-            for num, job_overrides in enumerate(BasicSweeper.split_arguments(overrides, None)[0]):
-                job_cfg = loader.load_sweep_config(cfg, list(job_overrides))
-                with open_dict(job_cfg.hydra.job):
-                    job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"plan_{num}"
-                if needs_hydra_resolver:  # ${hydra:job.num} and the like read the job's HydraConfig
-                    HydraConfig.instance().set_config(job_cfg)
-                run_dir = sweep_dir / str(OmegaConf.select(job_cfg, "hydra.sweep.subdir"))
-                job = Job(num, list(job_overrides), run_dir, config_hash(job_cfg))
-                try:
-                    with open_dict(job_cfg):
-                        del job_cfg["hydra"]
-                    parse_config(job_cfg, job.config_hash)
-                except ConfigError as err:
-                    job.invalid = str(err)
-                jobs.append(job)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(_short(err)) from None
-    finally:
-        GlobalHydra.instance().clear()
-    if jobs and all(job.invalid for job in jobs):
-        raise ConfigError(jobs[0].invalid)  # nothing would train: say why now rather than after launching
-    first: dict[Path, Job] = {}
-    for job in jobs:  # e.g. train.lr=1e-3,0.001: two jobs would train into one directory at once
-        other = first.setdefault(job.run_dir, job)
-        if other is not job:
-            raise ConfigError(
-                f"jobs {other.num} and {job.num} are the same config "
-                f"({' '.join(other.overrides)} / {' '.join(job.overrides)}): drop one of the values"
-            )
-    for job in jobs:
-        job.state = _state_before(job)
-        if job.state == "interrupted":
-            job.resume_step = RunDir(job.run_dir).checkpoint_step()
-    keys = [o.split("=", 1)[0] for o in jobs[0].overrides] if jobs else []
-    varying = [k for k in keys if len({dict(o.split("=", 1) for o in j.overrides).get(k) for j in jobs}) > 1]
-    return Plan(sweep_dir, jobs, args, varying, launcher)
-
-
-def _state_before(job: Job) -> str:
-    """What the job's directory holds before launch, as ``RunDir.decide`` reads it for a sweep job."""
-    if holder := RunLock(job.run_dir).holder():
-        job.holder = holder
-        return "running elsewhere"
-    decision = RunDir(job.run_dir).decide(job.config_hash, sweep=True)
-    if decision.result is not None:
-        return decision.result.get("status", "failed")
-    return "interrupted" if decision.action == "resume" else "new"
-
-
-def will_run(job: Job, retry_failed: bool) -> bool:
-    return job.state in ("new", "interrupted") or (retry_failed and job.state in ("diverged", "failed"))
-
-
 # ----------------------------------------------------------------------------- the sweep command
 
 
 def _table(title: str, plan: Plan) -> Table:
-    """A table with the job number and one column per swept key, which keep their width; the run dir gives
-    way."""
+    """A table with the job number and one column per swept key, which keep their width; the run dir
+    gives way."""
     table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right", no_wrap=True)
     names = [key.rsplit(".", 1)[-1] for key in plan.varying]  # train.lr -> lr, unless two keys end alike
@@ -413,8 +196,8 @@ def too_large_for_every_node(remote: dict, nodes: list[dict], address: str | Non
         f"the largest node of the Ray cluster at {address}" if address else "this machine (Ray started here)"
     )
     return (
-        f"each run asks Ray for {count(int(want['CPU']), 'CPU')} and {count(int(want['GPU']), 'GPU')}, but "
-        f"{where} "
+        f"each run asks Ray for {count(int(want['CPU']), 'CPU')} and {count(int(want['GPU']), 'GPU')}, "
+        f"but {where} "
         f"has {count(have['CPU'], 'CPU')} and {count(have['GPU'], 'GPU')}: no run could ever start; set {fix}"
     )
 
@@ -429,49 +212,43 @@ def run_sweep(
 ) -> int:
     """Plan, then run (or with dry_run only list) the sweep; return the exit code: 1 if any run failed.
 
-    ``child``: the multirun's child, already started for ``args`` (``normbench.sweeps.multirun.start``);
-    by default it is started here, before the plan, so that it warms up while this plans."""
+    ``child``: the multirun, already started for these arguments (``normbench.sweeps.multirun.start``);
+    by default it is started here."""
     console = console or Console()
     started = time.perf_counter()
-    if child is None and not dry_run:
-        child = multirun.start(args)
-    try:  # until it is launched, the warming child goes with any error
+    if dry_run:
         plan = plan_sweep(args)
-        ray_preflight(plan.launcher)
-        at_launch = {} if dry_run else _write_plan(plan)
+        console.print(_plan_table(plan, retry_failed))
+        console.print(_headline(plan, retry_failed), soft_wrap=True)
+        return 0
+    child = child or multirun.start(args, retry_failed)
+    try:
+        check_args(args)
+        where, before = multirun.read_until(child, multirun.PLANNED)
+        if where is None:
+            return _failed_before_launch(child, before, console)
+        plan = Plan.read(Path(where))
+    except KeyboardInterrupt:
+        multirun.abandon(child)
+        console.print("[yellow]interrupted[/yellow] while planning: no run had started")
+        return 130
     except BaseException:
         multirun.abandon(child)
         raise
     todo = [j for j in plan.jobs if will_run(j, retry_failed)]
-    done = [j.state for j in plan.jobs if not will_run(j, retry_failed)]
-    have = (
-        f"{len(done)} {'has' if len(done) == 1 else 'have'} results ({_counts(done)})"
-        if done
-        else "none has results yet"
-    )
-    redo = [j.state for j in todo if j.state != "new"]
-    headline = f"{_runs(len(plan.jobs))} in {plan.sweep_dir}: {have}, {len(todo)} to run" + (
-        f" ({_counts(redo)} among them)" if redo else ""
-    )
-    if dry_run:
-        console.print(_plan_table(plan, retry_failed))
-        console.print(headline, soft_wrap=True)
-        return 0
-    if not todo:
+    console.print(_headline(plan, retry_failed), soft_wrap=True)
+    returncode, stops = 0, []
+    if todo:
+        returncode, stops = _launch(plan, console, poll_s, child, before)
+    else:  # the sweeper launches nothing: its warming workers need not finish warming
         multirun.abandon(child)
-
-    console.print(headline, soft_wrap=True)
-    returncode = 0
-    if todo:  # with nothing to run, Hydra has nothing to do either
-        try:
-            returncode = _launch(plan, retry_failed, console, poll_s, at_launch, child)
-        except KeyboardInterrupt:
-            write_index(plan.sweep_dir, final=True)
-            console.print("[yellow]interrupted[/yellow]: run the same command again to resume")
-            return 130
 
     rows = write_index(plan.sweep_dir, final=True)
     by_dir = {r["run_dir"]: r for r in rows}
+    states = [r["status"] for r in rows]
+    if stops:  # Ctrl-C: one line, no table
+        console.print(_interrupted(plan, by_dir, args, retry_failed), soft_wrap=True, highlight=False)
+        return 130
     console.print(_closing_table(plan, by_dir))
     for job in plan.jobs:
         row = by_dir.get(job.run_dir.name, {})
@@ -480,14 +257,13 @@ def run_sweep(
             console.print(
                 Text.assemble(("failed", "red"), f" {what}: {row.get('error')} ({job.run_dir / ERROR_LOG})")
             )
-    states = [r["status"] for r in rows]
     console.print(
-        f"{_runs(len(states))}: {_counts(states)}{_efficiency(plan, at_launch, started)}; "
+        f"{_runs(len(states))}: {_counts(states)}{_efficiency(plan, started)}; "
         f"index: {plan.sweep_dir / INDEX}; compare them with: normbench report {plan.sweep_dir}",
         soft_wrap=True,
     )
-    _account_for_others(plan, by_dir, at_launch, console)
-    if returncode in {exit_code(sig) for sig in SIGNALS}:
+    _account_for_others(plan, by_dir, console)
+    if returncode in {128 + sig for sig in STOP_SIGNALS}:
         console.print(
             f"[yellow]interrupted[/yellow] by signal {returncode - 128}: run the same command again to "
             "resume (runs cut short continue from their checkpoints)",
@@ -512,34 +288,52 @@ def run_sweep(
     return 1 if "failed" in states or unfinished else 0
 
 
-def _write_plan(plan: Plan) -> dict:
-    """plan.json in the sweep directory; returns what each run directory holds at launch, to tell this
-    sweep's work from earlier results by a change of file, not by clock (a cluster's file server
-    keeps its own time)."""
-    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(
-        plan.sweep_dir / PLAN,
-        json.dumps(
-            {
-                "args": plan.args,
-                "jobs": [
-                    {
-                        "job": j.num,
-                        "overrides": j.overrides,
-                        "run_dir": j.run_dir.name,
-                        "config_hash": j.config_hash,
-                    }
-                    for j in plan.jobs
-                ],
-            },
-            indent=1,
-        )
-        + "\n",
+def _headline(plan: Plan, retry_failed: bool) -> str:
+    todo = [j for j in plan.jobs if will_run(j, retry_failed)]
+    done = [j.state for j in plan.jobs if not will_run(j, retry_failed)]
+    have = (
+        f"{len(done)} {'has' if len(done) == 1 else 'have'} results ({_counts(done)})"
+        if done
+        else "none has results yet"
     )
-    return {job.run_dir: (_mtime(job.run_dir / CONFIG), _mtime(job.run_dir / SUMMARY)) for job in plan.jobs}
+    redo = [j.state for j in todo if j.state != "new"]
+    return f"{_runs(len(plan.jobs))} in {plan.sweep_dir}: {have}, {len(todo)} to run" + (
+        f" ({_counts(redo)} among them)" if redo else ""
+    )
 
 
-def _efficiency(plan: Plan, at_launch: dict, started: float) -> str:
+def _failed_before_launch(child: subprocess.Popen, output: list[bytes], console: Console) -> int:
+    """The multirun ended before its sweeper made a plan: a mistake (ConfigError), else Hydra's last line."""
+    child.wait()
+    child.stdout.close()
+    lines = [line.decode(errors="replace").strip() for line in output if line.strip()]
+    for line in reversed(lines):
+        if line.startswith(multirun.ERROR):
+            raise ConfigError(line[len(multirun.ERROR) :].strip())
+    console.print(
+        Text.assemble(("Hydra's multirun stopped with an error: ", "red"), lines[-1] if lines else "")
+    )
+    return 1
+
+
+def _interrupted(plan: Plan, by_dir: dict[str, dict], args: list[str], retry_failed: bool) -> str:
+    """Ctrl-C's one line: what finished, what was cut short, what never started, and the command that
+    resumes."""
+    states = {job.run_dir: by_dir.get(job.run_dir.name, {}).get("status", "pending") for job in plan.jobs}
+    finished = sum(s in FINISHED for s in states.values())
+    cut = [d for d, s in states.items() if s in ("interrupted", "running")]
+    saved = sum(RunDir(d).checkpoint_step() is not None for d in cut)
+    waiting = len(states) - finished - len(cut)
+    command = shlex.join(["normbench", "sweep", *(["--retry-failed"] if retry_failed else []), *args])
+    return (
+        f"[yellow]interrupted[/yellow]: {finished} of {_runs(len(states))} finished, {len(cut)} interrupted"
+        + (f" ({saved} with a checkpoint to resume from)" if saved else "")
+        + (f", {waiting} not started" if waiting else "")
+        + f"; resume with: {command}"
+    )
+
+
+def _efficiency(plan: Plan, started: float) -> str:
     """ ", training steps 87% of 2 workers x 183 s": the share of the workers' time this sweep spent
     in the updates of the runs it trained (summary.json's time_s), start-up and waiting included.
     Empty for launchers whose workers are elsewhere, or when this sweep trained nothing."""
@@ -547,19 +341,17 @@ def _efficiency(plan: Plan, at_launch: dict, started: float) -> str:
     steps = [
         (RunDir(job.run_dir).read_summary() or {}).get("time_s", {}).get("steps", 0.0)
         for job in plan.jobs
-        if _mtime(job.run_dir / SUMMARY) != at_launch[job.run_dir][1]
+        if mtime(job.run_dir / SUMMARY) != plan.at_launch[job.run_dir][1]
         and RunLock(job.run_dir).last_owner().get("sweep") == sweep_owner()
     ]
     wall = time.perf_counter() - started
     if not workers or not any(steps):
         return ""
-    return (
-        f", training steps {100 * sum(steps) / (workers * wall):.0f}% of {workers} "
-        f"worker{'s' if workers > 1 else ''} x {wall:.0f} s"
-    )
+    share = 100 * sum(steps) / (workers * wall)
+    return f", training steps {share:.0f}% of {workers} worker{'s' if workers > 1 else ''} x {wall:.0f} s"
 
 
-def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, console: Console) -> None:
+def _account_for_others(plan: Plan, by_dir: dict[str, dict], console: Console) -> None:
     """Say which runs another process trained or trains while this sweep ran (a second sweep on the
     same directory, a SLURM array still running): this sweep skipped them."""
     others: dict[str, list[str]] = {}
@@ -568,7 +360,7 @@ def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, co
         lock = RunLock(job.run_dir)
         if status == "running elsewhere":
             others.setdefault(lock.holder() or "another process", []).append(status)
-        elif status in FINISHED and _mtime(job.run_dir / SUMMARY) != at_launch[job.run_dir][1]:
+        elif status in FINISHED and mtime(job.run_dir / SUMMARY) != plan.at_launch[job.run_dir][1]:
             owner = lock.last_owner()
             if owner and owner.get("sweep") != sweep_owner():
                 others.setdefault(describe_owner(owner), []).append(status)
@@ -587,57 +379,57 @@ def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, co
 
 
 def _launch(
-    plan: Plan,
-    retry_failed: bool,
-    console: Console,
-    poll_s: float,
-    at_launch: dict,
-    child: subprocess.Popen | None,
-) -> int:
-    """Run Hydra's multirun in the child process (the warmed one, else a new one), its output into
-    sweep.log, and watch it; return its exit code."""
-    console.print(f"[dim]Hydra's output: {plan.sweep_dir / LOG}[/dim]")
-    extra = [f"++hydra.job.env_set.{RETRY_ENV}=1"] if retry_failed else []
-    args = ["--multirun", *plan.args, *extra]
+    plan: Plan, console: Console, poll_s: float, child: subprocess.Popen, before: list[bytes]
+) -> tuple[int, list[float]]:
+    """Copy the multirun's output into sweep.log and watch it; return its exit code and the times of
+    the Ctrl-Cs it got (the first stops the jobs at a checkpoint, a second kills them at once)."""
+    log = plan.sweep_dir / LOG
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} normbench sweep\n")
+    console.print(f"[dim]Hydra's output: {log}[/dim]")
+    output = multirun.copy_output(child, log, before)
+    stops: list[float] = []
+    previous = _forward_stop_signals(child, stops, console)
     try:
-        with open(plan.sweep_dir / LOG, "a", encoding="utf-8") as log:
-            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n")
-        # Its own process group: Ctrl-C or the death of this process stops every job it started.
-        proc = multirun.launch(child, args, composing.shared_bytes())
-    except BaseException:
-        multirun.abandon(child)
-        raise
-    output = multirun.copy_output(proc, plan.sweep_dir / LOG)
-    previous = _forward_stop_signals(proc)
-    try:
-        _watch(plan, proc, console, poll_s, at_launch)
-    except KeyboardInterrupt:
-        multirun.stop(proc)
-        raise
+        _watch(plan, child, console, poll_s)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        output.join(timeout=10)  # the last lines in sweep.log before it is read (or the workers hold it open)
-        proc.stdout.close()
-    return proc.returncode
+        # What the child leaves behind goes with it (idle workers of a launcher: they hold sweep.log's
+        # pipe open); before it has ended, only if the watch itself failed.
+        multirun.signal_group(child, signal.SIGKILL)
+        output.join(timeout=10)  # the last lines in sweep.log before it is read
+        if not output.is_alive():
+            child.stdout.close()
+    return child.returncode, stops
 
 
-def _forward_stop_signals(proc: subprocess.Popen) -> dict:
+def _forward_stop_signals(proc: subprocess.Popen, stops: list[float], console: Console) -> dict:
     """SIGTERM/SIGUSR1 to the sweep command (a preempted SLURM job, say) go on to every job, which
-    checkpoints and exits; the watch goes on until they have. Returns the handlers to restore."""
+    checkpoints and exits; the watch goes on until they have. Ctrl-C (SIGINT) too, noted in ``stops``;
+    a second one kills every job at once. Returns the handlers to restore."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 
     def forward(signum, frame):
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        multirun.signal_group(proc, signum)
 
-    return {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    def ctrl_c(signum, frame):
+        stops.append(time.time())
+        if len(stops) == 1:
+            multirun.signal_group(proc, signal.SIGINT)
+            console.print(
+                "[yellow]stopping[/yellow]: the running runs save a checkpoint (Ctrl-C again to end at once)"
+            )
+        else:
+            multirun.signal_group(proc, signal.SIGKILL)
+
+    handlers = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    handlers[signal.SIGINT] = signal.signal(signal.SIGINT, ctrl_c)
+    return handlers
 
 
-def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float, at_launch: dict) -> None:
+def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float) -> None:
     """Draw runs done / running / failed / diverged from the run directories until Hydra's process ends."""
     reported: set[Path] = set()
     # A finished run's state, by its summary's mtime: a summary that has not changed is not read
@@ -656,15 +448,15 @@ def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float, 
             exited = proc.poll() is not None
             states = []
             for job in plan.jobs:
-                config_then, summary_then = at_launch[job.run_dir]
-                summary_now = _mtime(job.run_dir / SUMMARY)
+                config_then, summary_then = plan.at_launch[job.run_dir]
+                summary_now = mtime(job.run_dir / SUMMARY)
                 if job.run_dir in finished and finished[job.run_dir][0] == summary_now:
                     states.append(finished[job.run_dir][1])
                     continue
                 state = run_status(job.run_dir)
                 if state in FINISHED and summary_now:
                     finished[job.run_dir] = (summary_now, state)
-                if state == "running" and _mtime(job.run_dir / CONFIG) == config_then:
+                if state == "running" and mtime(job.run_dir / CONFIG) == config_then:
                     state = "pending"  # left over from a killed sweep, not started again yet
                 if state in FINISHED and job.run_dir not in reported and summary_now != summary_then:
                     reported.add(job.run_dir)
@@ -686,10 +478,3 @@ def _watch(plan: Plan, proc: subprocess.Popen, console: Console, poll_s: float, 
                 proc.wait(timeout=poll_s)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0

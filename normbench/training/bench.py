@@ -192,7 +192,7 @@ def _native(name: str, m: nn.Module, dtype: torch.dtype):
 def _compile(m: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     # Static shapes give the compiler its best shot at each width; resetting drops the
     # graphs of earlier widths so dynamo never hits its recompile limit and falls back to eager.
-    torch._dynamo.reset()
+    torch.compiler.reset()
     fn = torch.compile(m, dynamic=False)
     torch.autograd.backward(fn(x), dy)  # compile forward and backward now, outside any timing
     x.grad = None
