@@ -126,12 +126,12 @@ def sweep(
     from normbench.model import extensions
     from normbench.sweeps import multirun
 
-    flags = [a for a in ctx.args if a.startswith("-")]
-    if flags:
-        _fail(
-            f"unknown option {flags[0]}: sweep takes --dry-run, --retry-failed and Hydra overrides KEY=VALUE "
-            "(to see a run's config: normbench train --cfg job KEY=VALUE ...)"
-        )
+    _refuse_options(
+        ctx.args,
+        "sweep",
+        "--dry-run, --retry-failed and Hydra overrides KEY=VALUE "
+        "(to see a run's config: normbench train --cfg job KEY=VALUE ...)",
+    )
     # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
     child = None if dry_run else multirun.start(ctx.args, retry_failed)
     extensions.install()  # installed packages' norms and placements, for the plan's composition
@@ -147,6 +147,13 @@ def sweep(
 def _fail(err: Exception) -> None:
     typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def _refuse_options(args: list[str], command: str, usage: str) -> None:
+    """Hydra overrides pass through Typer untouched; an unknown --option among them is a mistake."""
+    flags = [a for a in args if a.startswith("-")]
+    if flags:
+        _fail(f"unknown option {flags[0]}: {command} takes {usage}")
 
 
 @app.command()
@@ -277,12 +284,11 @@ def coordcheck(
     from normbench.core.errors import ConfigError
     from normbench.training.coordcheck import run_coordcheck
 
-    flags = [a for a in ctx.args if a.startswith("-")]
-    if flags:
-        _fail(
-            f"unknown option {flags[0]}: coordcheck takes --widths, --steps, --param, --out and Hydra "
-            "overrides KEY=VALUE"
-        )
+    _refuse_options(
+        ctx.args,
+        "coordcheck",
+        "--widths, --steps, --param, --out and Hydra overrides KEY=VALUE",
+    )
     try:
         run_coordcheck(ctx.args, widths, steps, param, out)
     except ConfigError as err:
@@ -332,12 +338,11 @@ def check(
     from normbench.core.errors import ConfigError
     from normbench.training import conformance
 
-    flags = [a for a in ctx.args if a.startswith("-")]
-    if flags:
-        _fail(
-            f"unknown option {flags[0]}: check takes --config-dir, --json, --no-compile, --no-speed, "
-            "--steps and KEY=VALUE"
-        )
+    _refuse_options(
+        ctx.args,
+        "check",
+        "--config-dir, --json, --no-compile, --no-speed, --steps and KEY=VALUE",
+    )
     try:
         overrides = _with_config_dir(ctx.args, config_dir)
         result = conformance.run_check(overrides, compile=compile, speed=speed, steps=steps)
