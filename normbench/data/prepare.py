@@ -26,7 +26,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -108,7 +110,9 @@ def resolve_sources(specs: list[str]) -> list[Source]:
             continue
         elif path.is_dir():
             files = sorted(
-                p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts)
+                p
+                for p in path.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.parts)
             )
             if not files:
                 raise ConfigError(f"empty source: the folder {spec} holds no file")
@@ -118,9 +122,25 @@ def resolve_sources(specs: list[str]) -> list[Source]:
             out.append(Source("hub", spec))
             continue
         else:
-            raise ConfigError(f"no such source: {spec}", allowed=["a file", "a folder", "a glob", "a hub dataset name"])
+            raise ConfigError(
+                f"no such source: {spec}", allowed=["a file", "a folder", "a glob", "a hub dataset name"]
+            )
         out += [Source(_kind(p), str(p.resolve()), p.stat().st_size) for p in files]
+    for source in out:
+        if source.kind == "text":
+            _sniff(source.location)
     return out
+
+
+def _sniff(path: str) -> None:
+    """A binary file refused before any work (a NUL byte in its first 8 KB); later ones while reading."""
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    if b"\0" in head:
+        raise ConfigError(
+            f"{path} looks binary (a NUL byte at offset {head.index(0)}); "
+            "give text files only, or leave it out of the sources"
+        )
 
 
 def _tree_size(path: Path) -> int:
@@ -238,14 +258,19 @@ def _hf_documents(source: Source, column: str) -> Iterator[tuple[str, bool]]:
     try:
         import datasets
     except ImportError:
-        raise ConfigError("Hugging Face datasets need the datasets library: pip install 'normbench[datasets]'") from None
+        raise ConfigError(
+            "Hugging Face datasets need the datasets library: pip install 'normbench[datasets]'"
+        ) from None
     if source.kind == "hf_disk":
         ds = datasets.load_from_disk(source.location)
         if isinstance(ds, datasets.DatasetDict):
             if "train" not in ds:
-                raise ConfigError(f"{source.location}: a DatasetDict without a 'train' split", allowed=list(ds))
+                raise ConfigError(
+                    f"{source.location}: a DatasetDict without a 'train' split", allowed=list(ds)
+                )
             ds = ds["train"]
     else:
+        _check_hub_reachable(source.location)
         try:
             ds = datasets.load_dataset(source.location, split="train", streaming=True)
         except Exception as err:  # offline: ConnectionError, or datasets' own "offline mode" errors
@@ -257,6 +282,24 @@ def _hf_documents(source: Source, column: str) -> Iterator[tuple[str, bool]]:
     if names and column not in names:
         raise ConfigError(f"{source.location}: no column {column!r} (give --column)", allowed=names)
     yield from _rows((row[column] for row in ds), source.location, column)
+
+
+def _check_hub_reachable(name: str) -> None:
+    """Fail at once, in one line, when the hub cannot be reached (instead of datasets' retries)."""
+    if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
+        return  # offline mode on purpose: datasets reads its cache
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=5).close()
+    except OSError:
+        raise ConfigError(
+            f"hub dataset {name!r}: {url.hostname} cannot be reached (offline?); save it with datasets' "
+            "save_to_disk where the network allows and give that folder, or a local file"
+        ) from None
 
 
 def first_words(err: BaseException) -> str:
@@ -302,7 +345,9 @@ def build_tokenizer(opts: Options, train: list[Source], val: list[Source]):
         return tokenizers.ByteTokenizer()
     if kind == "bpe":
         # Trained on the training split alone: the held-out documents stay unseen.
-        return tokenizers.train_bpe(arg, (text for split, text, _ in _labelled(train, val, opts) if split == "train"))
+        return tokenizers.train_bpe(
+            arg, (text for split, text, _ in _labelled(train, val, opts) if split == "train")
+        )
     if kind == "json":
         return tokenizers.load_json(arg)
     return tokenizers.TiktokenTokenizer(arg)
@@ -337,7 +382,12 @@ class SplitWriter:
     def close(self) -> dict:
         if self.writer is not None:
             self.writer.close()
-        return {"tokens": self.tokens, "bytes": self.bytes, "documents": self.documents, "shards": self.shards}
+        return {
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "documents": self.documents,
+            "shards": self.shards,
+        }
 
 
 def _in_val(index: int, fraction: float) -> bool:
@@ -383,7 +433,9 @@ def _encode_all(tok, train, val, opts, writers: dict[str, SplitWriter], progress
                     n_bytes = len(text.encode("utf-8"))
                     w.bytes += n_bytes
                     progress(n_bytes, len(ids) + new)
-            pending = None if batch is None else (batch, pool.submit(tok.encode_batch, [t for _, t, _ in batch]))
+            pending = (
+                None if batch is None else (batch, pool.submit(tok.encode_batch, [t for _, t, _ in batch]))
+            )
 
 
 def _slug(opts: Options, sources: list[Source]) -> str:
@@ -436,12 +488,15 @@ def prepare(opts: Options, out: Path, console: Console | None = None, show_progr
     out = Path(os.path.expanduser(out))
     final = out / f"{_slug(opts, train)}-{digest}"
     if (final / META).is_file():
-        console.print(f"reusing {final} (prepared before from the same sources and tokenizer)", highlight=False)
+        console.print(
+            f"reusing {final} (prepared before from the same sources and tokenizer)", highlight=False
+        )
         return final
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out, prefix=f".{final.name}.", suffix=".tmp"))
+    started = time.perf_counter()
     try:
-        _write(opts, train, val, identity, work, console, show_progress)
+        splits = _write(opts, train, val, identity, work, console, show_progress)
         try:
             os.rename(work, final)
         except OSError:  # another process finished the same directory first: its copy is as good
@@ -451,7 +506,14 @@ def prepare(opts: Options, out: Path, console: Console | None = None, show_progr
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    console.print(f"prepared {final}", highlight=False)
+    seconds = time.perf_counter() - started
+    text_bytes = sum(s["bytes"] for s in splits.values())
+    console.print(
+        f"prepared {final}: {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} val tokens "
+        f"from {text_bytes / 1e6:,.1f} MB of text in {seconds:.1f} s ({text_bytes / 1e6 / seconds:.1f} MB/s)",
+        highlight=False,
+        soft_wrap=True,
+    )
     return final
 
 
@@ -469,6 +531,7 @@ def _write(opts, train, val, identity, work: Path, console: Console, show_progre
         TimeRemainingColumn(),
         console=console,
         disable=not show_progress,
+        transient=True,  # the summary line below stays; an error leaves only its own line
     ) as bar:
         task = bar.add_task("prepare", total=total, tokens=0)
         counted = {"tokens": 0}
@@ -481,14 +544,11 @@ def _write(opts, train, val, identity, work: Path, console: Console, show_progre
     splits = {s: w.close() for s, w in writers.items()}
     for split, info in splits.items():
         if info["tokens"] == 0:
-            hint = (
-                "give --val SOURCE"
-                if split == "val"
-                else "the sources hold too little text"
-            )
+            hint = "give --val SOURCE" if split == "val" else "the sources hold too little text"
             raise ConfigError(
                 f"the {split} split is empty ({splits['train']['documents'] + splits['val']['documents']} "
-                f"document(s) in all); split documents with --split-on-blank-lines, raise --val-fraction or {hint}"
+                f"document(s) in all); split documents with --split-on-blank-lines, raise --val-fraction "
+                f"or {hint}"
             )
     meta = {
         "format": FORMAT,
@@ -498,10 +558,18 @@ def _write(opts, train, val, identity, work: Path, console: Console, show_progre
         "eot_id": tok.eot_id,
         "splits": splits,
         "sources": {
-            "train": [{"kind": s.kind, "location": s.location, "sha256": h[2]} for s, h in zip(train, identity["train"])],
-            "val": [{"kind": s.kind, "location": s.location, "sha256": h[2]} for s, h in zip(val, identity["val"])],
+            "train": [
+                {"kind": s.kind, "location": s.location, "sha256": h[2]}
+                for s, h in zip(train, identity["train"])
+            ],
+            "val": [
+                {"kind": s.kind, "location": s.location, "sha256": h[2]} for s, h in zip(val, identity["val"])
+            ],
         },
-        "options": {k: identity[k] for k in ("val_fraction", "column", "split_on_blank_lines", "shard_tokens")},
+        "options": {
+            k: identity[k] for k in ("val_fraction", "column", "split_on_blank_lines", "shard_tokens")
+        },
     }
     with disk_full_is(work / META):
         write_atomic(work / META, to_json(meta, indent=2) + "\n")
+    return splits

@@ -41,7 +41,8 @@ def dtype_for(vocab_size: int, asked: str | None = None) -> np.dtype:
     dtype = DTYPES[asked]
     if vocab_size > np.iinfo(dtype).max + 1:
         raise ConfigError(
-            f"a vocabulary of {vocab_size:,} tokens does not fit {asked} (at most {np.iinfo(dtype).max + 1:,})",
+            f"a vocabulary of {vocab_size:,} tokens does not fit {asked} "
+            f"(at most {np.iinfo(dtype).max + 1:,})",
             allowed=["uint32", "auto"],
         )
     return dtype
@@ -97,7 +98,9 @@ def open_shard(path: Path, dtype: str | None = None) -> Shard:
         )
     want_version, token_dtype = LLMC_FORMATS[magic]
     if version != want_version:
-        raise ConfigError(f"{path}: magic {magic} with version {version}; llm.c writes version {want_version}")
+        raise ConfigError(
+            f"{path}: magic {magic} with version {version}; llm.c writes version {want_version}"
+        )
     have = (size - HEADER_BYTES) // token_dtype.itemsize
     if count < 0 or have < count:
         raise ConfigError(
@@ -117,7 +120,7 @@ class ShardWriter:
 
     def __init__(self, path: Path, dtype: np.dtype):
         self.path, self.dtype, self.tokens = Path(path), np.dtype(dtype), 0
-        self.file = open(self.path, "wb")  # noqa: SIM115: closed in close(), after the header is final
+        self.file = open(self.path, "wb")  # noqa: SIM115 (closed in close(), once the header is final)
         with disk_full_is(self.path):
             self.file.write(bytes(HEADER_BYTES))
 

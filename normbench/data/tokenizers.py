@@ -105,7 +105,10 @@ class HFTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         # The fast batch path (no offsets), parallel in Rust; no template tokens (BOS) added.
-        return [np.asarray(e.ids, dtype=np.uint32) for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+        return [
+            np.asarray(e.ids, dtype=np.uint32)
+            for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)
+        ]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(map(int, ids)), skip_special_tokens=False)
@@ -130,8 +133,9 @@ class TiktokenTokenizer:
             raise ConfigError(f"tiktoken:{name}: {err}", allowed=tiktoken.list_encoding_names()) from None
         except Exception as err:  # its BPE file could not be fetched (offline)
             raise ConfigError(
-                f"tiktoken:{name}: its BPE file is not cached and could not be downloaded ({type(err).__name__}); "
-                "offline, put the file in TIKTOKEN_CACHE_DIR or use bpe:N or a tokenizer.json"
+                f"tiktoken:{name}: its BPE file is not cached and could not be downloaded "
+                f"({type(err).__name__}); offline, put the file in TIKTOKEN_CACHE_DIR, "
+                "or use bpe:N or a tokenizer.json"
             ) from None
         self.spec, self.name = f"tiktoken:{name}", name
         self.eot_id, self.vocab_size = self.enc.eot_token, self.enc.n_vocab
@@ -156,10 +160,13 @@ def parse_spec(spec: str) -> tuple[str, str | int | Path | None]:
         try:
             n = int(spec[4:])
         except ValueError:
-            raise ConfigError(f"tokenizer {spec!r}: N must be an integer, e.g. bpe:4096", allowed=SPECS) from None
+            raise ConfigError(
+                f"tokenizer {spec!r}: N must be an integer, e.g. bpe:4096", allowed=SPECS
+            ) from None
         if n < 257:
             raise ConfigError(
-                f"tokenizer {spec}: a byte-level BPE needs N >= 257 (256 byte tokens and the end-of-text token)",
+                f"tokenizer {spec}: a byte-level BPE needs N >= 257 "
+                "(256 byte tokens and the end-of-text token)",
                 allowed=SPECS,
             )
         return "bpe", n
