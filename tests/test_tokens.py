@@ -328,3 +328,18 @@ def test_hub_dataset_offline_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9: offline
     with pytest.raises(ConfigError, match="hub dataset 'someone/corpus': 127.0.0.1 cannot be reached"):
         prepare(Options(["someone/corpus"], "byte"), tmp_path / "o", show_progress=False)
+
+
+def test_documents_longer_than_a_piece_stream_through_whole(tmp_path, monkeypatch):
+    """Text is read and encoded in bounded pieces; a document spanning many pieces comes back whole."""
+    from normbench.data import prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "PIECE_BYTES", 64)
+    docs = [d * 5 for d in corpus(30, seed=6)]  # documents of a few hundred bytes: many pieces each
+    src = write_corpus(tmp_path / "docs.txt", docs)
+    out = prepare(Options([str(src)], "char", split_on_blank_lines=True), tmp_path / "o", show_progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    tok = from_meta(out)
+    train = tok.decode(read_tokens(out / "train_000000.bin").tolist())[len(EOT) :].split(EOT)
+    assert train == [d for i, d in enumerate(docs) if (i + 1) // 10 == i // 10]
+    assert meta["splits"]["train"]["documents"] == 27

@@ -22,6 +22,7 @@ from __future__ import annotations
 import codecs
 import glob
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -53,7 +54,7 @@ from normbench.data.shards import ShardWriter, dtype_for
 FORMAT = "llm.c"  # bump the hash's version below when the output of the same inputs changes
 LAYOUT_VERSION = 1
 PIECE_BYTES = 1 << 20  # the longest piece of text encoded at once
-BATCH_BYTES = 8 << 20  # text per encode_batch call: enough pieces for every core
+BATCH_BYTES = 4 << 20  # text per encode_batch call: pieces for every core, bounded memory
 SHARD_TOKENS = 100_000_000  # modded-nanogpt's shard size
 META = "meta.json"
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -191,22 +192,55 @@ def _text_lines(path: str) -> Iterator[str]:
         raise ConfigError(f"{path} is not UTF-8 text (it ends inside a character)") from None
 
 
+def _text_blocks(path: str) -> Iterator[str]:
+    """A text file decoded strictly as UTF-8, in blocks of at most PIECE_BYTES bytes."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    offset = 0
+    with open(path, "rb") as f:
+        while raw := f.read(PIECE_BYTES):
+            if b"\0" in raw:
+                raise ConfigError(
+                    f"{path} looks binary (a NUL byte at offset {offset + raw.index(0)}); "
+                    "give text files only, or leave it out of the sources"
+                )
+            try:
+                yield decoder.decode(raw)
+            except UnicodeDecodeError as err:
+                raise ConfigError(
+                    f"{path} is not UTF-8 text ({err.reason} at byte {offset + err.start}); "
+                    "convert it (iconv -f LATIN1 -t UTF-8) or leave it out of the sources"
+                ) from None
+            offset += len(raw)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text (it ends inside a character)") from None
+
+
+BLANK_LINES = re.compile(r"\n(?:[^\S\n]*\n)+")  # the end of a line, then whitespace-only lines
+LEADING_BLANK_LINES = re.compile(r"(?:[^\S\n]*\n)+")
+
+
 def _text_documents(path: str, split_on_blank_lines: bool) -> Iterator[tuple[str, bool]]:
-    """(piece, starts a document) of one text file."""
-    buf, size, new = [], 0, True
-    for line in _text_lines(path):
-        if split_on_blank_lines and not line.strip():
-            if buf:
-                yield "".join(buf), new
-            buf, size, new = [], 0, True
-            continue
-        buf.append(line)
-        size += len(line)
-        if size >= PIECE_BYTES:
-            yield "".join(buf), new
-            buf, size, new = [], 0, False
-    if buf:
-        yield "".join(buf), new
+    """(piece, starts a document) of one text file: the file is one document, or each paragraph is.
+    A piece longer than PIECE_BYTES is cut after a newline (or anywhere, in a line that long)."""
+    buf, new = "", True
+    for block in _text_blocks(path):
+        buf += block
+        if split_on_blank_lines:
+            *paragraphs, buf = BLANK_LINES.split(buf)
+            for paragraph in paragraphs:
+                if paragraph:
+                    yield paragraph + "\n", new
+                new = True
+        while len(buf) >= PIECE_BYTES:
+            cut = buf.rfind("\n", 0, PIECE_BYTES) + 1 or PIECE_BYTES
+            yield buf[:cut], new
+            buf, new = buf[cut:], False
+            if split_on_blank_lines and (blank := LEADING_BLANK_LINES.match(buf)):
+                buf, new = buf[blank.end() :], True  # the cut fell just before a blank line
+    if buf.strip() if split_on_blank_lines else buf:
+        yield buf, new
 
 
 def _rows(texts, where: str, column: str) -> Iterator[tuple[str, bool]]:
@@ -421,21 +455,29 @@ def _encode_all(tok, train, val, opts, writers: dict[str, SplitWriter], progress
     eot = np.array([tok.eot_id], dtype=np.uint32)
     with ThreadPoolExecutor(1) as pool:  # encodes one batch while the next is read
         pending = None
-        for batch in [*_batches(_labelled(train, val, opts)), None]:
+        for batch in itertools.chain(_batches(_labelled(train, val, opts)), [None]):
             if pending is not None:
-                done, ids_list = pending
-                for (split, text, new), ids in zip(done, ids_list.result()):
-                    w = writers[split]
-                    if new:
-                        w.write(eot)
-                        w.documents += 1
-                    w.write(ids)
-                    n_bytes = len(text.encode("utf-8"))
-                    w.bytes += n_bytes
-                    progress(n_bytes, len(ids) + new)
-            pending = (
-                None if batch is None else (batch, pool.submit(tok.encode_batch, [t for _, t, _ in batch]))
-            )
+                _write_batch(*pending, eot, writers, progress)
+            texts = None if batch is None else [text for _, text, _ in batch]
+            pending = None if batch is None else (batch, pool.submit(tok.encode_batch, texts))
+
+
+def _write_batch(batch, encoded, eot, writers: dict[str, SplitWriter], progress) -> None:
+    """One batch's ids into each split's shards: one write per split, an end-of-text before each document."""
+    parts = {split: [] for split in writers}
+    n_bytes = n_tokens = 0
+    for (split, text, new), ids in zip(batch, encoded.result()):
+        if new:
+            parts[split].append(eot)
+            writers[split].documents += 1
+        parts[split].append(ids)
+        size = len(text.encode("utf-8"))
+        writers[split].bytes += size
+        n_bytes, n_tokens = n_bytes + size, n_tokens + len(ids) + new
+    for split, arrays in parts.items():
+        if arrays:
+            writers[split].write(np.concatenate(arrays))
+    progress(n_bytes, n_tokens)
 
 
 def _slug(opts: Options, sources: list[Source]) -> str:
