@@ -69,7 +69,8 @@ def main() -> None:
             )
             summary = json.loads((run / "summary.json").read_text())
             print(
-                f"{size / 1e6:,.0f}M tokens ({size * 2 / 1e6:,.0f} MB of shards): peak {summary['peak_mem_mb']:,.0f} MB "
+                f"{size / 1e6:,.0f}M tokens ({size * 2 / 1e6:,.0f} MB of shards): "
+                f"peak {summary['peak_mem_mb']:,.0f} MB "
                 f"({summary['peak_mem_kind']}; {summary['peak_mem_start_mb']:,.0f} MB at the run's start), "
                 f"set-up {summary['time_s']['setup']:.1f} s, {summary['status']}"
             )

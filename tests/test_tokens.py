@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import train_tiny
+from conftest import tiny, train_tiny
 from typer.testing import CliRunner
 
 from normbench.cli import app
@@ -343,3 +343,36 @@ def test_documents_longer_than_a_piece_stream_through_whole(tmp_path, monkeypatc
     train = tok.decode(read_tokens(out / "train_000000.bin").tolist())[len(EOT) :].split(EOT)
     assert train == [d for i, d in enumerate(docs) if (i + 1) // 10 == i // 10]
     assert meta["splits"]["train"]["documents"] == 27
+
+
+@pytest.mark.slow  # five tiny trainings through the CLI, then a report with its charts
+def test_report_compares_tokenizers_in_bits_per_byte(tmp_path):
+    """--metric final_val_bpb: the aggregate, the tuning and the verdict all see bits per byte."""
+    import pandas as pd
+
+    from normbench.report import run_report
+
+    def train(name, *overrides):
+        result = CliRunner().invoke(
+            app, ["train", *tiny(*overrides), f"hydra.run.dir={tmp_path / 'runs' / name}"]
+        )
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / "runs" / name / "summary.json").read_text())
+
+    src = write_corpus(tmp_path / "docs.txt", corpus(200))
+    bpb = {}
+    for tokenizer in ("char", "bpe:300"):
+        out = prepare(
+            Options([str(src)], tokenizer, split_on_blank_lines=True), tmp_path / "o", show_progress=False
+        )
+        runs = [
+            train(f"{tokenizer[:3]}-{seed}", "data=tokens", f"data.path={out}", f"seed={seed}")
+            for seed in (0, 1)
+        ]
+        bpb[str(out)] = np.mean([r["final_val_bpb"] for r in runs])
+    report = run_report([tmp_path / "runs"], metric="final_val_bpb", group_by=["data.path"])
+    agg = pd.read_csv(report / "aggregate.csv")
+    assert dict(zip(agg["data.path"], agg["final_val_loss_mean"])) == pytest.approx(bpb)
+    train("synthetic")  # no bytes: bits per byte cannot be compared
+    with pytest.raises(ConfigError, match="have no bytes per token"):
+        run_report([tmp_path / "runs"], metric="final_val_bpb")

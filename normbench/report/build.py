@@ -231,9 +231,8 @@ def run_report(
             )
         order = "descending" if metric in HIGHER_IS_BETTER else "ascending"
         unit = ", losses in bits per byte" if metric in BITS_PER_BYTE else ""
-        print_table(
-            console, table, f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order}{unit})", len(d.keys)
-        )
+        title = f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order}{unit})"
+        print_table(console, table, title, len(d.keys))
         if tuned_display is not None:
             print_table(console, tuned_display, f"each configuration at its best {d.tune}", 1)
     console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")

@@ -265,8 +265,8 @@ def in_bits_per_byte(d: ReportData, metric: str) -> None:
     missing = runs["run_dir"][per_byte.isna() & runs["status"].eq("completed")]
     if len(missing):
         raise ConfigError(
-            f"--metric {metric}: {len(missing)} completed run(s) have no bytes per token "
-            f"(the synthetic corpus, or shards without meta.json; set data.bytes_per_token), e.g. {missing.iloc[0]}",
+            f"--metric {metric}: {len(missing)} completed run(s) have no bytes per token (the synthetic "
+            f"corpus, or shards without meta.json; set data.bytes_per_token), e.g. {missing.iloc[0]}",
             allowed=[m for m in METRICS if m not in BITS_PER_BYTE],
         )
     for col in ("final_val_loss", "best_val_loss", "init_val_loss"):
