@@ -85,10 +85,7 @@ class Options:
 
 
 def _kind(path: Path) -> str:
-    if path.is_dir():
-        return "hf_disk"
-    suffix = path.suffix.lower()
-    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(suffix, "text")
+    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower(), "text")
 
 
 def _is_hf_folder(path: Path) -> bool:
@@ -113,7 +110,7 @@ def resolve_sources(specs: list[str]) -> list[Source]:
             files = sorted(
                 p
                 for p in path.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.parts)
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
             )
             if not files:
                 raise ConfigError(f"empty source: the folder {spec} holds no file")
@@ -138,10 +135,14 @@ def _sniff(path: str) -> None:
     with open(path, "rb") as f:
         head = f.read(8192)
     if b"\0" in head:
-        raise ConfigError(
-            f"{path} looks binary (a NUL byte at offset {head.index(0)}); "
-            "give text files only, or leave it out of the sources"
-        )
+        raise _binary(path, head.index(0))
+
+
+def _binary(path: str, offset: int) -> ConfigError:
+    return ConfigError(
+        f"{path} looks binary (a NUL byte at offset {offset}); "
+        "give text files only, or leave it out of the sources"
+    )
 
 
 def _tree_size(path: Path) -> int:
@@ -167,31 +168,6 @@ def _content_hash(source: Source) -> str:
 # --------------------------------------------------------------------------- reading documents
 
 
-def _text_lines(path: str) -> Iterator[str]:
-    """A text file's lines, decoded strictly as UTF-8, each at most PIECE_BYTES."""
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset = 0
-    with open(path, "rb") as f:
-        while raw := f.readline(PIECE_BYTES):
-            if b"\0" in raw:
-                raise ConfigError(
-                    f"{path} looks binary (a NUL byte at offset {offset + raw.index(0)}); "
-                    "give text files only, or leave it out of the sources"
-                )
-            try:
-                yield decoder.decode(raw)
-            except UnicodeDecodeError as err:
-                raise ConfigError(
-                    f"{path} is not UTF-8 text ({err.reason} at byte {offset + err.start}); "
-                    "convert it (iconv -f LATIN1 -t UTF-8) or leave it out of the sources"
-                ) from None
-            offset += len(raw)
-    try:
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text (it ends inside a character)") from None
-
-
 def _text_blocks(path: str) -> Iterator[str]:
     """A text file decoded strictly as UTF-8, in blocks of at most PIECE_BYTES bytes."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
@@ -215,6 +191,16 @@ def _text_blocks(path: str) -> Iterator[str]:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not UTF-8 text (it ends inside a character)") from None
+
+
+def _text_lines(path: str) -> Iterator[str]:
+    """A text file's lines (without their newlines), decoded strictly as UTF-8."""
+    rest = ""
+    for block in _text_blocks(path):
+        *lines, rest = (rest + block).split("\n")
+        yield from lines
+    if rest:
+        yield rest
 
 
 BLANK_LINES = re.compile(r"\n(?:[^\S\n]*\n)+")  # the end of a line, then whitespace-only lines
