@@ -1,17 +1,17 @@
 """`normbench prepare` against Hugging Face tokenizers' own batch encoding, and its peak memory.
 
-    python benchmarks/prepare_throughput.py --text ../shared/data/tinyshakespeare.txt --mb 20,100
+    python benchmarks/prepare_throughput.py --text ../shared/data/tinyshakespeare.txt --mb 10,50
 
 A corpus of each size is made from the text's paragraphs (shuffled, repeated). A byte-level BPE
-of --vocab tokens is trained once on the text. Then, on the smallest corpus, best of --repeats:
+of --vocab tokens is trained once on the text and saved. Then, on the smallest corpus, each side
+in its own fresh process, alternating, best of --repeats (the clock started after the imports):
 
-- baseline: the file read and split into the same documents, then ``Tokenizer.encode_batch_fast``
-  on batches of the same size prepare uses (HF's parallel Rust path), the ids left in Python;
-- prepare: ``normbench prepare FILE -t tokenizer.json --split-on-blank-lines`` end to end in a
-  fresh process (reading, hashing the source, encoding, writing the shards and meta.json), its
-  wall time less the interpreter's start (measured by ``python -c "import normbench.data.prepare"``).
+- baseline: the file read and split into the same documents (paragraphs), then
+  ``Tokenizer.encode_batch_fast`` on batches of the size prepare uses (HF's parallel Rust path);
+- prepare: ``normbench.data.prepare.prepare`` with that tokenizer.json, end to end: hashing the
+  source, reading it, encoding, writing the shards and meta.json.
 
-And for every size: prepare's peak resident set (ru_maxrss of the child). Prints one table.
+And for every size: prepare's peak resident set (ru_maxrss of its process). Prints one table.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from normbench.data.prepare import BATCH_BYTES
 from normbench.data.tokenizers import train_bpe
 
 
@@ -41,39 +39,39 @@ def make_corpus(text: str, mb: int, path: Path) -> None:
             written += len(chunk.encode())
 
 
-def baseline(tok, path: Path) -> float:
-    """HF's batch encoding of the same documents in the same batch sizes; seconds."""
-    start = time.perf_counter()
-    docs = [p for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
-    batch, size = [], 0
-    for doc in docs:
-        batch.append(doc)
-        size += len(doc)
-        if size >= BATCH_BYTES:
-            tok.encode_batch_fast(batch, add_special_tokens=False)
-            batch, size = [], 0
-    if batch:
+BASELINE = """
+import sys, time
+from tokenizers import Tokenizer
+from normbench.data.prepare import BATCH_BYTES
+tok = Tokenizer.from_file(sys.argv[2])
+start = time.perf_counter()
+docs = [p for p in open(sys.argv[1], encoding="utf-8").read().split("\\n\\n") if p.strip()]
+batch, size = [], 0
+for doc in docs:
+    batch.append(doc)
+    size += len(doc)
+    if size >= BATCH_BYTES:
         tok.encode_batch_fast(batch, add_special_tokens=False)
-    return time.perf_counter() - start
+        batch, size = [], 0
+tok.encode_batch_fast(batch, add_special_tokens=False)
+print(time.perf_counter() - start)
+"""
+PREPARE = """
+import sys, time
+from pathlib import Path
+from normbench.data.prepare import Options, prepare
+start = time.perf_counter()
+opts = Options([sys.argv[1]], sys.argv[2], split_on_blank_lines=True)
+prepare(opts, Path(sys.argv[3]), show_progress=False)
+print(time.perf_counter() - start)
+"""
 
 
-def child(args: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MB) of a fresh Python process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
-    subprocess.run([sys.executable, *args], check=True, capture_output=True)
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return seconds, max(peak, before) / 1024  # ru_maxrss of children: the largest so far, in KiB
-
-
-def run_prepare(path: Path, tokenizer: Path, out: Path) -> tuple[float, float]:
-    code = (
-        "import sys; from pathlib import Path; from normbench.data.prepare import Options, prepare; "
-        "prepare(Options([sys.argv[1]], sys.argv[2], split_on_blank_lines=True), Path(sys.argv[3]), "
-        "show_progress=False)"
-    )
-    return child(["-c", code, str(path), str(tokenizer), str(out)])
+def child(code: str, *args: str) -> tuple[float, float]:
+    """(seconds the process timed itself, its peak RSS in MB): each run in a fresh process."""
+    result = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
+    return float(result.stdout.strip().splitlines()[-1]), peak_kib / 1024
 
 
 def main() -> None:
@@ -87,27 +85,29 @@ def main() -> None:
     sizes = [int(s) for s in args.mb.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        tok = train_bpe(args.vocab, [text])
-        tok.tok.save(str(tmp / "tokenizer.json"))
-        start_s, _ = child(["-c", "import normbench.data.prepare"])
+        train_bpe(args.vocab, [text]).tok.save(str(tmp / "tokenizer.json"))
+        tokenizer = str(tmp / "tokenizer.json")
         rows = []
-        for i, mb in enumerate(sizes):
+        for i, mb in enumerate(sorted(sizes)):
             corpus = tmp / f"corpus{mb}.txt"
             make_corpus(text, mb, corpus)
             real_mb = corpus.stat().st_size / 1e6
             if i == 0:
                 base, ours = [], []
                 for r in range(args.repeats):
-                    base.append(baseline(tok.tok, corpus))
-                    ours.append(run_prepare(corpus, tmp / "tokenizer.json", tmp / f"out{r}")[0] - start_s)
+                    base.append(child(BASELINE, str(corpus), tokenizer)[0])
+                    ours.append(child(PREPARE, str(corpus), tokenizer, str(tmp / f"out{r}"))[0])
+                times = " ".join(f"{b:.1f}/{o:.1f}" for b, o in zip(base, ours))
                 rows.append(
                     f"throughput, {real_mb:.0f} MB: HF encode_batch_fast {real_mb / min(base):.2f} MB/s, "
-                    f"normbench prepare {real_mb / min(ours):.2f} MB/s, ratio {min(base) / min(ours):.2f}"
+                    f"normbench prepare {real_mb / min(ours):.2f} MB/s, ratio {min(base) / min(ours):.2f} "
+                    f"(each pair HF/prepare: {times} s)"
                 )
-            seconds, peak = run_prepare(corpus, tmp / "tokenizer.json", tmp / f"mem{mb}")
+            # ru_maxrss of children is the largest so far: sizes run smallest first, each larger one's own.
+            seconds, peak = child(PREPARE, str(corpus), tokenizer, str(tmp / f"mem{mb}"))
             rows.append(f"peak RSS, {real_mb:.0f} MB corpus: {peak:,.0f} MB ({seconds:.1f} s)")
             corpus.unlink()
-        print(f"bpe:{args.vocab}, start-up of a process {start_s:.2f} s (subtracted)")
+        print(f"bpe:{args.vocab}")
         print("\n".join(rows))
 
 
