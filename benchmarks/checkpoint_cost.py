@@ -72,15 +72,18 @@ def main() -> None:
         load_s = time.perf_counter() - start
     step, save = statistics.median(step_s), statistics.median(save_s)
     print(
-        f"model: {state.model.num_params():,} parameters ({run.model.n_layer} layers, width {run.model.d_model}), "
+        f"model: {state.model.num_params():,} parameters ({run.model.n_layer} layers, width "
+        f"{run.model.d_model}), "
         f"batch {run.train.batch_size}, torch threads {torch.get_num_threads()}"
     )
     print(f"checkpoint size        {size / 2**20:.2f} MiB")
     print(
-        f"step time (median)     {1000 * step:.1f} ms   (rounds: {', '.join(f'{1000 * s:.0f}' for s in step_s)})"
+        f"step time (median)     {1000 * step:.1f} ms   (rounds: "
+        f"{', '.join(f'{1000 * s:.0f}' for s in step_s)})"
     )
     print(
-        f"checkpoint write       {1000 * save:.1f} ms   (rounds: {', '.join(f'{1000 * s:.0f}' for s in save_s)})"
+        f"checkpoint write       {1000 * save:.1f} ms   (rounds: "
+        f"{', '.join(f'{1000 * s:.0f}' for s in save_s)})"
     )
     print(f"load + verify          {1000 * load_s:.1f} ms")
     print(

@@ -11,8 +11,8 @@ every norm alike. A size is a list of Hydra overrides; two are built in:
 
 On the CPU with one thread (the default) a step's time is this thread's CPU time, which
 leaves out the time other processes held the core; on CUDA each block ends with a
-synchronize and is timed by the wall clock. Prints per size and norm the median tokens/s over rounds and the per-round ratio to
-ln (median and quartiles). Usage:
+synchronize and is timed by the wall clock. Prints per size and norm the median tokens/s over rounds and the
+per-round ratio to ln (median and quartiles). Usage:
 
     python benchmarks/norm_throughput.py [--sizes default,nanogpt] [--norms ln,rms,scale,dyt,bn,gn]
                                          [--rounds 20] [--block 3] [--threads 1]

@@ -1,6 +1,7 @@
-"""Where a sweep's time goes: run a sweep, then split the workers' time into training steps and the rest.
+r"""Where a sweep's time goes: run a sweep, then split the workers' time into training steps and the rest.
 
-    python benchmarks/sweep_efficiency.py experiment=lr_sensitivity hydra/launcher=joblib hydra.launcher.n_jobs=2
+    python benchmarks/sweep_efficiency.py experiment=lr_sensitivity \
+        hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 Runs ``normbench sweep`` with the given overrides into a fresh sweep directory (or reads one
 already run: --sweep-dir DIR --wall SECONDS), and prints: the wall time; the workers' time
@@ -22,7 +23,8 @@ from pathlib import Path
 
 
 def phases(run_dir: Path) -> dict[str, float]:
-    """The run's seconds per phase; a run without time_s gets its steps from metrics.jsonl and the rest as 'other'."""
+    """The run's seconds per phase; a run without time_s gets its steps from metrics.jsonl and the rest as
+    'other'."""
     summary = json.loads((run_dir / "summary.json").read_text())
     if "time_s" in summary:
         return dict(summary["time_s"])
@@ -65,7 +67,8 @@ def main() -> None:
     worker_s = workers * wall
     print(f"{len(runs)} runs in {wall:.1f} s wall, {workers} worker(s): {worker_s:.0f} worker-seconds")
     print(
-        f"training steps: {total.get('steps', 0.0):.1f} s = {100 * total.get('steps', 0.0) / worker_s:.1f}% of the workers' time"
+        f"training steps: {total.get('steps', 0.0):.1f} s = {100 * total.get('steps', 0.0) / worker_s:.1f}% "
+        "of the workers' time"
     )
     runs_s = sum(total.values())
     print(
@@ -74,7 +77,8 @@ def main() -> None:
     )
     for phase, seconds in sorted(total.items(), key=lambda kv: -kv[1]):
         print(
-            f"  {phase:<12} {seconds:8.1f} s  {100 * seconds / worker_s:5.1f}%   {1000 * seconds / max(1, len(runs)):7.0f} ms/run"
+            f"  {phase:<12} {seconds:8.1f} s  {100 * seconds / worker_s:5.1f}%   "
+            f"{1000 * seconds / max(1, len(runs)):7.0f} ms/run"
         )
 
 

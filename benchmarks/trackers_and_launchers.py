@@ -7,10 +7,10 @@
 feeds its records and summary to the sinks of each logger choice exactly as train() does, the
 choices interleaved `--repeats` times after a warm-up round, and prints each choice's median
 time (tracker start-up, one batch per log window, summary, artifacts, end of run) and its
-difference to logger=jsonl; the trackers' import, paid once per process, is reported apart. `launchers` runs the same 4-run sweep (norm=ln,rms seed=0,1, model=micro,
-100 steps) with hydra/launcher=joblib n_jobs=2 and on a local 2-CPU Ray cluster on
-127.0.0.1 (1 CPU per run), each in a fresh results directory, and prints the wall times of
-the sweep commands. Nothing reaches a network: W&B offline, telemetry off.
+difference to logger=jsonl; the trackers' import, paid once per process, is reported apart. `launchers` runs
+the same 4-run sweep (norm=ln,rms seed=0,1, model=micro, 100 steps) with hydra/launcher=joblib n_jobs=2 and
+on a local 2-CPU Ray cluster on 127.0.0.1 (1 CPU per run), each in a fresh results directory, and prints the
+wall times of the sweep commands. Nothing reaches a network: W&B offline, telemetry off.
 """
 
 from __future__ import annotations

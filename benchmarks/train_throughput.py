@@ -145,7 +145,7 @@ def normbench_loop(run, tmp: Path, warmup: int) -> float:
     """Mean seconds per step after warm-up, from the run's own log (windows of log_every steps)."""
     train(run, tmp, console=Console(quiet=True))
     windows = [r for r in RunDir(tmp).read_metrics() if r["kind"] == "train" and r["step"] > warmup]
-    steps = [b["step"] - a["step"] for a, b in zip(windows, windows[1:])]
+    steps = [b["step"] - a["step"] for a, b in itertools.pairwise(windows)]
     return sum(n * w["step_ms"] for n, w in zip(steps, windows[1:])) / sum(steps) / 1000
 
 
@@ -196,7 +196,10 @@ def main() -> None:
     tokens = bare_run.train.batch_size * bare_run.model.block_size
     tps = {name: tokens / statistics.median(s) for name, s in seconds.items()}
     table = Table(
-        title=f"training throughput, {args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads"
+        title=(
+            f"training throughput, {args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} "
+            "threads"
+        )
     )
     for col in ("loop", "tokens/s (median of rounds)", "vs bare"):
         table.add_column(col, justify="right")
@@ -204,7 +207,8 @@ def main() -> None:
         table.add_row(name, f"{value:,.0f}", f"{value / tps['bare']:.3f}")
     console.print(table)
     console.print(
-        f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of throughput"
+        f"statistics cost at the default cadence: {100 * (1 - tps['normbench'] / tps['no-stats']):+.1f}% of "
+        "throughput"
     )
     with paired_steps(bare_run) as (steps, _):
         rounds = alternate({name: steps[name] for name in ("bare", "normbench")})
@@ -216,7 +220,8 @@ def main() -> None:
     console.print(
         f"alternating blocks of 5 steps, {len(ratios)} rounds: bare {1000 * bare:.1f} ms, normbench "
         f"{1000 * nb:.1f} ms per step; normbench / bare throughput {bare / nb:.3f} "
-        f"(per round: median {statistics.median(ratios):.3f}, quartiles {quartiles[0]:.3f} to {quartiles[2]:.3f})"
+        f"(per round: median {statistics.median(ratios):.3f}, quartiles {quartiles[0]:.3f} to "
+        f"{quartiles[2]:.3f})"
     )
     extra = ops["plain"] - ops["bare"]
     missing = ops["bare"] - ops["plain"]
@@ -228,7 +233,8 @@ def main() -> None:
 
 
 def price_statistics(console: Console, steps: dict, every: int) -> None:
-    """Statistics steps and plain steps taking turns: what one statistics step costs, and its share at the cadence."""
+    """Statistics steps and plain steps taking turns: what one statistics step costs, and its share at the
+    cadence."""
     if "statistics" not in steps:
         return
     priced = alternate({name: steps[name] for name in ("plain", "statistics")}, rounds=10, block=2)

@@ -27,7 +27,10 @@ def _groups_help() -> str:
 
 
 app = typer.Typer(
-    help="normbench: normalization ablations (LayerNorm, RMSNorm, BatchNorm, ... ; pre, post, ...) in mini GPTs.",
+    help=(
+        "normbench: normalization ablations (LayerNorm, RMSNorm, BatchNorm, ... ; pre, post, ...) in mini "
+        "GPTs."
+    ),
     no_args_is_help=True,
     rich_markup_mode="rich",
     add_completion=False,
@@ -96,7 +99,8 @@ same config are kept, interrupted ones run again, diverged and failed ones are k
 
 [bold]Launchers[/bold]: hydra/launcher=joblib hydra.launcher.n_jobs=N (parallel on this machine:
 each job gets cpus // N torch threads), hydra/launcher=slurm (SLURM, one GPU per job; pip install
-'normbench\\[slurm]'), hydra/launcher=ray_cluster (Ray; pip install 'normbench\\[ray]'). See the README's Sweeps section.
+'normbench\\[slurm]'), hydra/launcher=ray_cluster (Ray; pip install 'normbench\\[ray]'). See the README's
+Sweeps section.
 
 [bold]Examples[/bold]
 
@@ -161,17 +165,35 @@ def report(
     tune: str | None = typer.Option(
         None,
         "--tune",
-        help="Compare each configuration at its best value of this key, with its sensitivity to it. Default: train.lr when it varies; 'none' turns it off.",
+        help=(
+            "Compare each configuration at its best value of this key, with its sensitivity to it. Default: "
+            "train.lr when it varies; 'none' turns it off."
+        ),
     ),
     scale: str | None = typer.Option(
         None,
         "--scale",
-        help="The size axis (model.d_model, model.n_layer, train.steps, ...): each comparison across sizes, its trend, the best value's drift. Default: the one size key that varies; 'none' turns it off.",
+        help=(
+            "The size axis (model.d_model, model.n_layer, train.steps, ...): each comparison across sizes, "
+            "its trend, the best value's drift. Default: the one size key that varies; 'none' turns it off."
+        ),
     ),
     baseline: str | None = typer.Option(
         None,
         "--baseline",
-        help="The configuration compared with across sizes, e.g. norm=ln,placement=pre. Default: the best at the largest size.",
+        help=(
+            "The configuration compared with across sizes, e.g. norm=ln,placement=pre. Default: the best at "
+            "the largest size."
+        ),
+    ),
+    predict: str | None = typer.Option(
+        None,
+        "--predict",
+        help=(
+            "Sizes to predict at, comma-separated, in parameters (tokens for a token key): each "
+            "configuration's L = E + A x^-alpha fit, its loss and gap there with 95% intervals, and a "
+            "backtest on the largest size. Needs --scale."
+        ),
     ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
@@ -188,6 +210,7 @@ def report(
             tune_key=tune,
             scale_key=scale,
             baseline=baseline,
+            predict=predict,
         )
     except ConfigError as err:
         _fail(err)
@@ -201,9 +224,7 @@ def bench(
     tokens: int | None = typer.Option(
         None, "--tokens", help="Tokens per call (rows of the (tokens, dim) input)."
     ),
-    norms: str | None = typer.Option(
-        None, "--norms", help="Comma-separated norms. Default: the whole zoo."
-    ),
+    norms: str | None = typer.Option(None, "--norms", help="Comma-separated norms. Default: the whole zoo."),
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Also time torch.compile'd versions."),
     repeats: int = typer.Option(25, "--repeats", help="Timed blocks per median; more on a noisy machine."),
     threads: int = typer.Option(
@@ -257,7 +278,8 @@ def coordcheck(
     flags = [a for a in ctx.args if a.startswith("-")]
     if flags:
         _fail(
-            f"unknown option {flags[0]}: coordcheck takes --widths, --steps, --param, --out and Hydra overrides KEY=VALUE"
+            f"unknown option {flags[0]}: coordcheck takes --widths, --steps, --param, --out and Hydra "
+            "overrides KEY=VALUE"
         )
     try:
         run_coordcheck(ctx.args, widths, steps, param, out)

@@ -1,4 +1,5 @@
-"""Shared test helpers: compose configs the way the CLI does, train tiny models, run the CLI, build small models."""
+"""Shared test helpers: compose configs the way the CLI does, train tiny models, run the CLI, build small
+models."""
 
 from __future__ import annotations
 

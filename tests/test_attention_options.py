@@ -190,7 +190,10 @@ def test_bad_attention_options_are_refused_with_what_is_allowed():
         load_group("model", qk_norm="rms", qk_norm_scope="heads").validate()
     with pytest.raises(
         ConfigError,
-        match=r"^model.v_norm=bn cannot normalize values \(batch statistics.*allowed: none, gn, ln, rms, scale$",
+        match=(
+            r"^model.v_norm=bn cannot normalize values \(batch statistics.*allowed: none, gn, ln, rms, "
+            r"scale$"
+        ),
     ):
         load_group("model", v_norm="bn").validate()
     with pytest.raises(ConfigError, match=r"^unknown model.v_norm 'foo'; allowed: none, gn, ln, rms, scale$"):
@@ -307,7 +310,8 @@ def test_summary_carries_the_raw_peaks_and_a_report_fills_them_for_uncapped_and_
     ],
 )
 def test_each_option_learns_in_the_llama_model(tmp_path, overrides):
-    """normbench train model=micro model.arch=llama <option> train.steps=100 (batch 8): the loss falls far below init."""
+    """normbench train model=micro model.arch=llama <option> train.steps=100 (batch 8): the loss falls far
+    below init."""
     cfg = compose_cfg(
         [
             "model=micro",

@@ -9,9 +9,10 @@ import pytest
 import torch
 from rich.console import Console
 
+from normbench.core.benchgoals import GOALS, LIMIT
 from normbench.core.errors import ConfigError
 from normbench.model.norms import NORMS
-from normbench.training.bench import COLUMNS, run_bench, time_ms
+from normbench.training.bench import COLUMNS, goals, run_bench, time_ms
 
 NATIVE = {"ln", "rms", "bn", "gn"}
 
@@ -93,7 +94,8 @@ class ThriceLayerNorm(torch.nn.Module):
 
 def test_ratio_to_ln_agrees_with_a_timing_made_here(monkeypatch):
     """The bench's ratio_to_ln for a norm three times LayerNorm's cost, against the same ratio timed
-    independently in this test (its own inputs, its own clock calls), and the copy bandwidth against a clone."""
+    independently in this test (its own inputs, its own clock calls), and the copy bandwidth against a
+    clone."""
     monkeypatch.setitem(NORMS, "ln3", ThriceLayerNorm)
     tokens, dim = 512, 256
     df = run_bench(
@@ -190,3 +192,23 @@ def test_compile_failure_is_skipped_with_a_note(monkeypatch):
         and "no C++ compiler found" in text
         and "long traceback" not in text
     )
+
+
+def test_every_norm_of_the_zoo_has_a_goal_derf_held_to_layernorms_op_like_dyt():
+    assert set(GOALS) == set(NORMS) - {"none"}  # "none" normalizes nothing: nothing to time
+    assert GOALS["derf"] == GOALS["dyt"] == ("ln", LIMIT)
+    rows = [
+        ("derf", "fp32", 64, "fwd", 1.05),
+        ("derf", "fp32", 128, "fwd+bwd", 1.2),
+        ("derf", "bf16", 64, "fwd", 1.1),
+    ]
+    df = pd.DataFrame(
+        [
+            dict(norm=n, impl="normbench", dtype=t, dim=d, ratio_to_ln=r, **{"pass": p})
+            for n, t, d, p, r in rows
+        ]
+    )
+    assert goals(df).to_dict("records") == [
+        dict(norm="derf", dtype="fp32", reference="ln", goal=1.1, worst=1.2, at="128 fwd+bwd", met=False),
+        dict(norm="derf", dtype="bf16", reference="ln", goal=1.1, worst=1.1, at="64 fwd", met=True),
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from normbench.model.gpt import GPT
 from normbench.sweeps.sweep import run_sweep
 from normbench.training import checkpoint
 from normbench.training.config import parse_config
+from normbench.training.preemption import StopSignals
 from normbench.training.sinks import MetricSinks
 
 TIMING = ("tokens_per_s", "step_ms")  # wall-clock figures: the only fields two identical runs may differ in
@@ -102,16 +104,25 @@ def test_checkpoints_do_not_change_the_run(references, tmp_path):
     assert_same_run(tmp_path, ref)
 
 
-# Right at a checkpoint, and between two (BatchNorm's running statistics and dropout's RNG restored).
-@pytest.mark.parametrize("variant, stop_at", [("ln-dropout", 10), ("bn-dropout", 13)])
-def test_sigterm_checkpoints_at_the_end_of_the_step_and_resume_is_exact(
-    references, tmp_path, monkeypatch, variant, stop_at
+# Right at a checkpoint, and between two (BatchNorm's running statistics and dropout's RNG restored);
+# a first Ctrl-C (SIGINT) is the same stop as SLURM's SIGTERM.
+@pytest.mark.parametrize(
+    "variant, stop_at, sig",
+    [
+        ("ln-dropout", 10, signal.SIGTERM),
+        ("bn-dropout", 13, signal.SIGTERM),
+        ("bn-dropout", 15, signal.SIGINT),
+    ],
+    ids=["sigterm-at-checkpoint", "sigterm-between", "ctrl-c-between"],
+)
+def test_sigterm_and_ctrl_c_checkpoint_at_the_end_of_the_step_and_resume_is_exact(
+    references, tmp_path, monkeypatch, variant, stop_at, sig
 ):
     overrides, ref = references(variant)
     with monkeypatch.context() as m:
-        signal_at(m, stop_at)
+        signal_at(m, stop_at, sig)
         out = train_tiny(tmp_path, *overrides)
-    assert out["status"] == "interrupted" and out["steps"] == stop_at and out["signal"] == signal.SIGTERM
+    assert out["status"] == "interrupted" and out["steps"] == stop_at and out["signal"] == sig
     assert not (tmp_path / "summary.json").exists()  # not a result: the sweep sees an interrupted run
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # plain tensors, numbers, strings
     assert saved["step"] == stop_at
@@ -121,6 +132,28 @@ def test_sigterm_checkpoints_at_the_end_of_the_step_and_resume_is_exact(
     out = train_tiny(tmp_path, *overrides)
     assert out["resumed_at"] == [stop_at]
     assert_same_run(tmp_path, ref)
+
+
+def test_a_second_ctrl_c_stops_at_once_and_the_handlers_are_given_back():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)  # the first: noted, training goes on to the end of the step
+        assert stop.received == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_ctrl_c_stays_ignored_where_the_process_started_ignoring_it():
+    """A shell's background job (cmd &) starts with SIGINT ignored: the terminal's Ctrl-C is not for it."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals() as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop.received is None
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_kill_resumes_from_the_last_checkpoint_and_cuts_the_log_back(references, tmp_path, monkeypatch):
@@ -279,6 +312,43 @@ def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp
     assert f"resuming at step {stopped}" in result.stderr
     resumed_at = summary(run_dir)["resumed_at"]
     assert len(resumed_at) == 3 and resumed_at[-1] == stopped
+    assert_same_run(run_dir, ref)
+
+
+@pytest.mark.slow  # Ctrl-C to a CLI process
+def test_ctrl_c_checkpoints_at_the_step_reached_and_the_command_it_prints_resumes_exactly(tmp_path):
+    ref = tmp_path / "ref"
+    train_tiny(ref, *CLI_RUN, "train.checkpoint_every=0")  # in this process: the same computation
+    # The default run directory, named after the time: the printed command must name it to resume.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "normbench", "train", *CLI_RUN],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # A terminal's Ctrl-C reaches a process whose SIGINT is at its default, whatever the test
+        # runner's is (a shell's background job inherits it ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    runs = tmp_path / "results" / "runs"
+    _wait_for(lambda: runs.exists() and any(_last_step(d) >= 13 for d in runs.iterdir()), proc)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    (run_dir,) = runs.iterdir()
+    stopped = torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"]
+    assert stopped >= 13 and _last_step(run_dir) == stopped  # the step reached, not the checkpoint at 10
+    assert not (run_dir / "summary.json").exists()  # interrupted: not a result
+    (line,) = [line for line in out.splitlines() if line.startswith("interrupted")]
+    assert line.startswith(f"interrupted at step {stopped} (Ctrl-C), checkpoint saved; resume with: ")
+    command = shlex.split(line.split("resume with: ")[1])
+    assert command[:2] == ["normbench", "train"]
+
+    result = run_cli(*command[1:], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"resuming at step {stopped}" in result.stderr
+    assert summary(run_dir)["resumed_at"] == [stopped]
     assert_same_run(run_dir, ref)
 
 

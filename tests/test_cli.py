@@ -29,7 +29,7 @@ def test_help_lists_commands_groups_and_examples():
     assert train.exit_code == 0
     from normbench.core.configtree import group_options
 
-    placements = "deepnorm, hybrid, lns, mixln, ngpt, peri, post, pre, reordered"
+    placements = "deepnorm, hybrid, lns, mixln, ngpt, peri, post, pre, reordered, rezero"
     assert placements == ", ".join(group_options("placement"))
     for text in (
         "norm",
@@ -54,7 +54,8 @@ def test_train_writes_the_run_directory(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
 
-# (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as docs/configuration.md says).
+# (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as
+# docs/configuration.md says).
 BAD_INPUTS = [
     (
         ["norm=foo"],
@@ -108,7 +109,8 @@ BAD = [
     (["model.qk_norm=foo"], "unknown model.qk_norm 'foo'; allowed: none, gn, ln, rms, scale"),
     (
         ["model.qk_norm=bn"],
-        "model.qk_norm=bn cannot normalize queries and keys (batch statistics, which mix tokens); allowed: none, gn, ln, rms, scale",
+        "model.qk_norm=bn cannot normalize queries and keys (batch statistics, which mix tokens); allowed: "
+        "none, gn, ln, rms, scale",
     ),
     (
         ["placement=mixln", "placement.post_fraction=1.5"],
@@ -123,6 +125,11 @@ BAD = [
         "placement 'pre' has no option post_fraction; allowed: placement.final_norm",
     ),
     (["train.z_loss=-1"], "train.z_loss must be >= 0, got -1"),
+    (
+        ["placement=ngpt", "model.attn_gate=true"],
+        "placement=ngpt keeps every matrix on the unit sphere, where model.attn_gate's x W_g would be a "
+        "cosine in [-1, 1], not the gate of Qiu et al. 2025; allowed: model.attn_gate=false",
+    ),
 ]
 
 
@@ -137,7 +144,8 @@ def test_bad_input_is_one_line(tmp_path, overrides, message):
 
 @pytest.mark.slow  # a fresh interpreter
 def test_help_imports_no_torch():
-    """normbench --help must stay fast: importing the CLI and printing help loads neither torch nor Hydra's app."""
+    """normbench --help must stay fast: importing the CLI and printing help loads neither torch nor Hydra's
+    app."""
     code = (
         "import sys\n"
         "from normbench.cli import app\n"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
 
 from normbench.training.config import parse_config
-from normbench.training.diagnostics import PARTS, LayerStats
+from normbench.training.diagnostics import PARTS, LayerStats, layer_skip_losses
 from normbench.training.loop import Run
 
 
@@ -74,6 +74,8 @@ def test_per_layer_norms_match_a_direct_computation(tmp_path):
         norm_grads = [p.grad for n in ("norm_attn", "norm_mlp") for p in getattr(block, n).parameters()]
         assert layer["grad_norm"]["norm"] == pytest.approx(norm(norm_grads), rel=1e-4)
         assert layer["resid_rms"] == pytest.approx(float(resid[i].pow(2).mean().sqrt()), rel=1e-5)
+        # the variance over each token's channels, averaged over the tokens (Sun et al. 2025's profile)
+        assert layer["resid_var"] == pytest.approx(float(resid[i].var(-1, unbiased=False).mean()), rel=1e-5)
     total = norm([p.grad for p in model.parameters()])
     assert record["grad_norm"] == pytest.approx(total, rel=1e-4)
 
@@ -251,3 +253,31 @@ def test_norms_with_statistics_have_no_saturation(tmp_path):
         all("saturation" not in layer for layer in record["layers"])
         and "saturation" not in record["final_norm"]
     )
+
+
+def test_layer_skip_losses_match_the_model_run_by_hand_without_each_block(tmp_path):
+    state = Run(parse_config(compose_cfg(tiny("model.n_layer=3"))), tmp_path / "run")
+    model = state.model.eval()
+    x, y = state.val[0]
+
+    def by_hand(skipped: int) -> float:
+        h = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
+        for i, block in enumerate(model.blocks):
+            h = h if i == skipped else block(h)
+        logits = model.head(model.norm_final(h))
+        return float(F.cross_entropy(logits.flatten(0, 1), y.flatten()))
+
+    with torch.no_grad():
+        losses = layer_skip_losses(model, lambda: float(model(x, y)[1]))
+        assert losses == pytest.approx([by_hand(i) for i in range(3)], rel=1e-6)
+        assert float(model(x, y)[1]) == pytest.approx(by_hand(-1), rel=1e-6)  # the hooks are gone
+
+
+def test_a_run_with_statistics_records_its_layer_skip_losses(tmp_path):
+    summary = train_tiny(tmp_path / "on", "model.n_layer=2", "train.stats_every=5")
+    assert len(summary["layer_skip_loss"]) == 2 and all(math.isfinite(v) for v in summary["layer_skip_loss"])
+    assert (
+        json.loads((tmp_path / "on" / "summary.json").read_text())["layer_skip_loss"]
+        == summary["layer_skip_loss"]
+    )
+    assert train_tiny(tmp_path / "off", "train.stats_every=0")["layer_skip_loss"] is None

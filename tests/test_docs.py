@@ -98,7 +98,8 @@ def test_relative_links_resolve(path):
 def test_checker_finds_broken_links(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     (tmp_path / "a.md").write_text(
-        "# Title\n\n## Trackers: MLflow & W&B\n\n## Same\n\n## Same\n\n```bash\n# not a heading\n[x](nope.md)\n```\n"
+        "# Title\n\n## Trackers: MLflow & W&B\n\n## Same\n\n## Same\n\n```bash\n# not a "
+        "heading\n[x](nope.md)\n```\n"
         "[ok](#trackers-mlflow--wb) [ok](#same-1) [ok](a.md#title) [web](https://example.com/x#y)\n"
         "[bad](#same-2) [bad](#not-a-heading) [bad](missing.md) `[code](nope.md)`\n",
         encoding="utf-8",

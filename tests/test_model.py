@@ -1,4 +1,5 @@
-"""The model's initialisation, parameter by parameter, its FLOPs against PyTorch's own counter, and QK-norm."""
+"""The model's initialisation, parameter by parameter, its FLOPs against PyTorch's own counter, and
+QK-norm."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def intended_std(name: str, shape: torch.Size, init: str, placement: str) -> flo
 
     gpt2: N(0, 0.02), the residual output projections 0.02 / sqrt(2 n_layer) (GPT-2).
     xavier: Xavier-uniform, std sqrt(2 / (fan_in + fan_out)), embeddings N(0, 0.02) (Xiong et al. 2020).
-    deepnorm: Xavier-normal on top, gain beta = (8N)^(-1/4) on value, output and FFN, 1 on query/key (DeepNet).
+    deepnorm: Xavier-normal on top, gain beta = (8N)^(-1/4) on value, output and FFN, 1 on query/key
+    (DeepNet).
     """
     if name in ("tok_emb.weight", "pos_emb.weight"):  # tok_emb.weight is also the head's
         return 0.02
@@ -198,7 +200,7 @@ def test_qk_norm_and_placement_options_are_checked():
         load_group("model", qk_norm="foo").validate()
 
 
-# ---------------------------------------------------------------- model.arch=llama: rotary embeddings, SwiGLU, no biases
+# ----------------------------------------------------- model.arch=llama: rotary embeddings, SwiGLU, no biases
 
 
 def llama(**overrides) -> GPT:

@@ -84,7 +84,7 @@ def test_sp_and_base_width_null_keep_the_config_hash_and_mup_changes_it():
     assert config_hash(compose_cfg(["model=micro", "model.param=mup", "model.base_width=32"])) != base
 
 
-# ---------------------------------------------------------------- μP's init, LR and multipliers, by the formula
+# -------------------------------------------------------------- μP's init, LR and multipliers, by the formula
 
 
 @pytest.mark.parametrize("init", ["gpt2", "xavier"])
@@ -118,7 +118,8 @@ def test_mup_init_std_per_parameter_class(init):
 
 
 def test_deepnorm_keeps_its_own_init_under_mup():
-    """DeepNorm's Xavier-normal x beta already scales as 1/sqrt(fan): μP leaves those matrices as SP has them."""
+    """DeepNorm's Xavier-normal x beta already scales as 1/sqrt(fan): μP leaves those matrices as SP has
+    them."""
     torch.manual_seed(0)
     sp = GPT(
         load_group("model", "micro", d_model=256),

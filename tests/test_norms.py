@@ -504,7 +504,8 @@ def test_layer_and_group_norm_params_follow_x_off_the_cpu():
 
 
 def test_dyt_alpha_init_per_position_reaches_each_norm_and_defaults_to_alpha_init():
-    """The DyT paper's LLaMA recipe: alpha0 per position (before attention, before the MLP, the final norm)."""
+    """The DyT paper's LLaMA recipe: alpha0 per position (before attention, before the MLP, the final
+    norm)."""
     from normbench.model.gpt import GPT
     from normbench.training.config import load_group
 

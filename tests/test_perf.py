@@ -112,7 +112,8 @@ out = Path(sys.argv[1])
 # The large run's corpus has 4096 tokens: a 128 MB transition matrix (and as much again while it is drawn).
 large = train_tiny(out / "large", "data.vocab_size=4096", "train.steps=2", "train.log_every=1",
                    "train.eval_every=2", "train.stats_every=0")
-small = train_tiny(out / "small", "train.steps=2", "train.log_every=1", "train.eval_every=2", "train.stats_every=0")
+small = train_tiny(out / "small", "train.steps=2", "train.log_every=1", "train.eval_every=2",
+                   "train.stats_every=0")
 print(json.dumps([large, small]))
 """
 
@@ -148,7 +149,8 @@ from normbench.training.loop import train
 common = ["model.n_layer=4", "model.n_head=4", "train.batch_size=64", "train.steps=10", "train.stats_every=0",
           "train.progress=false", "train.eval_batches=2", "train.device=cpu"]
 for d in sys.argv[1:]:
-    print(train(parse_config(compose_cfg([f"model.d_model={{d}}", *common])), tempfile.mkdtemp())["peak_mem_mb"])
+    run = parse_config(compose_cfg([f"model.d_model={{d}}", *common]))
+    print(train(run, tempfile.mkdtemp())["peak_mem_mb"])
 """
 
 

@@ -1,15 +1,18 @@
-"""Where the norm sits: the placements of recent models against hand-built blocks, DeepNorm, Post-LN, the final norm."""
+"""Where the norm sits: the placements of recent models against hand-built blocks, DeepNorm, Post-LN, the
+final norm."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import build, randomize_norms
+from conftest import SMALL_MODEL, build, randomize_norms
 
-from normbench.model.gpt import GPT
+from normbench.core.errors import ConfigError
+from normbench.model.gpt import GPT, DepthScaled
 from normbench.model.placements import PLACEMENTS
 from normbench.training.config import load_group
 
@@ -42,15 +45,17 @@ def run_by_hand(model, idx, block_fn):
 @pytest.mark.parametrize(
     "placement, post_fraction, block_fn",
     [
-        ("lns", None, lambda l, b, x: hand_pre(b, x, scale=1 / math.sqrt(l))),
-        ("mixln", 0.25, lambda l, b, x: hand_post(b, x) if l <= 1 else hand_pre(b, x)),
-        ("mixln", 0.5, lambda l, b, x: hand_post(b, x) if l <= 2 else hand_pre(b, x)),
-        ("mixln", 0.0, lambda l, b, x: hand_pre(b, x)),
-        ("mixln", 1.0, lambda l, b, x: hand_post(b, x)),
+        ("lns", None, lambda layer, b, x: hand_pre(b, x, scale=1 / math.sqrt(layer))),
+        ("mixln", 0.25, lambda layer, b, x: hand_post(b, x) if layer <= 1 else hand_pre(b, x)),
+        ("mixln", 0.5, lambda layer, b, x: hand_post(b, x) if layer <= 2 else hand_pre(b, x)),
+        ("mixln", 0.0, lambda layer, b, x: hand_pre(b, x)),
+        ("mixln", 1.0, lambda layer, b, x: hand_post(b, x)),
         (
             "reordered",
             None,
-            lambda l, b, x: (lambda x: x + ln(b.norm_mlp_out, b.mlp(x)))(x + ln(b.norm_attn_out, b.attn(x))),
+            lambda layer, b, x: (lambda x: x + ln(b.norm_mlp_out, b.mlp(x)))(
+                x + ln(b.norm_attn_out, b.attn(x))
+            ),
         ),
     ],
 )
@@ -84,7 +89,7 @@ def test_deepnorm_alpha_and_beta_init():
     assert block.alpha == pytest.approx((2 * n_layer) ** 0.25)
     beta = (8 * n_layer) ** -0.25
     xavier = lambda fan_in, fan_out, gain: gain * math.sqrt(2.0 / (fan_in + fan_out))
-    q, k, v = block.attn.qkv.weight.split(d)
+    q, _k, v = block.attn.qkv.weight.split(d)
     assert q.std().item() == pytest.approx(xavier(d, d, 1.0), rel=0.05)
     assert v.std().item() == pytest.approx(xavier(d, d, beta), rel=0.05)
     assert block.mlp.fc.weight.std().item() == pytest.approx(xavier(d, 4 * d, beta), rel=0.05)
@@ -109,7 +114,7 @@ def test_post_placement_normalizes_the_residual_stream():
             {"name": placement, "final_norm": False},
         )
         outs = []
-        model.blocks[-1].register_forward_hook(lambda m, i, o: outs.append(o))
+        model.blocks[-1].register_forward_hook(lambda m, i, o, outs=outs: outs.append(o))
         model(idx)
         per_token = outs[0].std(-1, unbiased=False)
         assert torch.allclose(per_token, torch.ones_like(per_token), atol=1e-3) == normalized
@@ -165,8 +170,20 @@ def test_ngpt_matches_the_papers_formulas_by_hand():
     torch.testing.assert_close(model(idx)[0], s_z * (h @ model.tok_emb.weight.T))  # tied head, no final norm
 
 
+def test_ngpt_gelu_mlp_scales_its_hidden_pre_activations_by_s_v_sqrt_d_model():
+    """model.arch=gpt2: GELU's input is s_v * sqrt(d_model) * (W_fc h + b), s_v learned (init 1)."""
+    block = ngpt_model("gpt2").double().eval().blocks[0]
+    with torch.no_grad():
+        block.s_uv.raw.mul_(torch.rand_like(block.s_uv.raw) + 0.5)
+    h = unit_by_hand(torch.randn(2, 8, 32, dtype=torch.float64))
+    hidden = (h @ block.mlp.fc.weight.T + block.mlp.fc.bias) * block.s_uv.raw * math.sqrt(32)
+    expected = F.gelu(hidden) @ block.mlp.proj.weight.T + block.mlp.proj.bias
+    torch.testing.assert_close(block.mlp_out(h), expected)
+
+
 def ngpt_vectors(model) -> list[torch.Tensor]:
-    """Every vector nGPT keeps on the unit sphere: embedding rows, input projections' rows, output projections' columns."""
+    """Every vector nGPT keeps on the unit sphere: embedding rows, input projections' rows, output
+    projections' columns."""
     vectors = [model.tok_emb.weight] + ([model.pos_emb.weight] if model.pos_emb is not None else [])
     for block in model.blocks:
         vectors += [
@@ -242,7 +259,6 @@ def test_ngpt_in_bf16_is_within_tolerance_of_fp32(arch):
 
 
 def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
-    from normbench.core.errors import ConfigError
     from normbench.model.placements import placement_options
 
     cfg = load_group("model", "tiny", arch="llama", n_layer=2)
@@ -262,6 +278,15 @@ def test_ngpt_ignores_the_norm_and_refuses_a_bad_alpha_init():
         GPT(load_group("model", "tiny", param="mup", base_width=32), 16, {"name": "ln"}, {"name": "ngpt"})
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_ngpt_refuses_the_attention_gate_rather_than_keep_a_matrix_off_the_sphere(arch):
+    with pytest.raises(
+        ConfigError,
+        match=r"^placement=ngpt keeps every matrix on the unit sphere, .*; allowed: model.attn_gate=false$",
+    ):
+        GPT(load_group("model", "tiny", arch=arch, attn_gate=True), 16, {"name": "ln"}, {"name": "ngpt"})
+
+
 def test_other_placements_have_no_model_hooks():
     """Every placement but nGPT: no parameters outside the blocks, weight decay on, after_step a no-op."""
     for name in sorted(set(PLACEMENTS) - {"ngpt"}):
@@ -270,3 +295,72 @@ def test_other_placements_have_no_model_hooks():
         before = {n: t.clone() for n, t in model.state_dict().items()}
         model.after_step()
         assert all(torch.equal(before[n], t) for n, t in model.state_dict().items()), name
+
+
+# ---------------------------------------------------------------- ReZero and LayerNorm Scaling
+
+SMALL_WIDTH = SMALL_MODEL.d_model
+
+
+def test_rezero_starts_as_the_identity_with_alpha_zero_and_no_norm():
+    model = build("rezero")
+    assert all(b.alpha_attn.item() == 0.0 == b.alpha_mlp.item() for b in model.blocks)
+    assert not any("norm" in name for name, _ in model.blocks.named_parameters())
+    x = torch.randn(2, 12, SMALL_WIDTH)
+    with torch.no_grad():
+        for block in model.blocks:
+            assert torch.equal(block(x), x)
+
+
+def test_rezero_block_is_x_plus_alpha_f_by_hand_and_alpha_learns(tmp_path):
+    model = build("rezero")
+    block = model.blocks[1]
+    with torch.no_grad():
+        block.alpha_attn.fill_(0.3)
+        block.alpha_mlp.fill_(-0.7)
+        x = torch.randn(2, 12, SMALL_WIDTH)
+        h = x + 0.3 * block.attn(x)
+        assert torch.allclose(block(x), h - 0.7 * block.mlp(h), atol=1e-6)
+    # at init only alpha has a gradient (f's output is multiplied by 0); it moves off 0 in one step
+    model = build("rezero").train()
+    idx = torch.randint(16, (2, 12))
+    model(idx, idx)[1].backward()
+    assert float(model.blocks[0].alpha_mlp.grad.abs()) > 0
+    assert float(model.blocks[0].mlp.fc.weight.grad.abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_ln_scaling_multiplies_each_blocks_norms_by_one_over_sqrt_layer(placement):
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(SMALL_MODEL, ln_scaling=True)
+    model = GPT(cfg, 16, {"name": "ln"}, {"name": placement, "final_norm": True}).eval()
+    randomize_norms(model)
+    factors = [f for b in model.blocks for f in (b.norm_attn.factor, b.norm_mlp.factor)]
+    assert factors == pytest.approx([1.0, 1.0, 2**-0.5, 2**-0.5, 3**-0.5, 3**-0.5, 0.5, 0.5], rel=1e-15)
+    assert not isinstance(model.norm_final, DepthScaled)  # the final norm is not scaled
+
+    def post(layer, b, x):
+        x = ln(b.norm_attn.norm, x + b.attn(x)) / math.sqrt(layer)
+        return ln(b.norm_mlp.norm, x + b.mlp(x)) / math.sqrt(layer)
+
+    def pre(layer, b, x):
+        x = x + b.attn(ln(b.norm_attn.norm, x) / math.sqrt(layer))
+        return x + b.mlp(ln(b.norm_mlp.norm, x) / math.sqrt(layer))
+
+    idx = torch.randint(16, (2, 12))
+    with torch.no_grad():
+        expected = run_by_hand(model, idx, pre if placement == "pre" else post)
+        assert torch.allclose(model(idx)[0], expected, atol=1e-5)
+
+
+def test_placement_lns_is_pre_with_ln_scaling_and_the_two_together_are_refused():
+    idx = torch.randint(16, (2, 12))
+    torch.manual_seed(0)
+    option = GPT(
+        dataclasses.replace(SMALL_MODEL, ln_scaling=True), 16, {"name": "ln"}, {"name": "pre"}
+    ).eval()
+    with torch.no_grad():
+        assert torch.equal(option(idx)[0], build("lns")(idx)[0])
+    for placement in ("lns", "rezero", "ngpt"):
+        with pytest.raises(ConfigError, match=f"^model.ln_scaling=true with placement={placement}"):
+            GPT(dataclasses.replace(SMALL_MODEL, ln_scaling=True), 16, {"name": "ln"}, {"name": placement})

@@ -29,6 +29,9 @@ RUN_CHARTS = [
     "logits",
 ]
 SCALE_CHARTS = ["scale_gap", "scale_best_value", "scale_tuning"]  # with a scale axis only (test_report_scale)
+# with per-layer residual variance or layer-skip losses, with ≥ 2 placements' per-layer statistics
+# (test_report_depth); with --predict (test_report_predict)
+DEPTH_CHARTS, PREDICT_CHARTS = ["depth_profile", "grad_profile"], ["predict"]
 
 
 def make_run(
@@ -334,7 +337,7 @@ def test_stability_map_and_leaks_future(tmp_path, monkeypatch):
                 status="diverged" if lr == 1e-2 else "completed",
                 final=float("nan") if lr == 1e-2 else 2.5,
             )
-    out, text = report([tmp_path])
+    out, _text = report([tmp_path])
     assert (out / "stability.png").exists()
     agg = pd.read_csv(out / "aggregate.csv")
     assert list(agg.columns[1:3]) == ["norm", "train.lr"]
@@ -434,7 +437,13 @@ def test_200_runs(tmp_path):
     assert len(agg) == 20 and agg["runs"].sum() == 200 and agg["diverged"].sum() == 20
     assert all((out / f"{name}.png").exists() for name in RUN_CHARTS)
     assert not any((out / f"{name}.png").exists() for name in SCALE_CHARTS)  # no size varies
-    assert {name for name, _, _ in CHARTS} == set(RUN_CHARTS) | set(SCALE_CHARTS) | {"bench"}
+    assert {name for name, _, _ in CHARTS} == {
+        *RUN_CHARTS,
+        *SCALE_CHARTS,
+        *DEPTH_CHARTS,
+        *PREDICT_CHARTS,
+        "bench",
+    }
 
 
 @pytest.mark.slow  # a sweep's job processes
@@ -481,7 +490,7 @@ def test_pdf_and_svg_charts(tmp_path, monkeypatch):
         assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")  # always: the page embeds it
 
 
-# --- logit diagnostics (issue #14) and implementation cost (issue #13) -------------------------------------------
+# --- logit diagnostics (issue #14) and implementation cost (issue #13) --------------------------------------
 
 
 def capture_charts(monkeypatch, *names) -> dict:
@@ -518,7 +527,7 @@ def test_logit_chart_plots_the_seed_mean_and_skips_non_finite_values(tmp_path, m
         final=math.nan,
         logits=[(1.0, 4.0), (2.0, 4.1), (math.inf, math.nan)],
     )
-    out, text = report([tmp_path])
+    out, _text = report([tmp_path])
     attn, log_z = drawn["logits"].axes[:2]
     assert attn.get_yscale() == "log" and log_z.get_yscale() == "linear"
     ln_attn, rms_attn = lines_by_label(attn)["ln"], lines_by_label(attn)["rms"]
@@ -607,7 +616,8 @@ BENCH_HEADER = "norm,impl,dim,dtype,device,pass,tokens,ms,gb_per_s,copy_gb_per_s
 
 
 def bench_csv(path, rows) -> None:
-    """rows: (norm, impl, dim, pass, ratio_to_ln, gb_per_s); LayerNorm's native op takes 1 ms, copy runs at 10 GB/s."""
+    """rows: (norm, impl, dim, pass, ratio_to_ln, gb_per_s); LayerNorm's native op takes 1 ms, copy runs at
+    10 GB/s."""
     path.write_text(
         BENCH_HEADER
         + "".join(
@@ -651,7 +661,7 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
     drawn = capture_charts(monkeypatch, "bench", "throughput")
     make_run(tmp_path / "runs", "a", norm="ln", stats=False)
     make_run(tmp_path / "runs", "b", norm="rms", stats=False)
-    out, text = report([tmp_path / "runs", tmp_path / "b.csv"])
+    out, _text = report([tmp_path / "runs", tmp_path / "b.csv"])
     fig = drawn["bench"]
     assert "dyt (1.20x" in fig.get_supxlabel().replace("\n", " ") and "scale" not in fig.get_supxlabel()
     ratio_ax = fig.axes[0]
@@ -670,6 +680,19 @@ def test_bench_note_lists_exactly_the_norms_over_the_limit(tmp_path, monkeypatch
     assert "dyt" not in drawn["throughput"].get_supxlabel()
     sentence = next(s for s in (out / "summary.md").read_text().splitlines() if s.startswith("- Throughput"))
     assert "not at their limit on cpu: rms (1.30x LayerNorm at 1024 fp32 fwd+bwd)" in sentence
+
+
+def test_bench_note_holds_derf_to_layernorms_op_as_the_bench_does(tmp_path):
+    from normbench.report.cost import implementation_note
+    from normbench.report.load import read_bench
+
+    bench_csv(
+        tmp_path / "b.csv",
+        [("ln", "native", 256, "fwd", 1.0, 5.0), ("derf", "normbench", 256, "fwd", 1.3, 4.0)],
+    )
+    assert implementation_note(read_bench([tmp_path / "b.csv"])).startswith(
+        "Implementations not at their limit on cpu: derf (1.30x LayerNorm at 256 fp32 fwd)"
+    )
 
 
 def test_without_a_bench_csv_the_throughput_note_says_the_cost_is_unknown(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ squares, the paired differences' standard error written out, scipy's t quantile.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -15,10 +16,12 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import run_cli
+from matplotlib.colors import to_rgb
 from scipy import stats as scipy_stats
 from test_report import make_run, only_charts, quiet, report
 
 from normbench.core.errors import ConfigError
+from normbench.report import charts as charts_module
 from normbench.report import run_report
 from normbench.report.stats import NEEDS_SEEDS
 
@@ -141,7 +144,8 @@ def test_best_lr_per_size_its_drift_and_sensitivity_match_a_hand_computation(tmp
         for w, lr_best in best.items():
             row = table[table["config"].eq(norm) & table["model.d_model"].eq(w)].iloc[0]
             assert row["best_value"] == pytest.approx(lr_best)
-            # Wortsman's sensitivity: mean over the grid of the excess over the best (no value near the init loss)
+            # Wortsman's sensitivity: mean over the grid of the excess over the best (no value near the init
+            # loss)
             hand = sum(0.1 * abs(math.log10(lr / lr_best)) for lr in GRID) / len(GRID)
             assert row["lr_sensitivity"] == pytest.approx(hand, abs=1e-12)
     trend = pd.read_csv(out / "trend.csv").set_index("config")
@@ -161,7 +165,7 @@ def test_a_size_with_one_seed_is_not_compared_and_claims_no_trend(tmp_path, monk
     gap = lambda w: 0.1 * math.log2(w)
     plant(tmp_path, gap, widths=(16,))
     plant(tmp_path, gap, widths=(32,), seeds=(0,))
-    out, text = report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
+    out, _text = report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
     table = pd.read_csv(out / "scale.csv")
     one = table[table["config"].eq("rms") & table["model.d_model"].eq(32)].iloc[0]
     assert one["diff_method"] == NEEDS_SEEDS and pd.isna(one["diff_ci_low"]) and one["vs_best"] == NEEDS_SEEDS
@@ -170,7 +174,10 @@ def test_a_size_with_one_seed_is_not_compared_and_claims_no_trend(tmp_path, monk
     assert rms["sizes_fitted"] == 1 and f"32 ({NEEDS_SEEDS})" in rms["sizes_not_compared"]
     section = " ".join((out / "summary.md").read_text().split("## Trend")[1].split("|")[0].split())
     assert "no trend claimed, needs ≥ 2 sizes with ≥ 2 seeds" in section
-    assert f"the best has n=1: {NEEDS_SEEDS}" in section
+    # each size's own verdict is the report's verdict, above the trend section
+    verdict = " ".join((out / "summary.md").read_text().split("## Trend")[0].split())
+    assert "At d_model=32: best ln, " in verdict
+    assert f"the best has n=1: {NEEDS_SEEDS}" in verdict
     for word in ("the gap grows", "the gap shrinks", "changes sign", "shows no trend"):
         assert word not in section
 
@@ -253,3 +260,31 @@ def test_trend_words_flip_only_when_the_measured_gap_is_significant_on_both_side
     )
     flat = Fit(slope=0.01, low=-0.005, high=0.025, df=4, method="seeds", first=0.01, last=0.03)
     assert trend_word(flat, [0.02], ci_low=[0.0], ci_high=[0.05]) == "no trend"
+
+
+def test_with_a_size_axis_the_verdict_compares_configurations_within_each_size(tmp_path, monkeypatch):
+    """Never a small model ranked against a large one: one sentence per size, best of that size."""
+    only_charts(monkeypatch)
+    plant(tmp_path, lambda w: 0.05)  # ln better by 0.05 at every width; the widths 0.2 apart
+    out, _ = report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
+    verdict = " ".join((out / "summary.md").read_text().split("## Trend")[0].split())
+    for w in WIDTHS:
+        assert f"At d_model={w}: best ln, " in verdict
+    assert "Best: " not in verdict  # the ranking of (configuration, size) pairs is gone
+    assert "rms +0.05" in verdict and "d_model=128 at" not in verdict
+
+
+def test_with_a_size_axis_each_size_is_a_shade_of_its_configurations_colour(tmp_path, monkeypatch):
+    """Every chart draws with the report's styles: captured here by a chart of the test's own."""
+    styles = {}
+    capture = ("capture", "styles", lambda d: styles.update(d.styles))  # returns None: nothing drawn
+    monkeypatch.setattr(charts_module, "CHARTS", (capture,))
+    plant(tmp_path, lambda w: 0.05)
+    report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
+    for norm, colour in (("ln", "C0"), ("rms", "C1")):
+        shades = [np.array(to_rgb(styles[f"{norm} d_model={w}"]["color"])) for w in WIDTHS]
+        # lighter (mixed with white) for the smaller sizes, the configuration's own colour at the largest
+        assert np.allclose(shades[-1], to_rgb(colour))
+        assert all((a >= b - 1e-12).all() and (a > b).any() for a, b in itertools.pairwise(shades))
+        markers = [styles[f"{norm} d_model={w}"]["marker"] for w in WIDTHS]
+        assert len(set(markers)) == len(WIDTHS)

@@ -1,4 +1,5 @@
-"""One owner per run directory: RunDir.decide's rules, the run lock, two sweeps on one directory, a full disk."""
+"""One owner per run directory: RunDir.decide's rules, the run lock, two sweeps on one directory, a full
+disk."""
 
 from __future__ import annotations
 
@@ -78,7 +79,10 @@ def test_prepare_keeps_what_a_resume_needs_and_clears_the_rest(tmp_path):
 # ----------------------------------------------------------------------------- the lock
 
 
-HOLD = "import sys, time; from normbench.core.runs import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); lock.claim(); print('held', flush=True); time.sleep(60)"
+HOLD = (
+    "import sys, time; from normbench.core.runs import RunLock; lock = RunLock(sys.argv[1]); "
+    "lock.acquire(); lock.claim(); print('held', flush=True); time.sleep(60)"
+)
 
 
 def _holder(run_dir: Path) -> subprocess.Popen:
@@ -187,7 +191,8 @@ def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path, monkeypa
     def to_json_until_full(record):
         # Inside JsonlSink.log's write: half a line reaches the disk, then the disk is full.
         if record.get("kind") == "train" and record.get("step") == 15:
-            open(run_dir / "metrics.jsonl", "a").write('{"kind": "train", "st')
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write('{"kind": "train", "st')
             raise OSError(errno.ENOSPC, "No space left on device")
         return to_json(record)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from normbench.training.config import conf_dir, group_options, load_group, parse
 from normbench.training.loop import TrainConfig
 from normbench.training.sinks import SINKS
 
-PACKAGE = Path(__file__).resolve().parents[1] / "normbench"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "normbench"
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -65,7 +67,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                found.append(path[path.index(nxt) :] + [nxt])
+                found.append([*path[path.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt, [*path, nxt])
         state[node] = "done"
@@ -135,7 +137,8 @@ def test_the_layer_rule_catches_an_import_running_back_up():
 def test_the_report_loads_neither_the_training_loop_nor_the_model():
     code = (
         "import sys, normbench.report; "
-        "print(sorted(m for m in ('normbench.training.loop', 'normbench.model.gpt', 'normbench.training.config',"
+        "print(sorted(m for m in ('normbench.training.loop', 'normbench.model.gpt', "
+        "'normbench.training.config',"
         " 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -225,3 +228,13 @@ def test_load_group_gives_what_the_cli_composes():
     assert load_group("model", "micro", n_layer=3) == cli.model
     assert load_group("train") == parse_config(compose_cfg([])).train
     assert load_group("data", train_sequences=16).train_sequences == 16
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ruff") is None, reason="ruff is not installed (pip install ruff)"
+)
+@pytest.mark.parametrize("command", [["check", "."], ["format", "--check", "."]], ids=["check", "format"])
+def test_the_tree_is_ruff_clean(command):
+    """`ruff check .` and `ruff format --check .` from the repo root, with pyproject.toml's settings."""
+    done = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

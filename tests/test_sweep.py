@@ -1,4 +1,5 @@
-"""normbench sweep: Hydra's multirun through the basic, joblib and submitit launchers, resume, index, dry-run."""
+"""normbench sweep: Hydra's multirun through the basic, joblib and submitit launchers, resume, index,
+dry-run."""
 
 from __future__ import annotations
 
@@ -536,7 +537,8 @@ def test_composing_once_per_choice_of_groups_gives_hydras_own_config_for_every_j
         )
         jobs = BasicSweeper.split_arguments(overrides, None)[0]
         assert len(jobs) == 16
-        # The grid's jobs (the fast way), one with a + override and one with a key the config lacks (Hydra's way).
+        # The grid's jobs (the fast way), one with a + override and one with a key the config lacks (Hydra's
+        # way).
         for job in [*map(list, jobs), [*jobs[0], "+train.extra=1"]]:
             fast, slow = loader.load_sweep_config(master, job), hydras_own(loader, master, job)
             assert OmegaConf.to_container(fast) == OmegaConf.to_container(slow)
@@ -723,8 +725,9 @@ def test_the_plans_composed_configs_serve_the_job_processes_as_hydra_would_compo
 
 
 def test_the_multirun_child_never_imports_torch():
-    """The child launches jobs and never trains: what it imports (normbench.sweeps.multirun, normbench.sweeps.job
-    for Hydra's task function) must not load PyTorch, a second of CPU at every sweep's start."""
+    """The child launches jobs and never trains: what it imports (normbench.sweeps.multirun,
+    normbench.sweeps.job for Hydra's task function) must not load PyTorch, a second of CPU at every sweep's
+    start."""
     code = "import sys, normbench.sweeps.multirun, normbench.sweeps.job; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -21,7 +21,8 @@ mlflow = pytest.importorskip("mlflow", reason="pip install 'normbench[mlflow]'")
 wandb = pytest.importorskip("wandb", reason="pip install 'normbench[wandb]'")
 
 OFFLINE = {
-    "WANDB_BASE_URL": "http://127.0.0.1:9",  # were anything to try W&B's server, it would meet a closed port here
+    # were anything to try W&B's server, it would meet a closed port here
+    "WANDB_BASE_URL": "http://127.0.0.1:9",
     "WANDB_ERROR_REPORTING": "false",
     "WANDB_SILENT": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -68,7 +69,8 @@ def one_mlflow_run(db: Path, experiment: str = "normbench"):
     return client, runs
 
 
-@pytest.mark.slow  # W&B's service process and MLflow's SQLite store (its schema migrations): about 10 s of set-up
+# W&B's service process and MLflow's SQLite store (its schema migrations): about 10 s of set-up
+@pytest.mark.slow
 def test_mlflow_holds_the_params_history_and_summary(both):
     run_dir, summary, db = both
     assert summary["status"] == "completed"
@@ -130,7 +132,8 @@ def items(entries) -> dict:
     return {e.key or "/".join(e.nested_key): json.loads(e.value_json) for e in entries}
 
 
-@pytest.mark.slow  # W&B's service process and MLflow's SQLite store (its schema migrations): about 10 s of set-up
+# W&B's service process and MLflow's SQLite store (its schema migrations): about 10 s of set-up
+@pytest.mark.slow
 def test_wandb_offline_run_holds_the_same_numbers(both):
     run_dir, summary, _ = both
     files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -182,7 +185,8 @@ def test_a_missing_tracker_package_is_one_line_before_anything_trains(tmp_path):
 
     code = (
         "import sys; sys.modules['mlflow'] = None; from normbench.cli import main; "
-        f"sys.argv = ['normbench', 'train', *{tiny('logger=[jsonl,mlflow]', f'hydra.run.dir={tmp_path}/run')!r}]; main()"
+        "sys.argv = ['normbench', 'train', "
+        f"*{tiny('logger=[jsonl,mlflow]', f'hydra.run.dir={tmp_path}/run')!r}]; main()"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300

@@ -61,7 +61,7 @@ def tuned(tmp_path_factory):
 
 
 def test_best_value_sensitivity_and_ci_match_the_hand_computation(tuned):
-    out, _, t = tuned
+    _out, _, t = tuned
     assert list(t.index) == ["ln/pre", "rms/post"]  # best first: 2.2 < 2.6
     ln, rms = t.loc["ln/pre"], t.loc["rms/post"]
     assert ln["tune_key"] == "train.lr"
@@ -131,7 +131,7 @@ def test_same_distribution_is_tied_and_a_planted_difference_is_worse(tmp_path):
         make_run(tmp_path, f"ln{seed}", norm="ln", seed=seed, final=float(base[seed]))
         make_run(tmp_path, f"rms{seed}", norm="rms", seed=seed, final=float(same[seed]))
         make_run(tmp_path, f"gn{seed}", norm="gn", seed=seed, final=float(planted[seed]))
-    out, text = report([tmp_path], **only)
+    out, _text = report([tmp_path], **only)
     agg = pd.read_csv(out / "aggregate.csv").set_index("config")
     best = agg.index[0]
     assert set(agg.loc[["ln", "rms"], "vs_best"]) == {"best", "tied"}
@@ -158,7 +158,7 @@ def test_same_distribution_is_tied_and_a_planted_difference_is_worse(tmp_path):
 def test_one_seed_gives_no_interval(tmp_path):
     make_run(tmp_path, "a", norm="ln", final=2.0)
     make_run(tmp_path, "b", norm="rms", final=2.5)
-    out, text = report([tmp_path], formats=("png",))
+    out, _text = report([tmp_path], formats=("png",))
     agg = pd.read_csv(out / "aggregate.csv").set_index("config")
     assert agg["ci_method"].tolist() == ["needs ≥ 2 seeds"] * 2 and agg["ci_low"].isna().all()
     assert agg.loc["rms", "vs_best"] == "needs ≥ 2 seeds" and pd.isna(agg.loc["rms", "diff_ci_low"])

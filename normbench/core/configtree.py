@@ -12,7 +12,8 @@ import yaml
 
 
 def conf_dir() -> Path:
-    """The config tree: packaged into the wheel as normbench/conf, or conf/ beside the package in a checkout."""
+    """The config tree: packaged into the wheel as normbench/conf, or conf/ beside the package in a
+    checkout."""
     here = Path(__file__).resolve().parent.parent  # the normbench package
     for candidate in (here / "conf", here.parent / "conf"):
         if (candidate / "config.yaml").is_file():

@@ -21,7 +21,8 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 @contextlib.contextmanager
 def disk_full_is(path: Path):
-    """Turn "no space left on device" (or over quota) while writing ``path`` into DiskFull: one line for the user."""
+    """Turn "no space left on device" (or over quota) while writing ``path`` into DiskFull: one line for the
+    user."""
     try:
         yield
     except OSError as err:

@@ -39,6 +39,7 @@ ADDED_KEYS = {
     "model.attn_gate": False,
     "model.qk_norm_scope": "head",
     "model.v_norm": "none",
+    "model.ln_scaling": False,
     "norm.alpha_init_attn": None,
     "norm.alpha_init_mlp": None,
     "norm.alpha_init_final": None,
@@ -46,7 +47,8 @@ ADDED_KEYS = {
 
 
 def config_hash(cfg: DictConfig) -> str:
-    """A stable fingerprint of what a run computes: the resolved config without Hydra's node and NOT_HASHED."""
+    """A stable fingerprint of what a run computes: the resolved config without Hydra's node and
+    NOT_HASHED."""
     # Without Hydra's node, which may hold ${config_hash:} itself (the sweep subdir); group by group,
     # not through a masked copy, which copies every node (a sweep hashes every job, twice).
     plain = {
@@ -78,6 +80,7 @@ def _drop(tree: dict, dotted: str, only_if=_ANY) -> None:
 # ${config_hash:} in a Hydra config (conf/config.yaml names sweep jobs' directories with it), so a
 # job's directory follows from its config: the same config lands in the same directory whatever
 # the order or spelling of the overrides. Registered on import, which every Hydra job process
-# does (it unpickles normbench.sweeps.job.hydra_main, which imports this module through normbench.training.config).
+# does (it unpickles normbench.sweeps.job.hydra_main, which imports this module through
+# normbench.training.config).
 if not OmegaConf.has_resolver("config_hash"):
     OmegaConf.register_new_resolver("config_hash", lambda *, _root_: config_hash(_root_)[:8])

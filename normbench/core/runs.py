@@ -61,7 +61,7 @@ class RunLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        file = open(self.path, "a+", encoding="utf-8")
+        file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held open: the lock lives with it)
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -103,7 +103,8 @@ class RunLock:
 
 
 def describe_owner(owner: dict) -> str:
-    """A lock file's owner for a person: "pid 123 on node3" (or "another process" before it claimed the run)."""
+    """A lock file's owner for a person: "pid 123 on node3" (or "another process" before it claimed the
+    run)."""
     return (
         f"pid {owner['pid']} on {owner['host']}" if "pid" in owner and "host" in owner else "another process"
     )

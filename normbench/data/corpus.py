@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import math
 import os
 import urllib.request
 from dataclasses import dataclass
@@ -306,8 +305,3 @@ def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):
     if cfg.name == "tokens":
         return build_tokens(cfg, block_size)
     raise ConfigError(f"unknown data '{cfg.name}'", allowed=sorted(DATA_SCHEMAS))
-
-
-def uniform_floor(vocab_size: int) -> float:
-    """The floor of an i.i.d. uniform process: ln(vocab)."""
-    return math.log(vocab_size)

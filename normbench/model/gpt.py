@@ -37,13 +37,16 @@ class ModelConfig:
     arch: str  # gpt2: learned positions, GELU MLP; llama: rotary embeddings, SwiGLU MLP, no biases
     attn_softcap: float  # c * tanh(z / c) on the attention logits before the softmax; 0 = off
     logit_softcap: float  # c * tanh(z / c) on the output logits before the loss; 0 = off
-    param: str  # sp: the standard parametrization; mup: μP for Adam (Tensor Programs V), docs/norms-and-placements.md#μp-width-transfer
+    # sp: the standard parametrization; mup: μP for Adam (Tensor Programs V),
+    # docs/norms-and-placements.md#μp-width-transfer
+    param: str
     base_width: int | None  # μP's base width: the d_model at which mup equals sp; needed under mup
     attn_gate: bool  # sigmoid(x W_g) times each head's attention output, channel by channel (Qiu et al. 2025)
     qk_norm_scope: (
         str  # head: QK-norm over head_dim per head; flat: over all heads' channels at once (OLMo 2)
     )
     v_norm: str  # a norm on v per head over head_dim, or none
+    ln_scaling: bool  # LayerNorm Scaling: each block's norm outputs times 1/sqrt(l), l its 1-based layer
 
     def validate(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "block_size"):
@@ -90,6 +93,10 @@ class ModelConfig:
             raise ConfigError(
                 f"model.attn_gate must be true or false, got {self.attn_gate!r}", allowed=["false", "true"]
             )
+        if not isinstance(self.ln_scaling, bool):
+            raise ConfigError(
+                f"model.ln_scaling must be true or false, got {self.ln_scaling!r}", allowed=["false", "true"]
+            )
         if self.qk_norm_scope not in QK_NORM_SCOPES:
             raise ConfigError(
                 f"unknown model.qk_norm_scope '{self.qk_norm_scope}'", allowed=list(QK_NORM_SCOPES)
@@ -98,7 +105,8 @@ class ModelConfig:
         self.v_norm_factory()
 
     def qk_norm_factory(self):
-        """A zero-argument builder of one QK-norm (over head_dim, or d_model with scope flat; no bias), or None."""
+        """A zero-argument builder of one QK-norm (over head_dim, or d_model with scope flat; no bias), or
+        None."""
         dim = self.d_model if self.qk_norm_scope == "flat" else self.d_model // self.n_head
         return _attn_norm_factory("qk_norm", self.qk_norm, dim, "queries and keys")
 
@@ -112,7 +120,8 @@ class ModelConfig:
 
 
 def _attn_norm_factory(key: str, name: str, dim: int, what: str):
-    """A zero-argument builder of ``model.{key}=name`` over ``dim`` channels without a bias, or None for none."""
+    """A zero-argument builder of ``model.{key}=name`` over ``dim`` channels without a bias, or None for
+    none."""
     allowed = ["none", *qk_norms()]
     if name == "none":
         return None
@@ -180,6 +189,29 @@ def hidden_weights(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
 
 
+class DepthScaled(nn.Module):
+    """A block's norm with its output times 1/sqrt(l), l the block's 1-based layer (model.ln_scaling).
+
+    LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", arXiv 2502.05795) as a model option:
+    it scales whatever norms the placement builds (model.qk_norm, model.v_norm and the final norm
+    are left alone). Under Pre-LN this is ``placement=lns``; under Post-LN it scales the residual
+    stream itself.
+    """
+
+    def __init__(self, norm: nn.Module, layer: int):
+        super().__init__()
+        self.norm = norm
+        self.factor = layer**-0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) * self.factor
+
+
+def _depth_scaled(make_norm, layer: int):
+    """make_norm whose norms are DepthScaled for ``layer``."""
+    return lambda *args, **kwargs: DepthScaled(make_norm(*args, **kwargs), layer)
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, norm: dict, placement: dict):
         super().__init__()
@@ -190,6 +222,16 @@ class GPT(nn.Module):
         make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
         block_cls = placement_class(placement["name"])
         options = placement_options(placement)
+        if cfg.ln_scaling and placement["name"] in ("lns", "ngpt", "rezero"):
+            raise ConfigError(
+                f"model.ln_scaling=true with placement={placement['name']}: "
+                + (
+                    "lns already scales its norms (it is pre with ln_scaling)"
+                    if placement["name"] == "lns"
+                    else "the placement builds no norm to scale"
+                ),
+                allowed=["model.ln_scaling=false", "placement=pre model.ln_scaling=true"],
+            )
         make_qk_norm, make_v_norm = cfg.qk_norm_factory(), cfg.v_norm_factory()
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         # llama has no learned positions: rotary embeddings rotate q and k in every attention layer.
@@ -211,7 +253,7 @@ class GPT(nn.Module):
                     make_qk_norm=make_qk_norm,
                     make_v_norm=make_v_norm,
                 ),
-                make_norm,
+                _depth_scaled(make_norm, layer) if cfg.ln_scaling else make_norm,
                 **options,
             )
             for layer in range(1, cfg.n_layer + 1)
@@ -253,7 +295,8 @@ class GPT(nn.Module):
 
         docs/norms-and-placements.md#μp-width-transfer: gpt2's N(0, 0.02) is width-free, so its hidden
         matrices get std / sqrt(m) (variance ∝ 1/fan_in, SP's at the base width); Xavier's std already
-        falls as 1/sqrt(fan), as does DeepNorm's own init, applied after this. Embeddings and vectors keep theirs.
+        falls as 1/sqrt(fan), as does DeepNorm's own init, applied after this. Embeddings and vectors keep
+        theirs.
         """
         m = cfg.width_mult()
         if cfg.init == "gpt2":

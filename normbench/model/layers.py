@@ -3,8 +3,8 @@
 
 The projections are named so the diagnostics can find them: ``attn.qkv`` (input),
 ``attn.proj`` (output), ``mlp.fc`` (input), ``mlp.proj`` (output); QK-norm's two norms
-are ``attn.q_norm`` and ``attn.k_norm``, the values' ``attn.v_norm``, the output gate ``attn.gate``. The output
-projections write into the residual stream and carry ``residual_proj = True``,
+are ``attn.q_norm`` and ``attn.k_norm``, the values' ``attn.v_norm``, the output gate ``attn.gate``. The
+output projections write into the residual stream and carry ``residual_proj = True``,
 which the initialisation scales.
 """
 
@@ -167,7 +167,13 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        return self.from_hidden(self.fc(x))
+
+    def from_hidden(self, hidden: torch.Tensor, gate_gain: float = 1.0) -> torch.Tensor:
+        """The MLP after ``fc``; ``gate_gain`` scales GELU's input (nGPT's sqrt(d_model))."""
+        if gate_gain != 1.0:
+            hidden = hidden * gate_gain
+        return self.dropout(self.proj(F.gelu(hidden)))
 
 
 def swiglu_hidden(d_model: int) -> int:
@@ -204,5 +210,11 @@ class SwiGLU(nn.Module):
         return self.proj.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.from_hidden(self.fc(x))
+
+    def from_hidden(self, hidden: torch.Tensor, gate_gain: float = 1.0) -> torch.Tensor:
+        """The MLP after ``fc``; ``gate_gain`` scales the gate's input, w1 x (nGPT's sqrt(d_model))."""
+        gate, up = hidden.chunk(2, dim=-1)
+        if gate_gain != 1.0:
+            gate = gate * gate_gain
         return self.dropout(self.proj(F.silu(gate) * up))

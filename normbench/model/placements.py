@@ -1,14 +1,14 @@
 """Where the norm sits in a block: pre, post, peri (sandwich), DeepNorm, the placements of
-recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm, HybridNorm) and nGPT's
-normalized transformer, behind one registry.
+recent models (LayerNorm Scaling, Mix-LN, OLMo 2's reordered norm, HybridNorm), ReZero's
+norm-free residual and nGPT's normalized transformer, behind one registry.
 
 A placement is a ``Block`` subclass registered with ``@register_placement("name")``
 plus one YAML file in ``conf/placement/``. Every block gets the same two sub-layers,
 a ``BlockSpec`` (sizes, depth, its own 1-based layer index) and a ``make_norm(position)``
 factory, so any norm works in any placement and no block ever looks at which norm it was
 given. A placement that acts outside its blocks (nGPT: the embeddings, the logits, the
-weights after each step) names a ``ModelHooks`` subclass, which the model calls. A placement's own options (``placement.post_fraction``) are
-the keyword-only arguments of its constructor, checked by ``check_options``.
+weights after each step) names a ``ModelHooks`` subclass, which the model calls. A placement's own options
+(``placement.post_fraction``) are the keyword-only arguments of its constructor, checked by ``check_options``.
 """
 
 from __future__ import annotations
@@ -223,7 +223,8 @@ class LayerNormScalingBlock(PreNormBlock):
 
     LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large Language Models"): it keeps
     the deep layers' output variance from growing, so they keep contributing. No new parameters;
-    the final norm is not scaled.
+    the final norm is not scaled. The same model as ``placement=pre model.ln_scaling=true``
+    (normbench.model.gpt.DepthScaled), which scales the norms of any placement.
     """
 
     def __init__(self, spec, make_norm):
@@ -233,6 +234,26 @@ class LayerNormScalingBlock(PreNormBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm_attn(x) * self.scale)
         return x + self.mlp(self.norm_mlp(x) * self.scale)
+
+
+@register_placement("rezero")
+class ReZeroBlock(Block):
+    """x + a * f(x), a a learned scalar per sub-layer initialised at 0, and no norm at all.
+
+    ReZero (Bachlechner et al. 2020, arXiv 2003.04887): at init every block is the identity, so
+    signals and gradients pass through any depth unchanged and the model trains without warm-up
+    or LayerNorm. The block builds no norm (``norm=`` is ignored); conf/placement/rezero.yaml
+    turns the final norm off as well.
+    """
+
+    def __init__(self, spec, make_norm):
+        super().__init__(spec, make_norm)
+        self.alpha_attn = nn.Parameter(torch.zeros(()))
+        self.alpha_mlp = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.alpha_attn * self.attn(x)
+        return x + self.alpha_mlp * self.mlp(x)
 
 
 @register_placement("mixln")
@@ -317,7 +338,8 @@ class HybridNormBlock(Block):
 
 
 def unit(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """x / ||x|| along ``dim``, in float32 for a half input (the precision contract of normbench.model.norms)."""
+    """x / ||x|| along ``dim``, in float32 for a half input (the precision contract of
+    normbench.model.norms)."""
     wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     return F.normalize(wide, dim=dim).to(x.dtype)
 
@@ -394,13 +416,23 @@ class NormalizedBlock(Block):
     Norm is x / ||x||; alpha_A and alpha_M are learned per-channel "eigen learning rates"
     (init ``placement.alpha_init``, scale 1/sqrt(d_model)). The MLP's hidden pre-activations are
     scaled by s_u (SwiGLU's up projection) and s_v * sqrt(d_model) (the gate, GELU's input under
-    model.arch=gpt2), both init 1, scale 1. The block builds no norm: ``norm=`` is ignored.
+    model.arch=gpt2), both init 1, scale 1. The block builds no norm: ``norm=`` is ignored, and
+    ``model.attn_gate=true`` is refused.
     """
 
     attention_cls = NormalizedAttention
     model_hooks = Hypersphere
 
     def __init__(self, spec, make_norm, *, alpha_init: float = 0.05):
+        if spec.attn_gate:
+            # Renormalized with the other matrices, x W_g is a cosine in [-1, 1], so the gate moves with
+            # the token by at most sigmoid's rise over that range (0.27 to 0.73 without a bias): not
+            # Qiu et al. 2025's gate, and nGPT's paper defines none; a scaling factor for it is untested.
+            raise ConfigError(
+                "placement=ngpt keeps every matrix on the unit sphere, where model.attn_gate's x W_g "
+                "would be a cosine in [-1, 1], not the gate of Qiu et al. 2025",
+                allowed=["model.attn_gate=false"],
+            )
         super().__init__(spec, make_norm)
         self.check_options(alpha_init=alpha_init)
         scale = spec.d_model**-0.5
@@ -408,7 +440,6 @@ class NormalizedBlock(Block):
         self.alpha_mlp = Scaling(spec.d_model, alpha_init, scale)
         self.s_uv = Scaling(self.mlp.fc.out_features, 1.0, 1.0)
         self.gate_gain = spec.d_model**0.5
-        self.swiglu = isinstance(self.mlp, SwiGLU)
 
     @classmethod
     def check_options(cls, *, alpha_init: float = 0.05) -> None:
@@ -419,13 +450,7 @@ class NormalizedBlock(Block):
             )
 
     def mlp_out(self, h: torch.Tensor) -> torch.Tensor:
-        hidden = self.mlp.fc(h) * self.s_uv().to(h.dtype)
-        if self.swiglu:
-            gate, up = hidden.chunk(2, dim=-1)
-            act = F.silu(gate * self.gate_gain) * up
-        else:
-            act = F.gelu(hidden * self.gate_gain)
-        return self.mlp.dropout(self.mlp.proj(act))
+        return self.mlp.from_hidden(self.mlp.fc(h) * self.s_uv().to(h.dtype), self.gate_gain)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = unit(h + self.alpha_attn().to(h.dtype) * (unit(self.attn(h)) - h))

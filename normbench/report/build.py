@@ -4,11 +4,13 @@
     tables   group keys, the aggregate per configuration
     tuning   the tuning axis: best value, LR sensitivity, seed statistics vs the best (stats)
     scale    the scale axis: each comparison across sizes, its trend, the best value's drift
+    predict  with --predict: each configuration's law, the prediction at the sizes asked, the backtest
     verdict  the generated sentences
     charts   the registered charts
     render   report.html, summary.md, the terminal
 
-and the files: summary.csv, aggregate.csv, tuned.csv, scale.csv, trend.csv, summary.md, report.html, the charts.
+and the files: summary.csv, aggregate.csv, tuned.csv, scale.csv, trend.csv, predict.csv,
+backtest.csv, summary.md, report.html, the charts.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from normbench.report.load import (
     load_runs,
     read_bench,
 )
+from normbench.report.predict import backtest, check_sizes, parse_predict, predict_sentences, prediction
 from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
 from normbench.report.scale import (
     resolve_baseline,
@@ -122,6 +125,7 @@ def run_report(
     tune_key: str | None = None,
     scale_key: str | None = None,
     baseline: str | None = None,
+    predict: str | None = None,
     console: Console | None = None,
 ) -> Path:
     """Read every run below ``paths`` (plus any bench CSV among them), write the report, return its folder.
@@ -129,13 +133,20 @@ def run_report(
     ``tune_key``: the key each configuration is tuned over (None: train.lr when it varies; "none": off).
     ``scale_key``: the size axis (None: the one size key that varies, if one does; "none": off);
     ``baseline``: the configuration compared with across sizes ("norm=ln,placement=pre"; None: the best
-    at the largest size).
+    at the largest size); ``predict``: sizes to predict each configuration's loss and gap at
+    ("1.2e6,4e6", in parameters, or tokens for a token key; normbench.report.predict).
     """
     start = time.perf_counter()
     console = console or Console()
     paths = [Path(p) for p in paths]
     formats = formats.split(",") if isinstance(formats, str) else formats
     _check_options(paths, metric, formats)
+    targets = parse_predict(predict) if predict is not None else None
+    if targets and scale_key in (None, "none"):
+        raise ConfigError(
+            "--predict extrapolates along a size axis: it needs --scale",
+            allowed=["--scale KEY --predict VALUE (model.d_model, model.n_layer, train.steps, ...)"],
+        )
 
     run_dirs, bench_csvs = find_inputs(paths)
     where = ", ".join(map(str, paths))
@@ -168,6 +179,8 @@ def run_report(
         d.keys = resolve_group_keys(group_by, d)
         scale = resolve_scale_key(scale_key, d)
         scale = (*scale, resolve_baseline(baseline, d, scale[0]))
+        if targets:
+            check_sizes(scale[0], d.runs[scale[0]])
     elif baseline is not None or scale_key not in (None, "none"):
         raise ConfigError("--scale and --baseline compare run directories, and the inputs hold none")
     out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent) / "report"
@@ -185,22 +198,33 @@ def run_report(
         d.agg = d.agg.join(aggregate_statistics(d))
         d.styles = charts_module.make_styles(d.runs, d.agg)
         table = display_table(d.agg, d.keys, metric)
+        if scale[0]:  # before the verdict, which compares the configurations within each size
+            d.scale = scale_axis(d, *scale)
+            d.styles = charts_module.size_styles(d)
         sentences = verdict(d)
         write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
         write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
         if d.tuned is not None:
             tuned_display = tuned_table(d.tuned)
+            if d.scale is not None:  # by size; each size's own comparison is in the verdict and scale.csv
+                order = d.tuned[scale[0]].sort_values(kind="stable").index
+                tuned_display = tuned_display.loc[order].drop(columns=["vs best", "p"]).reset_index(drop=True)
             write_atomic(out / "tuned.csv", d.tuned.to_csv(index=False))
         else:
             (out / "tuned.csv").unlink(missing_ok=True)  # from an earlier, tuned report in the same folder
         if scale[0]:
-            d.scale = scale_axis(d, *scale)
             scale_display = (d.scale.key, scale_verdict(d.scale), *scale_tables(d.scale))
             write_atomic(out / "scale.csv", d.scale.table.to_csv(index=False))
             write_atomic(out / "trend.csv", d.scale.trend.to_csv(index=False))
-        else:
-            for name in ("scale.csv", "trend.csv"):  # from an earlier report with a scale axis
+        for name in ("scale.csv", "trend.csv", "predict.csv", "backtest.csv"):  # from an earlier report
+            if not (scale[0] and name in ("scale.csv", "trend.csv")):
                 (out / name).unlink(missing_ok=True)
+        if targets:
+            d.predict, d.backtest = prediction(d.scale, targets), backtest(d.scale)
+            scale_display[1].extend(predict_sentences(d.scale, d.predict, d.backtest))
+            write_atomic(out / "predict.csv", d.predict.to_csv(index=False))
+            if d.backtest is not None:
+                write_atomic(out / "backtest.csv", d.backtest.to_csv(index=False))
         write_atomic(
             out / "summary.md",
             summary_markdown(metric, sentences, table, tuned_display, d.tune, scale_display),

@@ -6,7 +6,9 @@ runs were not asked for (the scale charts without a scale axis); ``run_report`` 
 (plus the other formats asked for) and embeds it in report.html. Adding a chart is one
 decorated function here. Every chart uses one visual mapping: colour = norm, line style /
 bar hatch = placement, and a marker to tell apart configurations that share both (when the
-runs all have one norm, colour tells apart the other group keys' values instead).
+runs all have one norm, colour tells apart the other group keys' values instead). With a size
+axis (--scale) each size is a shade of its configuration's colour, darker as it grows, with a
+marker per size.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ import textwrap
 import zlib
 
 import matplotlib
+import matplotlib.colors
 import matplotlib.ticker
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
 from normbench.report.cost import LIMIT, implementation_note
-from normbench.report.load import ReportData
-from normbench.report.tables import _fmt_value, config_label
+from normbench.report.load import ReportData, layer_skip
+from normbench.report.tables import _fmt_value
+from normbench.report.tuning import at_best, tuned_configs
 
 # The one visual mapping every chart uses: colour = norm, line style / hatch = placement.
 # Fixed colours for the registered norms so a norm looks the same in every report.
@@ -113,6 +117,26 @@ def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
         color = f"C{i % 10}" if by_rest else norm_color(norm)
         styles[label] = dict(
             color=color, linestyle=linestyle, hatch=hatch, marker=MARKERS[i % len(MARKERS)] if n > 1 else None
+        )
+    return styles
+
+
+def size_styles(d: ReportData) -> dict:
+    """With a size axis: each configuration keeps its colour and line style, each size gets a shade
+    of that colour (light for the smallest, full for the largest) and a marker of its own, so
+    the sizes of one configuration can be told apart in every chart."""
+    s = d.scale
+    base = _scale_styles(d)
+    sizes = sorted(s.table[s.key].unique())
+    styles = dict(d.styles)
+    for label, config, size in zip(d.runs["config"], s.run_config, pd.to_numeric(d.runs[s.key])):
+        rank = sizes.index(size)
+        light = 0.65 * (1 - rank / max(1, len(sizes) - 1))  # the share of white mixed in
+        rgb = np.array(matplotlib.colors.to_rgb(base[config]["color"]))
+        styles[label] = dict(
+            base[config],
+            color=tuple(rgb * (1 - light) + light),
+            marker=MARKERS[rank % len(MARKERS)],
         )
     return styles
 
@@ -228,7 +252,7 @@ def _completed(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
 
 @chart("loss_curves", "Loss curves")
 def chart_loss_curves(d: ReportData):
-    train, evals = _completed(d, _at_best(d, d.train)), _completed(d, _at_best(d, d.evals))
+    train, evals = _completed(d, at_best(d, d.train)), _completed(d, at_best(d, d.evals))
     panels = [
         (train, "step", "train_loss", "Train loss vs step", "step"),
         (evals, "step", "val_loss", "Validation loss vs step", "step"),
@@ -306,7 +330,7 @@ def chart_tuning(d: ReportData):
     from normbench.report.stats import mean_ci
 
     key = d.tune
-    runs = d.runs.assign(_value=pd.to_numeric(d.runs[key], errors="coerce"), _config=_tuned_configs(d))
+    runs = d.runs.assign(_value=pd.to_numeric(d.runs[key], errors="coerce"), _config=tuned_configs(d))
     styles = make_styles(runs.assign(config=runs["_config"]), d.tuned)
     curves = {
         row.config: _tuning_points(runs[runs["_config"].eq(row.config)], mean_ci)
@@ -348,7 +372,8 @@ def chart_tuning(d: ReportData):
 
 
 def _tuning_points(group: pd.DataFrame, mean_ci) -> list[tuple]:
-    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds not completed)."""
+    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds not
+    completed)."""
     points = []
     for value, at in group.groupby("_value"):
         done = at.loc[at["status"].eq("completed"), "final_val_loss"].dropna()
@@ -526,6 +551,88 @@ def chart_scale_best_value(d: ReportData):
     )
 
 
+@chart("predict", "Each configuration's fitted law and the prediction beyond the grid")
+def chart_predict(d: ReportData):
+    s, pred = d.scale, d.predict
+    if s is None or pred is None:
+        return None  # no prediction asked for (--predict)
+    styles = _scale_styles(d)
+    fig, axes = _figure(2, width=6.0, height=4.6, ncols=2)
+    targets = sorted(pred["target"].unique())
+    grid = np.geomspace(s.table["x"].min(), max(targets[-1], s.table["x"].max()), 200)
+    for config in s.configs:
+        style, part = styles[config], s.table[s.table["config"].eq(config)]
+        rows = pred[pred["config"].eq(config)]
+        law = rows.iloc[0]
+        mean = part["final_val_loss_mean"]
+        axes[0].errorbar(
+            part["x"],
+            mean,
+            yerr=[(mean - part["ci_low"]).fillna(0), (part["ci_high"] - mean).fillna(0)],
+            color=style["color"],
+            marker=style["marker"] or "o",
+            linestyle="none",
+            capsize=3,
+        )
+        if np.isfinite(law["alpha"]):
+            axes[0].plot(
+                grid,
+                law["E"] + law["A"] * grid ** -law["alpha"],
+                color=style["color"],
+                linestyle=style["linestyle"],
+                label=_plain(f"{config}: {law['E']:.3f} + {law['A']:.3g} x^-{law['alpha']:.3f}"),
+            )
+        for ax, y, low, high, what in (
+            (axes[0], "loss_pred", "loss_ci_low", "loss_ci_high", "loss"),
+            (axes[1], "gap_pred", "gap_ci_low", "gap_ci_high", "gap"),
+        ):
+            shown = rows.dropna(subset=[y, low])
+            if config == s.baseline and what == "gap":
+                continue
+            ax.errorbar(
+                shown["target"],
+                shown[y],
+                yerr=[shown[y] - shown[low], shown[high] - shown[y]],
+                color=style["color"],
+                marker="D",
+                markerfacecolor="white",
+                linestyle="none",
+                capsize=4,
+            )
+        if config != s.baseline:
+            measured = part.dropna(subset=["diff_vs_baseline"])
+            axes[1].plot(
+                measured["x"],
+                measured["diff_vs_baseline"],
+                color=style["color"],
+                linestyle=style["linestyle"],
+                marker=style["marker"] or "o",
+                label=None if np.isfinite(law["alpha"]) else _plain(config),
+            )
+            band = measured.dropna(subset=["diff_ci_low"])
+            axes[1].fill_between(
+                band["x"], band["diff_ci_low"], band["diff_ci_high"], color=style["color"], alpha=0.15, lw=0
+            )
+    axes[1].axhline(0.0, color="black", linewidth=1)
+    largest = s.table["x"].max()
+    unit = {"params": "parameters", "tokens": "training tokens"}.get(s.x, s.key)
+    for ax, ylabel, title in (
+        (axes[0], "final val loss (at each best value)", "Measured loss, fitted law, prediction"),
+        (axes[1], f"final val loss - {s.baseline}'s", f"Gap to {s.baseline}: measured, predicted"),
+    ):
+        ax.axvline(largest, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set(xlabel=_plain(f"{unit} (dotted: the largest size measured)"), ylabel=_plain(ylabel))
+        ax.set_title(_plain(title))
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        "L = E + A x^-alpha per configuration (lines; dots: measured, 95% CI)\n"
+        "open diamonds: the prediction with its bootstrap 95% interval"
+    )
+    _legend(fig, axes)
+    return fig
+
+
 @chart("scale_tuning", "Final loss against the tuned key, one panel per size")
 def chart_scale_tuning(d: ReportData):
     """Wortsman et al.'s Fig. 1 at each size: how the LR curve moves as the model grows."""
@@ -551,7 +658,8 @@ def chart_scale_tuning(d: ReportData):
                 continue
             points = _tuning_points(at, mean_ci)
             r = row.iloc[0]
-            # the sensitivity goes in the panel's note: in the label it would split a configuration's legend entry
+            # the sensitivity goes in the panel's note: in the label it would split a configuration's legend
+            # entry
             mark = pd.Series(
                 {
                     "config": config,
@@ -604,31 +712,14 @@ def chart_scale_tuning(d: ReportData):
     return fig
 
 
-def _tuned_configs(d: ReportData) -> pd.Series:
-    """Each run's configuration as tuned.csv names it: its label without the tuning key."""
-    keys = [k for k in d.keys if k != d.tune]
-    labels = [config_label(keys, v) for v in d.runs[keys].itertuples(index=False)] if keys else "all runs"
-    return pd.Series(labels, index=d.runs.index)
-
-
 def _at_best_note(d: ReportData) -> str:
     """What a title adds when _at_best filtered its runs."""
     return f"; each configuration at its best {d.tune}" if d.tune and d.tuned is not None else ""
 
 
-def _at_best(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
-    """With a tuned key, each configuration's runs at its best value only: one line per
-    configuration rather than one per value of the grid."""
-    if d.tune is None or d.tuned is None:
-        return frame
-    best = _tuned_configs(d).map(d.tuned.set_index("config")["best_value"])
-    at_best = d.runs.index[pd.to_numeric(d.runs[d.tune], errors="coerce").eq(best)]
-    return frame[frame["run"].isin(at_best)]
-
-
 @chart("grad_by_layer", "Gradient norm and residual RMS by layer")
 def chart_grad_by_layer(d: ReportData):
-    layers = _at_best(d, d.layers)
+    layers = at_best(d, d.layers)
     first = layers[layers["when"].eq("first")]
     last = _completed(d, layers[layers["when"].eq("last")])  # the init picture holds for every run
     steps = first["step"].dropna().unique()
@@ -657,7 +748,79 @@ def chart_grad_by_layer(d: ReportData):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     fig.suptitle(
-        f"Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual RMS{_at_best_note(d)}"
+        "Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual "
+        f"RMS{_at_best_note(d)}"
+    )
+    _legend(fig, axes)
+    return fig
+
+
+@chart("depth_profile", "Residual variance by layer and each layer's contribution")
+def chart_depth_profile(d: ReportData):
+    layers = at_best(d, d.layers)
+    first, last = layers[layers["when"].eq("first")], _completed(d, layers[layers["when"].eq("last")])
+    skip = at_best(d, layer_skip(d))
+    panels = [
+        (
+            first,
+            "resid_var",
+            "Residual-stream variance, first stats record (init)",
+            "variance of block output",
+        ),
+        (last, "resid_var", "Residual-stream variance, last stats record", "variance of block output"),
+        (skip, "skip_rise", "Loss rise with the layer skipped (end of training)", "val loss - full model's"),
+    ]
+    panels = [p for p in panels if p[0][p[1]].notna().any()]
+    if not panels:
+        return "no per-layer residual variance or layer-skip losses (train.stats_every=0, or older runs)"
+    fig, axes = _figure(len(panels))
+    for ax, (frame, y, title, ylabel) in zip(axes, panels):
+        _bands(ax, d, frame, "layer", y)
+        ax.set(title=title, xlabel="layer (block index, input → output)", ylabel=ylabel)
+        ax.set_yscale("log" if y == "resid_var" else "linear")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        "The curse of depth (Sun et al. 2025): Pre-LN's variance grows with depth and its deep layers "
+        f"contribute little; LayerNorm Scaling (model.ln_scaling) should flatten both{_at_best_note(d)}"
+    )
+    _legend(fig, axes)
+    return fig
+
+
+@chart("grad_profile", "Gradient norm by layer, one panel per placement")
+def chart_grad_profile(d: ReportData):
+    layers = at_best(d, d.layers)
+    layers = layers.assign(placement=layers["run"].map(d.runs["placement"]))
+    placements = list(dict.fromkeys(layers.dropna(subset=["grad_layer"])["placement"]))
+    if len(placements) < 2 or layers["layer"].max() < 1:
+        return None if not len(layers) else "one placement or one layer: no profile to set side by side"
+    fig, axes = _figure(len(placements), width=4.5, height=3.8, ncols=len(placements))
+    for ax, placement in zip(axes, placements):
+        part = layers[layers["placement"].eq(placement)]
+        for when, alpha in (("first", 0.45), ("last", 1.0)):
+            frame = part[part["when"].eq(when)]
+            frame = frame if when == "first" else _completed(d, frame)
+            means = frame.assign(config=frame["run"].map(d.runs["config"])).groupby(["config", "layer"])
+            for config, s in means["grad_layer"].mean().groupby(level=0):
+                style = d.styles[config]
+                ax.plot(
+                    s.index.get_level_values(1),
+                    s.to_numpy(),
+                    color=style["color"],
+                    linestyle=style["linestyle"],
+                    marker=style["marker"] or "o",
+                    markersize=4,
+                    alpha=alpha,
+                    label=_plain(f"{config}, {'init' if when == 'first' else 'last stats record'}"),
+                )
+        ax.set(title=_plain(f"placement={placement}"), xlabel="layer (input → output)", yscale="log")
+        ax.set_ylabel("grad norm of the layer (L2, all its weights)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        "Per-layer gradient norm (Mix-LN, arXiv 2412.13795: Pre-LN's shrink in the deep layers, Post-LN's "
+        f"in the early ones); faint: init{_at_best_note(d)}"
     )
     _legend(fig, axes)
     return fig
@@ -665,7 +828,7 @@ def chart_grad_by_layer(d: ReportData):
 
 @chart("grad_norm", "Global gradient norm over training")
 def chart_grad_norm(d: ReportData):
-    grads = _completed(d, _at_best(d, d.grads))
+    grads = _completed(d, at_best(d, d.grads))
     if not grads["grad_norm"].notna().any():
         return "no completed run logged stats records with grad_norm"
     fig, (ax,) = _figure(1, width=8)
@@ -735,7 +898,10 @@ def chart_logits(d: ReportData):
             ),
         )
     if not panels:
-        return "no stats record with logit diagnostics in metrics.jsonl (runs older than them, or train.stats_every=0)"
+        return (
+            "no stats record with logit diagnostics in metrics.jsonl (runs older than them, or "
+            "train.stats_every=0)"
+        )
     fig, axes = _figure(len(panels), width=6.0, height=4.2)
     for ax, (y, title, ylabel, scale) in zip(axes, panels):
         _bands(ax, d, d.logits, "step", y)

@@ -132,7 +132,8 @@ class ReportData:
     evals: pd.DataFrame  # run, step, val_loss
     grads: pd.DataFrame  # run, step, grad_norm (global, from stats records)
     layers: pd.DataFrame  # run, when ("first"/"last" stats record), step, layer, grad (mlp_out), resid_rms,
-    # saturation (the largest saturated fraction among the layer's point-wise norms; NaN for other norms)
+    # saturation (the largest saturated fraction among the layer's point-wise norms; NaN for other norms),
+    # grad_layer (the L2 norm of all the layer's gradients together), resid_var (its output's variance)
     logits: pd.DataFrame  # run, step, LOGIT_FIELDS (stats records that carry them; finite only)
     bench: pd.DataFrame | None = None
     # Filled in by the later stages of a report (normbench.report.build):
@@ -144,6 +145,8 @@ class ReportData:
     scale: object | None = (
         None  # normbench.report.scale.Scale: the scale axis, scale.csv and trend.csv, or None
     )
+    predict: pd.DataFrame | None = None  # predict.csv (--predict), or None
+    backtest: pd.DataFrame | None = None  # backtest.csv (--predict with ≥ 4 sizes), or None
 
 
 def load_runs(run_dirs: list[Path], warn) -> ReportData:
@@ -211,6 +214,12 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
                         _num(grad.get("mlp_out")),
                         _num(layer.get("resid_rms")),
                         max(map(_num, saturation.values()), default=math.nan),
+                        # the parts' norms combined: the norm of the layer's gradients as one vector
+                        # (a part without parameters, the norm of a norm-free block, has none: left out)
+                        math.sqrt(sum(v**2 for v in map(_num, grad.values()) if math.isfinite(v)))
+                        if grad
+                        else math.nan,
+                        _num(layer.get("resid_var")),
                     )
                 )
     runs = pd.DataFrame(rows)
@@ -248,7 +257,18 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         evals=pd.DataFrame(evals, columns=["run", "step", "val_loss"]),
         grads=pd.DataFrame(grads, columns=["run", "step", "grad_norm"]),
         layers=pd.DataFrame(
-            layers, columns=["run", "when", "step", "layer", "grad", "resid_rms", "saturation"]
+            layers,
+            columns=[
+                "run",
+                "when",
+                "step",
+                "layer",
+                "grad",
+                "resid_rms",
+                "saturation",
+                "grad_layer",
+                "resid_var",
+            ],
         ),
         logits=logits,
     )
@@ -272,7 +292,30 @@ def in_bits_per_byte(d: ReportData, metric: str) -> None:
     for col in ("final_val_loss", "best_val_loss", "init_val_loss"):
         runs[col] = runs[col] / per_byte
     runs["floor_gap"] = math.nan  # the synthetic floor is in nats per token, and has no bytes
+    if "layer_skip_loss" in runs:  # the losses with one layer skipped, compared with the final loss
+        runs["layer_skip_loss"] = [
+            _scaled(losses, scale) for losses, scale in zip(runs["layer_skip_loss"], per_byte)
+        ]
     d.evals["val_loss"] = d.evals["val_loss"] / d.evals["run"].map(per_byte.reset_index(drop=True))
+
+
+def _scaled(losses, scale: float):
+    """A JSON list of losses (or null entries) divided by ``scale``; NaN/None left as it is."""
+    if not isinstance(losses, str):
+        return losses
+    return json.dumps([None if v is None else v / scale for v in json.loads(losses)])
+
+
+def layer_skip(d: ReportData) -> pd.DataFrame:
+    """run, layer, skip_rise: the validation loss with that layer skipped minus the full model's
+    (summary.json's layer_skip_loss, written at the end of a run with statistics on)."""
+    rows = []
+    column = d.runs["layer_skip_loss"] if "layer_skip_loss" in d.runs else pd.Series(dtype=object)
+    for run, losses in column.dropna().items():
+        losses = json.loads(losses) if isinstance(losses, str) else losses
+        final = d.runs.at[run, "final_val_loss"]
+        rows += [(run, i, loss - final) for i, loss in enumerate(losses or []) if loss is not None]
+    return pd.DataFrame(rows, columns=["run", "layer", "skip_rise"])
 
 
 def read_bench(paths: list[Path]) -> pd.DataFrame | None:

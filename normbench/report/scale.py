@@ -14,8 +14,8 @@ each configuration at each size (scale.csv):
 Across sizes, per configuration (trend.csv): the difference against log2(x), x the size's
 parameters (its tokens when KEY is a token budget or the parameters do not change; KEY's own
 value when neither does), fitted by weighted least squares with weights 1/SE² over the sizes
-where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis-how-a-verdict-moves-with-size). The slope's variance is the
-one the seeds give, 1/Σ wᵢ(xᵢ - x̄)², with Welch-Satterthwaite degrees of freedom (from the
+where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis-how-a-verdict-moves-with-size). The slope's
+variance is the one the seeds give, 1/Σ wᵢ(xᵢ - x̄)², with Welch-Satterthwaite degrees of freedom (from the
 scatter of ≥ 3 sizes only when no size has any spread); with ≥ 3 sizes a χ² test says whether
 the sizes lie off the line by more than their seeds explain (the gap moves, but not in a straight
 line in log x), and the sentence says so. The interval is Student's t.
@@ -64,6 +64,7 @@ class Scale:
     run_config: pd.Series  # per run (index of d.runs): its configuration label
     table: pd.DataFrame  # scale.csv
     trend: pd.DataFrame  # trend.csv
+    samples: dict  # (configuration, size) -> its completed final losses at its best value, by seed
 
 
 def _numeric(series: pd.Series) -> bool:
@@ -160,7 +161,8 @@ class Fit:
 
 
 def fit_trend(x, gap, se, df) -> Fit:
-    """Weighted least squares of ``gap`` on log2(``x``), weights 1/se²; the slope's 95% interval (module doc)."""
+    """Weighted least squares of ``gap`` on log2(``x``), weights 1/se²; the slope's 95% interval (module
+    doc)."""
     t = np.log2(np.asarray(x, float))
     gap, se, df = (np.asarray(v, float) for v in (gap, se, df))
     positive = se[se > 0]
@@ -321,6 +323,7 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
         run_config=runs["_config"],
         table=table,
         trend=_trend(table, key, order, baseline, d.tune),
+        samples=samples,
     )
 
 
@@ -415,22 +418,12 @@ def _x_words(s: Scale) -> str:
     return {"params": "parameters", "tokens": "training tokens"}.get(s.x, s.key)
 
 
-def scale_verdict(s: Scale) -> list[str]:
-    """The trend section's sentences: the axis, each size's verdict, each comparison's trend, the best value's drift."""
-    t, key, short = s.table.assign(_size=s.table[s.key]), s.key, _short(s.key)
-    sizes = sorted(t[key].unique())
-    how = "detected: the one size key that varies" if s.detected else "given with --scale"
-    base = "given with --baseline" if s.baseline_given else "default: the best at the largest size"
-    x = {"params": "the parameters", "tokens": "the training tokens (steps x batch x block)"}.get(
-        s.x, f"{key} itself"
-    )
-    out = [
-        f"Scale axis {key} ({how}): sizes {', '.join(map(_fmt_value, sizes))}. Each configuration is compared with "
-        f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in final "
-        f"validation loss (positive: worse than the baseline), and the difference is fitted against log2 of "
-        f"{x} by weighted least squares (weights 1/SE², t interval on the slope)."
-    ]
-    for size in sizes:
+def size_verdicts(s: Scale) -> list[str]:
+    """The verdict with a size axis: at each size, its configurations against the best of that size
+    (never a small model against a large one); the trend section says how it moves."""
+    t, key, short = s.table, s.key, _short(s.key)
+    out = []
+    for size in sorted(t[key].unique()):
         at = t[t[key].eq(size)]
         best = at[at["vs_best"].eq("best")]
         if best.empty:
@@ -445,7 +438,8 @@ def scale_verdict(s: Scale) -> list[str]:
                 parts.append(
                     f"{name}: "
                     + ", ".join(
-                        f"{r['config']} {r['diff_vs_best']:+.3f} {fmt_ci(r, 'diff_vs_best_ci_low', 'diff_vs_best_ci_high', '+')}"
+                        f"{r['config']} {r['diff_vs_best']:+.3f} "
+                        f"{fmt_ci(r, 'diff_vs_best_ci_low', 'diff_vs_best_ci_high', '+')}"
                         for _, r in rows.iterrows()
                     )
                 )
@@ -460,6 +454,26 @@ def scale_verdict(s: Scale) -> list[str]:
         if b["n_seeds"] < 2:
             parts.append(f"the best has n={b['n_seeds']}: {NEEDS_SEEDS} to compare anything at this size")
         out.append("; ".join(parts) + ".")
+    return out
+
+
+def scale_verdict(s: Scale) -> list[str]:
+    """The trend section's sentences: the axis, each comparison's trend, the best value's drift
+    (each size's own verdict is the report's verdict: ``size_verdicts``)."""
+    t, key = s.table.assign(_size=s.table[s.key]), s.key
+    sizes = sorted(t[key].unique())
+    how = "detected: the one size key that varies" if s.detected else "given with --scale"
+    base = "given with --baseline" if s.baseline_given else "default: the best at the largest size"
+    x = {"params": "the parameters", "tokens": "the training tokens (steps x batch x block)"}.get(
+        s.x, f"{key} itself"
+    )
+    out = [
+        f"Scale axis {key} ({how}): sizes {', '.join(map(_fmt_value, sizes))}. Each configuration is "
+        "compared with "
+        f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in final "
+        f"validation loss (positive: worse than the baseline), and the difference is fitted against log2 of "
+        f"{x} by weighted least squares (weights 1/SE², t interval on the slope)."
+    ]
     for trend in s.trend.itertuples(index=False):
         if trend.config == s.baseline:
             continue

@@ -204,3 +204,20 @@ def aggregate_statistics(d: ReportData) -> pd.DataFrame:
             at_best = pd.to_numeric(row[d.tune], errors="coerce") == tuned.at[config, "best_value"]
             stats.loc[i, compared] = tuned.loc[config, compared].to_numpy() if at_best else None
     return stats
+
+
+def tuned_configs(d: ReportData) -> pd.Series:
+    """Each run's configuration as tuned.csv names it: its label without the tuning key."""
+    keys = [k for k in d.keys if k != d.tune]
+    labels = [config_label(keys, v) for v in d.runs[keys].itertuples(index=False)] if keys else "all runs"
+    return pd.Series(labels, index=d.runs.index)
+
+
+def at_best(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
+    """With a tuned key, each configuration's runs at its best value only: one line per
+    configuration rather than one per value of the grid."""
+    if d.tune is None or d.tuned is None:
+        return frame
+    best = tuned_configs(d).map(d.tuned.set_index("config")["best_value"])
+    runs = d.runs.index[pd.to_numeric(d.runs[d.tune], errors="coerce").eq(best)]
+    return frame[frame["run"].isin(runs)]

@@ -3,19 +3,23 @@
 Every claim of a difference rests on a 95% interval that excludes 0 (normbench.report.stats);
 a difference whose interval includes 0 is called a tie, one without an interval is not
 called anything. The verdict says so when the evidence is too thin (one seed, one learning
-rate, a best value at the edge of the grid).
+rate, a best value at the edge of the grid). With a size axis (--scale) the configurations are
+compared within each size, never a small model with a large one.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from normbench.report.cost import implementation_note
-from normbench.report.load import ReportData
+from normbench.report.load import ReportData, layer_skip
+from normbench.report.scale import size_verdicts
 from normbench.report.stats import NEEDS_SEEDS, compare
 from normbench.report.tables import config_label, fmt_ci
+from normbench.report.tuning import at_best, tuned_configs
 
 
 def _p(p: float) -> str:
@@ -159,7 +163,8 @@ def _sensitivity(d: ReportData) -> list[str]:
     grids = t["grid"].unique()
     values = _list([f"{r.config} {r.lr_sensitivity:.3f}" for r in t.itertuples(index=False)])
     text = (
-        f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each configuration's "
+        f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each "
+        "configuration's "
         f"best across the grid, a diverged value counting as the loss at init; lower = more robust; "
         f"a point value, no interval): {values}."
     )
@@ -209,7 +214,8 @@ def _throughput(d: ReportData) -> list[str]:
             call = "faster in these runs" if c.ci.low > 0 else "slower in these runs"
         parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
     return [
-        f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the difference): "
+        f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the "
+        "difference): "
         f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
         f"well; normbench bench compares the norms' speed under control. "
         # the caveat: which norms' implementations are not at their limit (or that it is unknown)
@@ -217,14 +223,77 @@ def _throughput(d: ReportData) -> list[str]:
     ]
 
 
+def _at_best_runs(d: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of completed runs at their configuration's best value of the tuned key."""
+    frame = at_best(d, frame)
+    return frame[frame["run"].isin(d.runs.index[d.runs["status"].eq("completed")])]
+
+
+def _ends(frame: pd.DataFrame, y: str) -> pd.Series:
+    """Per run: its last layer's ``y`` over its first layer's (runs with ≥ 3 layers)."""
+    wide = frame.dropna(subset=[y]).pivot_table(index="run", columns="layer", values=y)
+    if wide.shape[1] < 3:  # no statistics, or too shallow a model for a profile
+        return pd.Series(dtype=float)
+    return (wide.iloc[:, -1] / wide.iloc[:, 0]).dropna()
+
+
+def _depth(d: ReportData) -> list[str]:
+    """The depth claims, where the runs carry them: the gradient profile per placement (Mix-LN),
+    the residual variance and each layer's contribution per configuration (the curse of depth)."""
+    out = []
+    labels, placements = tuned_configs(d), d.runs["placement"]
+    first = _at_best_runs(d, d.layers[d.layers["when"].eq("first")])
+    last = _at_best_runs(d, d.layers[d.layers["when"].eq("last")])
+
+    def geometric(ratios: pd.Series, by: pd.Series) -> pd.Series:
+        """The geometric mean of the runs' ratios per value of ``by`` (ratios multiply)."""
+        ratios = ratios[ratios > 0]
+        return np.exp(np.log(ratios).groupby(by.reindex(ratios.index).to_numpy()).mean())
+
+    at_end, at_init = (geometric(_ends(f, "grad_layer"), placements) for f in (last, first))
+    if len(at_end) >= 2:
+        parts = [
+            f"{p} {at_init.get(p, np.nan):.2f}x at init, {r:.2f}x at the last record"
+            for p, r in at_end.items()
+        ]
+        out.append(
+            "Gradient norm by depth, last layer / first layer (each layer's weights together, geometric "
+            f"mean over runs): {_list(parts)}. Below 1 the deep layers get the smaller gradients (Pre-LN's "
+            "pattern in Mix-LN, arXiv 2412.13795), above 1 the early ones (Post-LN's); Mix-LN aims between."
+        )
+    skip = _at_best_runs(d, layer_skip(d))
+    if len(skip) and skip["layer"].max() >= 2:
+        variance = geometric(_ends(last, "resid_var"), labels)
+        rise = skip.assign(config=skip["run"].map(labels)).groupby(["config", "layer"])["skip_rise"].mean()
+        parts = []
+        for config, r in rise.groupby(level=0):
+            r = r.to_numpy()
+            deep = r[len(r) // 2 :].clip(min=0).sum() / max(r.clip(min=0).sum(), 1e-12)
+            grow = (
+                f", residual variance last/first layer {variance[config]:.1f}x" if config in variance else ""
+            )
+            parts.append(
+                f"{config}: skipping the first layer {r[0]:+.3f}, the last {r[-1]:+.3f}, the deeper half "
+                f"{100 * deep:.0f}% of the summed rise{grow}"
+            )
+        out.append(
+            "What each layer contributes (the validation loss with it skipped, minus the full model's; "
+            f"mean over runs): {_list(parts)}. The curse of depth (Sun et al. 2025): under Pre-LN the "
+            "variance grows with depth and the deep layers matter little; LayerNorm Scaling should even it "
+            "out."
+        )
+    return out
+
+
 def verdict(d: ReportData) -> list[str]:
     """The report's verdict, one sentence (or a short list) per item."""
     table = _configurations(d)
     return [
         *_evidence(d, table),
-        *_comparisons(table),
+        *(size_verdicts(d.scale) if d.scale is not None else _comparisons(table)),
         *_failures(d),
         *_sensitivity(d),
         *_leaks(d),
         *_throughput(d),
+        *_depth(d),
     ]

@@ -1,4 +1,5 @@
-"""Hydra's per-job work in a sweep, done once: composition per choice of config groups, the plugin scan per process.
+"""Hydra's per-job work in a sweep, done once: composition per choice of config groups, the plugin scan per
+process.
 
 Hydra composes every job of a multirun from scratch, twice (the sweeper checks the batch,
 then the launcher composes each job again): a fifth of a second each on a 2-core machine,

@@ -11,6 +11,7 @@ Under torchrun every process runs this function; rank 0 alone writes and reports
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -71,7 +72,7 @@ def _run_locked(
     from normbench.training import distributed
     from normbench.training.config import parse_config
     from normbench.training.loop import train
-    from normbench.training.preemption import exit_code
+    from normbench.training.preemption import describe, exit_code
 
     main = distributed.is_main()
     cfg_hash = config_hash(cfg)
@@ -123,12 +124,13 @@ def _run_locked(
             label="run failed",
         )
     if summary["status"] == "interrupted":
-        # Stopped by a signal (SLURM's preemption notice, say) after saving a checkpoint: the same
-        # command resumes it. Exiting, in a sweep too, keeps the launcher from starting another job.
-        if main:
+        # Stopped by a signal (Ctrl-C, SLURM's preemption notice) after saving a checkpoint. Exiting,
+        # in a sweep too, keeps the launcher from starting another job; a sweep says in its own line
+        # what stopped, so its jobs print nothing here.
+        if main and not multirun:
             console.print(
-                f"[yellow]interrupted[/yellow] at step {summary['steps']} by signal {summary['signal']}: "
-                f"checkpoint in {summary['checkpoint']}; the same command resumes it",
+                f"[yellow]interrupted[/yellow] at step {summary['steps']} ({describe(summary['signal'])}), "
+                f"checkpoint saved; resume with: {escape(resume_command(run_dir_.path))}",
                 soft_wrap=True,
                 highlight=False,
             )
@@ -138,11 +140,32 @@ def _run_locked(
     if summary["status"] == "failed":
         if main:  # the other ranks printed their traceback already
             console.print(
-                f"[bold red]run failed:[/bold red] {summary['error']} (traceback in {run_dir_.path / ERROR_LOG})"
+                f"[bold red]run failed:[/bold red] {summary['error']} (traceback in "
+                f"{run_dir_.path / ERROR_LOG})"
             )
         if not multirun:
             sys.exit(1)
     return summary
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes this single run: the same overrides, in the same run directory
+    (the default one is named after the time it started, so the command alone would start afresh)."""
+    from normbench.training import distributed
+
+    try:
+        shown = run_dir.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:  # outside the working directory
+        shown = run_dir.resolve()
+    where = f"hydra.run.dir={shown}"
+    # torchrun's own arguments are not Hydra's to know; run_job called directly has no command line
+    if distributed.launched() or not HydraConfig.initialized():
+        return f"the same command with {where}"
+    overrides = HydraConfig.get().overrides
+    given = [o for o in overrides.hydra if not o.startswith("hydra.mode=")]  # Hydra adds hydra.mode
+    if not any(o.startswith("hydra.run.dir=") for o in given):
+        given.append(where)
+    return shlex.join(["normbench", "train", *overrides.task, *given])
 
 
 def _fail(console: Console, message: str, multirun: bool, code: int, label: str = "error") -> None:

@@ -147,7 +147,8 @@ def _env() -> dict:
 
 
 def main() -> None:
-    """The child: Hydra's own multirun over normbench.sweeps.job.hydra_main (warmed up first under WARM_ENV)."""
+    """The child: Hydra's own multirun over normbench.sweeps.job.hydra_main (warmed up first under
+    WARM_ENV)."""
     parent = int(os.environ.get(PARENT_ENV) or 0)
     if parent:
         threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
@@ -220,12 +221,12 @@ def _stop_idle_workers() -> None:
 
 
 def warm_launcher(overrides: list[str]) -> list[int]:
-    """Before the plan is made: start the launcher's workers and warm them (``normbench.sweeps.job.warm_worker``),
-    so that the first jobs need not wait for imports. joblib's workers are started with the very
-    arguments Hydra's joblib launcher gives ``joblib.Parallel``, so that it finds them running and
-    reuses them; the basic launcher runs the jobs in this process; other launchers' workers are
-    elsewhere. Anything that goes wrong here is left for the multirun to meet and report. Returns
-    the warmed processes' pids."""
+    """Before the plan is made: start the launcher's workers and warm them
+    (``normbench.sweeps.job.warm_worker``), so that the first jobs need not wait for imports. joblib's
+    workers are started with the very arguments Hydra's joblib launcher gives ``joblib.Parallel``, so
+    that it finds them running and reuses them; the basic launcher runs the jobs in this process; other
+    launchers' workers are elsewhere. Anything that goes wrong here is left for the multirun to meet and
+    report. Returns the warmed processes' pids."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode

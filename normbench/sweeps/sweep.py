@@ -83,7 +83,7 @@ STYLES = {
 }
 
 
-# ----------------------------------------------------------------------------- the plan (runs in the sweep command)
+# ----------------------------------------------------------------------- the plan (runs in the sweep command)
 
 
 @dataclass
@@ -148,7 +148,8 @@ def _short(err: Exception) -> str:
 
 
 def default_sweep_dir(cfg: DictConfig, parsed: list) -> Path:
-    """results/sweeps/<experiment or grid>-<hash of the user's overrides>: the same command finds the same directory.
+    """results/sweeps/<experiment or grid>-<hash of the user's overrides>: the same command finds the same
+    directory.
 
     The hash ignores the order of the overrides, the launcher and other hydra.* settings,
     and the keys that never change a result (NOT_HASHED).
@@ -277,7 +278,8 @@ def will_run(job: Job, retry_failed: bool) -> bool:
 
 
 def _table(title: str, plan: Plan) -> Table:
-    """A table with the job number and one column per swept key, which keep their width; the run dir gives way."""
+    """A table with the job number and one column per swept key, which keep their width; the run dir gives
+    way."""
     table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right", no_wrap=True)
     names = [key.rsplit(".", 1)[-1] for key in plan.varying]  # train.lr -> lr, unless two keys end alike
@@ -411,7 +413,8 @@ def too_large_for_every_node(remote: dict, nodes: list[dict], address: str | Non
         f"the largest node of the Ray cluster at {address}" if address else "this machine (Ray started here)"
     )
     return (
-        f"each run asks Ray for {count(int(want['CPU']), 'CPU')} and {count(int(want['GPU']), 'GPU')}, but {where} "
+        f"each run asks Ray for {count(int(want['CPU']), 'CPU')} and {count(int(want['GPU']), 'GPU')}, but "
+        f"{where} "
         f"has {count(have['CPU'], 'CPU')} and {count(have['GPU'], 'GPU')}: no run could ever start; set {fix}"
     )
 
@@ -550,7 +553,10 @@ def _efficiency(plan: Plan, at_launch: dict, started: float) -> str:
     wall = time.perf_counter() - started
     if not workers or not any(steps):
         return ""
-    return f", training steps {100 * sum(steps) / (workers * wall):.0f}% of {workers} worker{'s' if workers > 1 else ''} x {wall:.0f} s"
+    return (
+        f", training steps {100 * sum(steps) / (workers * wall):.0f}% of {workers} "
+        f"worker{'s' if workers > 1 else ''} x {wall:.0f} s"
+    )
 
 
 def _account_for_others(plan: Plan, by_dir: dict[str, dict], at_launch: dict, console: Console) -> None:

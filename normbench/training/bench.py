@@ -32,6 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 from torch import nn
 
+from normbench.core.benchgoals import GOALS
 from normbench.core.devices import PRECISIONS, resolve_device
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
@@ -55,16 +56,6 @@ COLUMNS = [
     "ratio_to_compiled",
 ]
 NATIVE = ("ln", "rms", "bn", "gn")  # norms with a PyTorch op for the same math
-# Issue #13: each norm at most 1.1x LayerNorm's native op (RMSNorm, ScaleNorm, DyT and GroupNorm
-# per token do no more memory traffic); LayerNorm and BatchNorm within 1.1x of their own native op.
-GOALS = {
-    "ln": ("native", 1.1),
-    "bn": ("native", 1.1),
-    "rms": ("ln", 1.1),
-    "gn": ("ln", 1.1),
-    "scale": ("ln", 1.1),
-    "dyt": ("ln", 1.1),
-}
 REFERENCES = ("ref:ln", "ref:copy")  # timed in every norm's rounds, reported as columns, not rows
 MAX_ROTATION = 64  # rotated input buffers at most, however small they are
 ROTATION_BYTES = 1 << 30  # memory the rotated inputs may take (a quarter of free memory on CUDA)

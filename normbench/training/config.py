@@ -1,9 +1,9 @@
 """From a composed Hydra config to the typed configs each component owns.
 
 Hydra composes ``conf/`` (groups: norm, placement, model, data, train, experiment;
-``normbench.core.configtree`` finds the tree); this module turns the composed ``DictConfig`` into ``ModelConfig``, ``DataConfig`` and
-``TrainConfig`` dataclasses, so a wrong type or an out-of-range value becomes one
-clear ``ConfigError`` before anything trains. A config's identity, ``config_hash``,
+``normbench.core.configtree`` finds the tree); this module turns the composed ``DictConfig`` into
+``ModelConfig``, ``DataConfig`` and ``TrainConfig`` dataclasses, so a wrong type or an out-of-range value
+becomes one clear ``ConfigError`` before anything trains. A config's identity, ``config_hash``,
 lives in ``normbench.core.identity``.
 """
 
@@ -86,7 +86,8 @@ def load_group(group: str, option: str | None = None, **overrides):
 
 
 def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
-    """Validate everything that can be checked before training starts; ``cfg_hash``: its config_hash, if known."""
+    """Validate everything that can be checked before training starts; ``cfg_hash``: its config_hash, if
+    known."""
     norm = OmegaConf.to_container(cfg.norm, resolve=True)
     placement = OmegaConf.to_container(cfg.placement, resolve=True)
     check_norm(norm.get("name"), {k: v for k, v in norm.items() if k != "name"})

@@ -1,4 +1,5 @@
-"""The coordinate check behind ``normbench coordcheck``: does each layer's activation scale stay put as the model widens?
+"""The coordinate check behind ``normbench coordcheck``: does each layer's activation scale stay put as the
+model widens?
 
 microsoft/mup's check (Tensor Programs V, Yang et al. 2022, Fig. 5 and appendix D.1): the same config and
 seed at several widths (``model.d_model``; ``model.n_head`` held fixed, so head_dim grows with the
@@ -101,7 +102,8 @@ def block_rms(run, steps: int) -> list[dict]:
 
 
 def coord_check(overrides: list[str], widths: list[int], steps: int, params: list[str]) -> pd.DataFrame:
-    """One row per (param, width, step, layer). Under mup without model.base_width, the narrowest width is the base."""
+    """One row per (param, width, step, layer). Under mup without model.base_width, the narrowest width is
+    the base."""
     if steps < 1:
         raise ConfigError(f"--steps must be a positive integer, got {steps}")
     rows = []
@@ -159,7 +161,8 @@ def chart(table: pd.DataFrame):
 def run_coordcheck(
     overrides: list[str], widths: str, steps: int, param: str, out: Path, console: Console | None = None
 ) -> pd.DataFrame:
-    """``normbench coordcheck``: the table, its CSV and chart under ``out``, and one summary line per param."""
+    """``normbench coordcheck``: the table, its CSV and chart under ``out``, and one summary line per
+    param."""
     console = console or Console()
     table = coord_check(overrides, parse_widths(widths), steps, parse_params(param))
     out.mkdir(parents=True, exist_ok=True)

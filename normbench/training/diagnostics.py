@@ -1,4 +1,4 @@
-"""Training diagnostics: per-layer gradient, weight and update norms, residual RMS, norm gains,
+"""Training diagnostics: per-layer gradient, weight and update norms, residual RMS and variance, norm gains,
 attention logits and entropy, the output logits' log-partition, and how saturated the point-wise
 norms (DyT, Derf) are.
 
@@ -8,6 +8,10 @@ gradients exist (before clipping and the update), and ``after_update()`` after t
 optimizer step; ``record()`` then reads every number back in one host transfer.
 Nothing here changes the training: it reads parameters, gradients and activations.
 
+At the end of a run with statistics on, ``layer_skip_losses`` evaluates the model once per block
+with that block skipped (its output replaced by its input): how much each layer contributes
+(Sun et al. 2025, "The Curse of Depth": Pre-LN's deep layers barely matter).
+
 Step labels follow Xiong et al. 2020: the record for step s holds the gradients at
 the parameters after s updates, so step 0 is the first batch at initialization.
 
@@ -15,8 +19,8 @@ The logits are the two instabilities of Wortsman et al. 2023: attention logits t
 grow until attention is one-hot (``max_attn_logit``, fixed by QK-norm) and output
 logits that drift (``max_log_z``, fixed by z-loss). Under soft-capping (model.attn_softcap,
 model.logit_softcap) these are what the softmax sees, after the cap, and ``*_raw`` beside them
-the values before it; without a cap the two are the same and only the first is written. SDPA never materializes the
-attention logits, so a statistics step computes them once more from the layer's own
+the values before it; without a cap the two are the same and only the first is written. SDPA never
+materializes the attention logits, so a statistics step computes them once more from the layer's own
 q and k (``CausalSelfAttention.heads``): one extra q·kᵀ per layer, on that step only.
 """
 
@@ -62,7 +66,8 @@ def attention_logits(
     q: torch.Tensor, k: torch.Tensor, cap: float = 0.0, scale: float | None = None
 ) -> torch.Tensor:
     """The logits SDPA would softmax, q·kᵀ · scale in float32 (scale None: 1/sqrt(head_dim); μP's 1/head_dim
-    comes as the attention's ``scale``), the future at -inf; soft-capped, cap * tanh(logits / cap), where ``cap`` > 0."""
+    comes as the attention's ``scale``), the future at -inf; soft-capped, cap * tanh(logits / cap), where
+    ``cap`` > 0."""
     T = q.shape[-2]
     logits = (q.float() @ k.float().transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if cap > 0:
@@ -99,18 +104,21 @@ SATURATION = 2.0
 
 
 def saturated_fraction(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The fraction of the elements of x whose argument(x) (alpha x, Derf's alpha x + s) is beyond SATURATION."""
+    """The fraction of the elements of x whose argument(x) (alpha x, Derf's alpha x + s) is beyond
+    SATURATION."""
     return (norm.argument(x.detach().float()).abs() > SATURATION).float().mean()
 
 
 # The run-level peaks summary.json carries: the largest value any statistics step saw.
 PEAKS = ("max_attn_logit", "max_log_z")
-# Each peak's value before the soft-cap (model.attn_softcap, model.logit_softcap), carried where that cap is on.
+# Each peak's value before the soft-cap (model.attn_softcap, model.logit_softcap), carried where that cap is
+# on.
 RAW_PEAKS = {"max_attn_logit": "max_attn_logit_raw", "max_log_z": "max_log_z_raw"}
 
 
 def _largest(values) -> float | None:
-    """The largest of the layers' values; NaN if any is NaN (a diverging run), whatever its order; None if none."""
+    """The largest of the layers' values; NaN if any is NaN (a diverging run), whatever its order; None if
+    none."""
     values = [v for v in values if v is not None]
     return (math.nan if any(map(math.isnan, values)) else max(values)) if values else None
 
@@ -135,6 +143,7 @@ class LayerStats:
             self.groups["embedding.pos"] = [model.pos_emb.weight]
         self.groups["final_norm"] = list(model.norm_final.parameters())
         self._resid: list[torch.Tensor | None] = [None] * len(model.blocks)
+        self._resid_var: list[torch.Tensor | None] = [None] * len(model.blocks)
         self._attn: list[tuple[torch.Tensor, ...] | None] = [None] * len(model.blocks)
         self._head: dict[str, torch.Tensor] = {}
         capped = {"max_attn_logit": model.cfg.attn_softcap > 0, "max_log_z": model.cfg.logit_softcap > 0}
@@ -165,7 +174,11 @@ class LayerStats:
 
     def _hook(self, index: int):
         def store(module, inputs, output):
-            self._resid[index] = output.detach().float().pow(2).mean().sqrt()
+            out = output.detach().float()
+            # RMS over everything; the variance over each token's channels, averaged over the tokens
+            # (the residual-stream variance of Sun et al. 2025, which grows with depth under Pre-LN)
+            self._resid[index] = out.pow(2).mean().sqrt()
+            self._resid_var[index] = out.var(-1, unbiased=False).mean()
 
         return store
 
@@ -241,6 +254,7 @@ class LayerStats:
         for name, value in [
             *self._values.items(),
             *((f"resid.{i}", r) for i, r in enumerate(self._resid)),
+            *((f"resid_var.{i}", v) for i, v in enumerate(self._resid_var)),
             *attn,
             *self._head.items(),
             *((f"saturation.{k}", v) for k, v in self._saturation.items()),
@@ -271,6 +285,7 @@ class LayerStats:
                     "weight_norm": part("weight_norm", f"{i}.", keys),
                     "update_ratio": part("update_ratio", f"{i}.", keys),
                     "resid_rms": flat.get(f"resid.{i}"),
+                    "resid_var": flat.get(f"resid_var.{i}"),
                     "max_attn_logit": flat.get(f"attn_max.{i}"),
                     **(
                         {"max_attn_logit_raw": flat[f"attn_max_raw.{i}"]}
@@ -329,3 +344,21 @@ class LayerStats:
             "layers": layers,
             **extra,
         }
+
+
+@torch.no_grad()
+def layer_skip_losses(model: nn.Module, evaluate) -> list[float]:
+    """The validation loss with each block skipped in turn, its output replaced by its input.
+
+    ``evaluate()`` returns the validation loss of ``model`` as it is (the training loop's). A
+    forward hook that returns the block's input makes the block the identity for that one
+    evaluation; the loss rise over the full model's is what the layer contributes.
+    """
+    losses = []
+    for block in model.blocks:
+        handle = block.register_forward_hook(lambda module, inputs, output: inputs[0])
+        try:
+            losses.append(evaluate())
+        finally:
+            handle.remove()
+    return losses

@@ -76,7 +76,8 @@ def setup(device: torch.device) -> torch.device:
         if local_world > torch.cuda.device_count():
             raise ConfigError(
                 f"torchrun started {local_world} processes on this node but it has "
-                f"{torch.cuda.device_count()} GPU(s); use --nproc_per_node={torch.cuda.device_count()} or fewer"
+                f"{torch.cuda.device_count()} GPU(s); use --nproc_per_node={torch.cuda.device_count()} or "
+                "fewer"
             )
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
@@ -96,7 +97,8 @@ def local_batch_size(batch_size: int) -> int:
     if batch_size % n:
         below = batch_size - batch_size % n
         raise ConfigError(
-            f"train.batch_size={batch_size} is the global batch and must split evenly across the {n} processes",
+            f"train.batch_size={batch_size} is the global batch and must split evenly across the {n} "
+            "processes",
             allowed=[b for b in (below, below + n) if b > 0],
         )
     return batch_size // n

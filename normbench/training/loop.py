@@ -30,7 +30,7 @@ from normbench.data.corpus import build_dataset, forget_other_corpora
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, hidden_weights, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
-from normbench.training.diagnostics import PEAKS, LayerStats, global_grad_norm
+from normbench.training.diagnostics import PEAKS, LayerStats, global_grad_norm, layer_skip_losses
 from normbench.training.display import TrainProgress
 from normbench.training.perf import (
     PeakMemory,
@@ -238,7 +238,8 @@ class Run:
             run.data, run.model.block_size
         )  # an earlier run's corpus is not this run's memory
         self.memory = PeakMemory(self.device)  # before the data and model exist
-        # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every rank).
+        # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every
+        # rank).
         torch.manual_seed(run.seed + distributed.rank())
         eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
         self.data = build_dataset(run.data, run.model.block_size, eval_sequences)
@@ -315,8 +316,8 @@ class Run:
         }
 
     def checkpoint_state(self) -> dict:
-        """Model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG streams, for a checkpoint.
-        A collective under torchrun: every rank's dropout RNG is gathered."""
+        """Model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG streams, for a
+        checkpoint. A collective under torchrun: every rank's dropout RNG is gathered."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -545,7 +546,8 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         state = Run(run, run_dir)
         if state.compile_error:
             console.print(
-                f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training eagerly[/yellow]",
+                f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
+                "eagerly[/yellow]",
                 soft_wrap=True,
             )
         loop = Loop(state, console, started, phases)
@@ -594,8 +596,13 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
         return interrupted(loop, stop, step)
     with phases("probe"):
         leak = state.probe() if status != "failed" else {"train": None, "eval": None}
+        # each layer's contribution (docs/diagnostics.md), with the other statistics
+        skip = (
+            layer_skip_losses(state.model, state.evaluate) if loop.stats and status == "completed" else None
+        )
     with phases("finish"):
         summary = run_summary(loop, status, error, step, leak)
+        summary["layer_skip_loss"] = skip
     return save_result(loop, summary)
 
 
@@ -645,7 +652,8 @@ def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
 
 
 def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dict) -> dict:
-    """summary.json's content: results, speed, memory, diagnostics, the causality probe and the environment."""
+    """summary.json's content: results, speed, memory, diagnostics, the causality probe and the
+    environment."""
     state, tcfg = loop.state, loop.tcfg
     finite_vals = [v for v in loop.val_losses if math.isfinite(v)]
     finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]

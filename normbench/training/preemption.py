@@ -7,8 +7,11 @@ While a run trains, ``StopSignals`` catches SIGTERM, SIGUSR1 and SIGUSR2 and onl
 them: the training loop checks at the end of each step, saves a checkpoint and stops;
 ``pass_on`` then hands the signal to the handler that was there before (submitit's
 checkpoint-and-requeue), so the requeued job finds the checkpoint and resumes.
-A run stopped this way exits with 128 + the signal's number, the shell's convention
-for a process ended by a signal; a sweep counts such a run as interrupted.
+Ctrl-C (SIGINT) is the same stop, asked for at a terminal: the first one checkpoints at the
+end of the step, a second one raises KeyboardInterrupt at once, as Python does by default
+(a process started with SIGINT ignored, a shell's background job say, keeps ignoring it).
+A run stopped this way exits with 128 + the signal's number (130 for Ctrl-C), the shell's
+convention for a process ended by a signal; a sweep counts such a run as interrupted.
 """
 
 from __future__ import annotations
@@ -21,14 +24,20 @@ import torch
 from normbench.training import distributed
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+NAMES = {signal.SIGINT: "Ctrl-C"}  # how a person knows the signal, where it is not its own name
 
 
 def exit_code(signum: int) -> int:
     return 128 + signum
 
 
+def describe(signum: int) -> str:
+    """``Ctrl-C`` for SIGINT, else the signal's name (``SIGTERM``)."""
+    return NAMES.get(signum) or signal.Signals(signum).name
+
+
 class StopSignals:
-    """Notes SIGTERM/SIGUSR1/SIGUSR2 while the training loop runs (a context manager)."""
+    """Notes SIGTERM/SIGUSR1/SIGUSR2 and a first SIGINT while the training loop runs (a context manager)."""
 
     def __init__(self):
         self.received: int | None = None
@@ -38,6 +47,8 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             for sig in SIGNALS:
                 self.previous[sig] = signal.signal(sig, self._note)
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._note)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -45,6 +56,8 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def _note(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now, without the checkpoint
         self.received = signum
 
     def requested(self, step: int, log_every: int, device: torch.device) -> bool:
@@ -61,7 +74,10 @@ class StopSignals:
         return bool(agreed)
 
     def pass_on(self) -> None:
-        """Give the signal to the handler that was installed before ours (submitit's requeue, say)."""
+        """Give the signal to the handler that was installed before ours (submitit's requeue, say).
+        Not Ctrl-C's: a person stopping the run is answered by the checkpoint and the exit."""
+        if self.received == signal.SIGINT:
+            return
         handler = self.previous.get(self.received)
         if callable(handler) and handler is not signal.default_int_handler:
             handler(self.received, None)

@@ -23,6 +23,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlparse
 
 from normbench.core.errors import ConfigError, first_line, installed
@@ -41,7 +42,8 @@ class JsonlSink:
         self.path = Path(run_dir) / METRICS
         if offset is not None:
             os.truncate(self.path, offset)
-        self.file = open(self.path, "w" if offset is None else "a", encoding="utf-8")
+        # held open for the whole run (close() ends it), so not a with-block
+        self.file = open(self.path, "w" if offset is None else "a", encoding="utf-8")  # noqa: SIM115
 
     def position(self) -> int:
         """The file's length, on disk: what a checkpoint records."""
@@ -73,7 +75,8 @@ def flatten(record: dict) -> dict[str, float]:
 
 
 def summary_fields(summary: dict) -> tuple[dict[str, float], dict[str, str]]:
-    """A summary as (numbers, labels): numeric leaves become metrics; text and flags (status, leaks_future) tags."""
+    """A summary as (numbers, labels): numeric leaves become metrics; text and flags (status, leaks_future)
+    tags."""
     flat = leaves(summary)
     numbers = {k: float(v) for k, v in flat.items() if _is_number(v)}
     labels = {
@@ -156,7 +159,8 @@ def _sqlite_path(uri: str) -> Path | None:
 
 @contextlib.contextmanager
 def _sqlite_lock(db: Path | None):
-    """Parallel sweep jobs that open a new SQLite store at once would each create its tables: one at a time."""
+    """Parallel sweep jobs that open a new SQLite store at once would each create its tables: one at a
+    time."""
     if db is None:
         yield
         return
@@ -171,7 +175,8 @@ def _sqlite_lock(db: Path | None):
 
 
 def _check_server(uri: str) -> None:
-    """An http(s) tracking server that does not answer is an error now, not after MLflow's minutes of retries."""
+    """An http(s) tracking server that does not answer is an error now, not after MLflow's minutes of
+    retries."""
     url = urlparse(uri)
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
@@ -184,10 +189,11 @@ def _check_server(uri: str) -> None:
 
 
 class MlflowSink:
-    """One MLflow run: the config as params, every record as metrics with steps, the summary, the run's files."""
+    """One MLflow run: the config as params, every record as metrics with steps, the summary, the run's
+    files."""
 
     name, Options = "mlflow", MlflowOptions
-    STATUS = {"completed": "FINISHED", "diverged": "FINISHED", "failed": "FAILED"}
+    STATUS: ClassVar[dict[str, str]] = {"completed": "FINISHED", "diverged": "FINISHED", "failed": "FAILED"}
 
     def __init__(self, run_dir: Path, options: MlflowOptions, info: RunInfo):
         import logging
@@ -273,7 +279,8 @@ class MlflowSink:
 
 
 class WandbSink:
-    """One W&B run, offline unless logger.wandb.mode or $WANDB_MODE says otherwise; a sweep's runs grouped by it."""
+    """One W&B run, offline unless logger.wandb.mode or $WANDB_MODE says otherwise; a sweep's runs grouped by
+    it."""
 
     name, Options = "wandb", WandbOptions
     MODES = ("online", "offline", "disabled", "shared")
@@ -338,7 +345,8 @@ SINKS = {
 
 
 def logger_options(names) -> dict[str, type]:
-    """The options dataclass of each chosen logger; an unknown one or one whose package is missing is a ConfigError."""
+    """The options dataclass of each chosen logger; an unknown one or one whose package is missing is a
+    ConfigError."""
     out = {}
     for name in names:
         if name not in SINKS:

@@ -1,0 +1,414 @@
+"""Prediction along the scale axis: each configuration's loss and its gap to the baseline at a size
+the sweep did not run, with a backtest that says whether such a prediction earned its keep here.
+
+``normbench report --scale KEY --predict VALUE[,VALUE...]``. VALUE is in parameters when the
+scale axis is a model size (the sizes' ``params``), in training tokens when it is a token budget,
+in KEY's own units when neither changes (normbench.report.scale's ``x``).
+
+Per configuration, its best-value mean loss at each size is fitted by L(x) = E + A x^-alpha
+(Kaplan et al. 2020; per-variant fits compared at a target size as in Tay et al. 2022 and
+Clark et al. 2022) by least squares (``fit_law``: variable projection, alpha in (0, 4], A > 0).
+A fit is *converged* when the best alpha lies inside its range and A > 0: loss falling with size
+as a power law. Where the baseline's or
+the configuration's power law does not converge, the gap is extrapolated instead by the scale
+axis's own log-linear fit (gap against log2 x, normbench.report.scale.fit_trend) and the output
+says so; with nothing that fits, the prediction is "not converged", never a number.
+
+The uncertainty is a bootstrap over seeds (BOOTSTRAP resamples, a fixed generator): at each size
+the seeds are drawn with replacement, the same draw for every configuration (runs of one seed
+share the data order and the init, so a gap keeps its pairing), every law refitted, and the 2.5%
+and 97.5% percentiles of the refitted predictions taken, their distances from the point estimate
+widened by sqrt(n / (n - 1)) for n seeds (a bootstrap of n values carries (n - 1) / n of the
+mean's variance; with 3 seeds the plain percentiles covered the truth at 4x the largest size in
+70% of planted draws instead of 95%). A replicate whose fit fails is left out and counted
+(``bootstrap_failed``). The interval carries the seeds' noise only: that the law
+itself holds beyond the grid is an assumption, and a target more than FAR x the largest size
+measured is flagged so.
+
+The backtest (≥ 4 sizes): the largest size is held out, predicted from the others, and each
+comparison's predicted verdict (better / worse / tied: its interval excluding 0 or not) is set
+against the measured one at that size, beside the naive rule "the verdict at the largest
+remaining size" (DataDecide, arXiv 2504.11393, found that one small size's ranking picked the
+winner about 80% of the time and that no scaling-law method beat it for the compute).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import optimize
+
+from normbench.core.errors import ConfigError
+from normbench.report.scale import Scale, _x_words, fit_trend
+from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS
+from normbench.report.tables import _fmt_value
+
+BOOTSTRAP = 400  # resamples; each refits every configuration's law (a few ms each)
+FAR = 10.0  # a target beyond FAR x the largest measured size is flagged as far
+MIN_SIZES = 3  # a three-parameter law needs three sizes
+BACKTEST_SIZES = 4  # the backtest fits on all but the largest: three left to fit
+ALPHA_MAX = 4.0
+NOT_CONVERGED = "not converged"
+POWER = "power law"
+LOG_LINEAR = "log-linear gap (a power law did not converge)"
+
+
+def parse_predict(text: str) -> list[float]:
+    """'1.2e6,4e6' -> [1.2e6, 4e6]; one line naming the bad value otherwise."""
+    values = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            value = float(part.replace("_", ""))
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                f"--predict {part!r}: not a positive number",
+                allowed=["sizes in parameters (or tokens for a token key), e.g. 1.2e6,4e6"],
+            )
+        values.append(value)
+    return values
+
+
+def check_sizes(key: str, values) -> None:
+    """Fewer than MIN_SIZES sizes among ``values`` (the runs' KEY): one line saying what is needed."""
+    sizes = sorted(pd.to_numeric(pd.Series(values), errors="coerce").dropna().unique())
+    if len(sizes) < MIN_SIZES:
+        raise ConfigError(
+            f"--predict fits L = E + A x^-alpha per configuration and needs ≥ {MIN_SIZES} sizes; "
+            f"{key} has {len(sizes)} ({', '.join(map(_fmt_value, sizes))})",
+            allowed=[f"a sweep over ≥ {MIN_SIZES} values of {key} (the backtest needs {BACKTEST_SIZES})"],
+        )
+
+
+@dataclass(frozen=True)
+class Law:
+    """L(x) = E + A x^-alpha, or why there is none."""
+
+    E: float
+    A: float
+    alpha: float
+    converged: bool
+
+    def __call__(self, x) -> np.ndarray:
+        return self.E + self.A * np.asarray(x, float) ** -self.alpha
+
+
+FAILED = Law(math.nan, math.nan, math.nan, False)
+
+
+ALPHA_GRID = np.linspace(0.01, ALPHA_MAX, 80)
+
+
+def _profile(u: np.ndarray, loss: np.ndarray, alpha) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each alpha: E and B of the least-squares line loss = E + B u^-alpha, and its residual sum."""
+    z = u[None, :] ** -np.atleast_1d(alpha)[:, None]
+    zc = z - z.mean(axis=1, keepdims=True)
+    B = (zc * (loss - loss.mean())).sum(axis=1) / (zc**2).sum(axis=1)
+    E = loss.mean() - B * z.mean(axis=1)
+    rss = ((E[:, None] + B[:, None] * z - loss) ** 2).sum(axis=1)
+    return E, B, rss
+
+
+def fit_law(x, loss) -> Law:
+    """Least squares of E + A x^-alpha on (x, loss), alpha in (0, ALPHA_MAX], A ≥ 0.
+
+    Variable projection: for a given alpha the law is linear in E and A, so the residual sum is
+    a function of alpha alone, searched on a grid and refined by ``scipy.optimize.minimize_scalar``
+    between the grid's neighbours of its best point: the global least-squares fit, without a
+    local solver's dependence on where it starts. x is scaled by its geometric mean first.
+    """
+    x, loss = np.asarray(x, float), np.asarray(loss, float)
+    keep = np.isfinite(x) & np.isfinite(loss) & (x > 0)
+    x, loss = x[keep], loss[keep]
+    if len(np.unique(x)) < MIN_SIZES:
+        return FAILED
+    x0 = math.exp(np.mean(np.log(x)))
+    u = x / x0
+    _, _, rss = _profile(u, loss, ALPHA_GRID)
+    i = int(np.nanargmin(rss))
+    if i in (0, len(ALPHA_GRID) - 1):  # the best alpha at a bound: no power law in these points
+        return FAILED
+    result = optimize.minimize_scalar(
+        lambda a: _profile(u, loss, a)[2][0],
+        bounds=(ALPHA_GRID[i - 1], ALPHA_GRID[i + 1]),
+        method="bounded",
+        options={"xatol": 1e-6},
+    )
+    alpha = float(result.x)
+    E, B, _ = (float(v[0]) for v in _profile(u, loss, alpha))
+    if not (result.success and B > 0 and math.isfinite(E)):
+        return FAILED
+    return Law(E, B * x0**alpha, alpha, True)
+
+
+def _log_linear(x, gap_means, gap_se, targets) -> np.ndarray:
+    """The scale axis's WLS line of the gap on log2 x, evaluated at ``targets`` (NaN when it cannot fit)."""
+    x, gap_means, gap_se = (np.asarray(v, float) for v in (x, gap_means, gap_se))
+    keep = np.isfinite(gap_means)
+    if len(np.unique(x[keep])) < 2:
+        return np.full(len(targets), math.nan)
+    fit = fit_trend(x[keep], gap_means[keep], np.nan_to_num(gap_se[keep]), np.full(keep.sum(), 2.0))
+    t0, t1 = np.log2(x[keep].min()), np.log2(x[keep].max())
+    return fit.first + (fit.last - fit.first) * (np.log2(np.asarray(targets, float)) - t0) / (t1 - t0)
+
+
+def _seeds(sample) -> dict:
+    return sample if isinstance(sample, dict) else dict(enumerate(sample))
+
+
+def _means(samples: dict, configs: list, sizes: list, draw: dict | None = None) -> np.ndarray:
+    """configs x sizes of mean losses; ``draw`` (size -> seeds drawn) resamples each size's seeds."""
+    out = np.full((len(configs), len(sizes)), math.nan)
+    for i, config in enumerate(configs):
+        for j, size in enumerate(sizes):
+            seeds = _seeds(samples.get((config, size), {}))
+            picked = [seeds[k] for k in (draw[size] if draw else seeds) if k in seeds]
+            if picked:
+                out[i, j] = float(np.mean(picked))
+    return out
+
+
+def _gap_se(samples: dict, config, baseline, sizes) -> np.ndarray:
+    """Per size, the standard error of the paired per-seed gaps (NaN with fewer than 2 seeds)."""
+    out = []
+    for size in sizes:
+        a, b = _seeds(samples.get((config, size), {})), _seeds(samples.get((baseline, size), {}))
+        d = [a[k] - b[k] for k in a if k in b]
+        out.append(float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else math.nan)
+    return np.array(out)
+
+
+def _word(low: float, high: float) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return NOT_CONVERGED
+    return "worse" if low > 0 else "better" if high < 0 else "tied"
+
+
+def predict(
+    samples: dict, configs: list, baseline, sizes: list, x: dict, targets: list, seed: int = 0
+) -> pd.DataFrame:
+    """One row per (configuration, target): the law, the predicted loss and gap with their intervals.
+
+    ``samples``: (config, size) -> {seed: final loss}; ``x``: size -> its parameters (or tokens);
+    ``targets``: in x's units.
+    """
+    xs = np.array([x[s] for s in sizes], float)
+    targets = np.asarray(targets, float)
+    point = _means(samples, configs, sizes)
+    laws = [fit_law(xs, row) for row in point]
+    b = configs.index(baseline)
+    # each size's seeds, shared by all configurations: the union of the seeds that ran there
+    pool = {s: sorted({k for c in configs for k in _seeds(samples.get((c, s), {}))}, key=str) for s in sizes}
+    rng = np.random.default_rng(seed)
+    loss_boot = np.full((BOOTSTRAP, len(configs), len(targets)), math.nan)
+    params_boot = np.full((BOOTSTRAP, len(configs), 3), math.nan)
+    means_boot = np.full((BOOTSTRAP, len(configs), len(sizes)), math.nan)
+    for r in range(BOOTSTRAP):
+        draw = {s: [pool[s][i] for i in rng.integers(len(pool[s]), size=len(pool[s]))] for s in sizes}
+        means_boot[r] = _means(samples, configs, sizes, draw)
+        for i in range(len(configs)):
+            law = fit_law(xs, means_boot[r, i])
+            if law.converged:
+                loss_boot[r, i] = law(targets)
+                params_boot[r, i] = (law.E, law.A, law.alpha)
+    lo, hi = 50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)
+
+    # A bootstrap from n seeds has (n - 1) / n of the mean's variance (it resamples the seeds'
+    # own spread, divided by n, not n - 1): each interval's arms are widened by sqrt(n / (n - 1)).
+    n = float(np.median([len(_seeds(v)) for v in samples.values()]))
+    widen = math.sqrt(n / (n - 1)) if n >= 2 else 1.0
+
+    def interval(values: np.ndarray, point: float) -> tuple[float, float, int]:
+        """Percentile interval over the replicates that fitted, widened, and how many did not fit."""
+        ok = values[np.isfinite(values)]
+        if len(ok) < BOOTSTRAP / 2 or not math.isfinite(point):  # most failing: no interval to print
+            return math.nan, math.nan, BOOTSTRAP - len(ok)
+        low, high = np.percentile(ok, [lo, hi])
+        return point - widen * (point - low), point + widen * (high - point), BOOTSTRAP - len(ok)
+
+    largest = float(xs.max())
+    rows = []
+    for i, config in enumerate(configs):
+        law, base = laws[i], laws[b]
+        power = law.converged and base.converged
+        if not power and i != b:  # the gap by the log-linear fit, its interval from the same replicates
+            se = _gap_se(samples, config, baseline, sizes)
+            gap_point = _log_linear(xs, point[i] - point[b], se, targets)
+            gap_boot = np.stack(
+                [_log_linear(xs, means_boot[r, i] - means_boot[r, b], se, targets) for r in range(BOOTSTRAP)]
+            )
+        else:
+            gap_point = law(targets) - base(targets)
+            gap_boot = loss_boot[:, i] - loss_boot[:, b]
+        method = POWER if power or (i == b and law.converged) else LOG_LINEAR
+        if not np.isfinite(gap_point).all() and i != b:
+            method = NOT_CONVERGED
+        p_ci = [interval(params_boot[:, i, k], p) for k, p in enumerate((law.E, law.A, law.alpha))]
+        for t, target in enumerate(targets):
+            l_lo, l_hi, failed = interval(loss_boot[:, i, t], float(law(target)))
+            g_lo, g_hi, g_failed = interval(gap_boot[:, t], float(gap_point[t])) if i != b else (0.0, 0.0, 0)
+            gap = 0.0 if i == b else float(gap_point[t])
+            rows.append(
+                {
+                    "config": config,
+                    "baseline": baseline,
+                    "target": float(target),
+                    "times_largest": float(target) / largest,
+                    "far": float(target) > FAR * largest,
+                    "method": "baseline" if i == b else method,
+                    "E": law.E,
+                    "E_ci_low": p_ci[0][0],
+                    "E_ci_high": p_ci[0][1],
+                    "A": law.A,
+                    "A_ci_low": p_ci[1][0],
+                    "A_ci_high": p_ci[1][1],
+                    "alpha": law.alpha,
+                    "alpha_ci_low": p_ci[2][0],
+                    "alpha_ci_high": p_ci[2][1],
+                    "loss_pred": float(law(target)) if law.converged else math.nan,
+                    "loss_ci_low": l_lo,
+                    "loss_ci_high": l_hi,
+                    "gap_pred": gap if math.isfinite(gap) else math.nan,
+                    "gap_ci_low": g_lo,
+                    "gap_ci_high": g_hi,
+                    "verdict": "baseline" if i == b else _word(g_lo, g_hi),
+                    "bootstrap_failed": max(failed, g_failed),
+                    "bootstrap": BOOTSTRAP,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def scale_samples(s: Scale) -> tuple[dict, list, dict]:
+    """The scale axis's per-seed samples, its sizes in order, and each size's x."""
+    sizes = sorted(s.table[s.key].unique())
+    x = s.table.groupby(s.key)["x"].first().to_dict()
+    return s.samples, sizes, x
+
+
+def prediction(s: Scale, targets: list[float]) -> pd.DataFrame:
+    """predict.csv: every configuration at every target."""
+    samples, sizes, x = scale_samples(s)
+    return predict(samples, s.configs, s.baseline, sizes, x, targets)
+
+
+def _measured_word(row) -> str | None:
+    if pd.isna(row["diff_ci_low"]):
+        return None  # too few seeds to call it
+    return _word(row["diff_ci_low"], row["diff_ci_high"])
+
+
+def backtest(s: Scale) -> pd.DataFrame | None:
+    """backtest.csv: the largest size held out and predicted from the others (None below BACKTEST_SIZES)."""
+    samples, sizes, x = scale_samples(s)
+    if len(sizes) < BACKTEST_SIZES:
+        return None
+    held, rest = sizes[-1], sizes[:-1]
+    predicted = predict(samples, s.configs, s.baseline, rest, x, [x[held]]).set_index("config")
+    table = s.table.set_index(["config", s.key])
+    rows = []
+    for config in s.configs:
+        if config == s.baseline:
+            continue
+        at, before = table.loc[(config, held)], table.loc[(config, rest[-1])]
+        p = predicted.loc[config]
+        measured, naive = _measured_word(at), _measured_word(before)
+        counted = measured is not None and p["verdict"] != NOT_CONVERGED
+        rows.append(
+            {
+                "config": config,
+                "baseline": s.baseline,
+                "held_out": held,
+                "held_out_x": x[held],
+                "method": p["method"],
+                "gap_pred": p["gap_pred"],
+                "gap_ci_low": p["gap_ci_low"],
+                "gap_ci_high": p["gap_ci_high"],
+                "gap_measured": at["diff_vs_baseline"],
+                "measured_ci_low": at["diff_ci_low"],
+                "measured_ci_high": at["diff_ci_high"],
+                "covered": bool(counted and p["gap_ci_low"] <= at["diff_vs_baseline"] <= p["gap_ci_high"])
+                if counted
+                else None,
+                "verdict_pred": p["verdict"],
+                "verdict_measured": measured or NEEDS_SEEDS,
+                "fit_right": (p["verdict"] == measured) if counted else None,
+                "naive_from": rest[-1],
+                "verdict_naive": naive or NEEDS_SEEDS,
+                "naive_right": (naive == measured) if measured is not None and naive is not None else None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _amount(value: float, unit: str) -> str:
+    """1.2M parameters, 400K tokens, model.d_model 512."""
+    if unit not in ("parameters", "training tokens"):
+        return f"{unit} {value:g}"
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix} {unit}"
+    return f"{value:g} {unit}"
+
+
+def predict_sentences(s: Scale, pred: pd.DataFrame, back: pd.DataFrame | None) -> list[str]:
+    """The prediction's sentences: the method, one per comparison and target, the backtest's line."""
+    unit = _x_words(s)
+    out = [
+        f"Prediction: each configuration's best-value loss fitted by L = E + A x^-alpha against its "
+        f"{unit} ({len(s.table[s.key].unique())} sizes), 95% intervals from a bootstrap over seeds "
+        f"({BOOTSTRAP} resamples); the intervals carry the seeds' noise, not whether the law holds "
+        "beyond the grid."
+    ]
+    for row in pred.itertuples(index=False):
+        if row.config == s.baseline:
+            if row.method == "baseline" and math.isnan(row.loss_pred):
+                out.append(
+                    f"{row.config} (baseline): the power law did not converge; gaps are extrapolated "
+                    f"by the log-linear fit of the gap."
+                )
+            continue
+        at = _amount(row.target, unit)
+        far = (
+            f" ({row.times_largest:.0f}x the largest size measured: far beyond the grid, the interval "
+            f"is a lower bound on the uncertainty)"
+            if row.far
+            else f" ({row.times_largest:.2g}x the largest size measured)"
+        )
+        if row.verdict == NOT_CONVERGED:
+            out.append(f"At {at}, {row.config} against {s.baseline}: {NOT_CONVERGED} (no prediction){far}.")
+            continue
+        ci = (
+            f"[{row.gap_ci_low:+.3f}, {row.gap_ci_high:+.3f}]"
+            if math.isfinite(row.gap_ci_low)
+            else "(no interval: most bootstrap fits failed)"
+        )
+        how = "" if row.method == POWER else f" by the {row.method}"
+        out.append(
+            f"At {at} {row.config} is predicted {row.gap_pred:+.3f} {ci} from {s.baseline}{how}: "
+            f"{row.verdict}{far}."
+        )
+    if back is not None and len(back):
+        fit = back["fit_right"].dropna()
+        naive = back["naive_right"].dropna()
+        covered = back["covered"].dropna()
+        held = _fmt_value(back["held_out"].iloc[0])
+        out.append(
+            f"Backtest, held-out size {s.key}={held} predicted from the smaller ones: the fit called "
+            f"{int(fit.sum())} of {len(fit)} comparisons right, the naive rule (the verdict at "
+            f"{_fmt_value(back['naive_from'].iloc[0])}) {int(naive.sum())} of {len(naive)}; the fit's "
+            f"interval covered the measured gap in {int(covered.sum())} of {len(covered)}"
+            + (
+                f" ({len(back) - len(fit)} not counted: too few seeds or no fit)"
+                if len(fit) < len(back)
+                else ""
+            )
+            + "."
+        )
+    elif back is None:
+        out.append(f"No backtest: it needs ≥ {BACKTEST_SIZES} sizes (one held out, three to fit).")
+    return out
