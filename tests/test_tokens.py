@@ -326,7 +326,7 @@ def test_a_failure_midway_leaves_no_directory(tmp_path):
 def test_hub_dataset_offline_is_one_line(tmp_path, monkeypatch):
     pytest.importorskip("datasets")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9: offline
-    with pytest.raises(ConfigError, match="hub dataset 'someone/corpus': 127.0.0.1 cannot be reached"):
+    with pytest.raises(ConfigError, match="'someone/corpus' is no local file .* 127.0.0.1 cannot be reached"):
         prepare(Options(["someone/corpus"], "byte"), tmp_path / "o", show_progress=False)
 
 

@@ -317,8 +317,8 @@ def _check_hub_reachable(name: str) -> None:
         socket.create_connection((url.hostname, url.port or 443), timeout=5).close()
     except OSError:
         raise ConfigError(
-            f"hub dataset {name!r}: {url.hostname} cannot be reached (offline?); save it with datasets' "
-            "save_to_disk where the network allows and give that folder, or a local file"
+            f"{name!r} is no local file or folder, and as a hub dataset: {url.hostname} cannot be reached "
+            "(offline?); save it with datasets' save_to_disk where the network allows and give that folder"
         ) from None
 
 

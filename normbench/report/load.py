@@ -281,7 +281,9 @@ def in_bits_per_byte(d: ReportData, metric: str) -> None:
     (a character-level and a BPE run) are compared, tuned and given a verdict on one scale.
     """
     runs = d.runs
-    per_byte = pd.to_numeric(runs.get("bytes_per_token"), errors="coerce") * math.log(2)
+    if "bytes_per_token" not in runs:  # runs from before bits per byte
+        runs["bytes_per_token"] = math.nan
+    per_byte = pd.to_numeric(runs["bytes_per_token"], errors="coerce") * math.log(2)
     missing = runs["run_dir"][per_byte.isna() & runs["status"].eq("completed")]
     if len(missing):
         raise ConfigError(
