@@ -7,7 +7,8 @@ of --vocab tokens is trained once on the text and saved. Then, on the smallest c
 in its own fresh process, alternating, best of --repeats (the clock started after the imports):
 
 - baseline: the file read and split into the same documents (paragraphs), then
-  ``Tokenizer.encode_batch_fast`` on batches of the size prepare uses (HF's parallel Rust path);
+  ``Tokenizer.encode_batch_fast`` on batches of the size prepare uses (HF's parallel Rust path),
+  and each document's ids read out (``Encoding.ids``: what any use of the encoding does);
 - prepare: ``normbench.data.prepare.prepare`` with that tokenizer.json, end to end: hashing the
   source, reading it, encoding, writing the shards and meta.json.
 
@@ -51,9 +52,9 @@ for doc in docs:
     batch.append(doc)
     size += len(doc)
     if size >= BATCH_BYTES:
-        tok.encode_batch_fast(batch, add_special_tokens=False)
+        ids = [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
         batch, size = [], 0
-tok.encode_batch_fast(batch, add_special_tokens=False)
+ids = [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
 print(time.perf_counter() - start)
 """
 PREPARE = """
