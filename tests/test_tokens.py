@@ -298,7 +298,12 @@ BAD_PREPARE = [
     ("binary", b"\x7fELF\x00\x01", [], "looks binary (a NUL byte at offset 4)"),
     ("small_n", "some text\n", ["-t", "bpe:100"], "a byte-level BPE needs N >= 257"),
     ("large_n", "some text\n\nmore text\n", ["-t", "bpe:5000"], "the corpus supports only"),
-    ("one_doc", "a single document\n", [], "the val split is empty (1 document(s) in all)"),
+    (
+        "one_paragraph",
+        "a single document\n",
+        ["--split-on-blank-lines"],
+        "the val split is empty (1 document(s)",
+    ),
     ("dtype", "some text\n", ["--dtype", "uint8"], "unknown --dtype 'uint8'"),
 ]
 
@@ -376,3 +381,20 @@ def test_report_compares_tokenizers_in_bits_per_byte(tmp_path):
     train("synthetic")  # no bytes: bits per byte cannot be compared
     with pytest.raises(ConfigError, match="have no bytes per token"):
         run_report([tmp_path / "runs"], metric="final_val_bpb")
+
+
+def test_a_single_text_file_holds_out_its_tail(tmp_path):
+    """One file, one document: the last tenth of its bytes (from a line end) is the validation split."""
+    text = "".join(corpus(80, seed=7))
+    src = tmp_path / "one.txt"
+    src.write_text(text, encoding="utf-8")
+    out = prepare(Options([str(src)], "char"), tmp_path / "o", show_progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    tok = from_meta(out)
+    train, val = (tok.decode(read_tokens(out / f"{s}_000000.bin").tolist()) for s in ("train", "val"))
+    assert train.startswith(EOT) and val.startswith(EOT)
+    head, tail = train[len(EOT) :], val[len(EOT) :]
+    assert head + tail == text and head.endswith("\n")
+    cut = int(len(text.encode()) * 0.9)
+    assert cut <= len(head.encode()) < cut + 100
+    assert meta["splits"]["val"]["documents"] == 1 and meta["splits"]["val"]["bytes"] == len(tail.encode())

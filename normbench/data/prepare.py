@@ -429,12 +429,39 @@ def _batches(pieces: Iterator[tuple[str, str, bool]]) -> Iterator[list[tuple[str
 
 def _labelled(train: list[Source], val: list[Source], opts: Options) -> Iterator[tuple[str, str, bool]]:
     """(split, piece, starts a document) of every piece, train sources first."""
+    if not val and len(train) == 1 and train[0].kind == "text" and not opts.split_on_blank_lines:
+        yield from _split_one_document(train[0], opts)
+        return
     index = -1
     for text, new in _all_documents(train, opts):
         index += new
         yield ("val" if not val and _in_val(index, opts.val_fraction) else "train"), text, new
     for text, new in _all_documents(val, opts):
         yield "val", text, new
+
+
+def _split_one_document(source: Source, opts: Options) -> Iterator[tuple[str, str, bool]]:
+    """A single text file is one document: its last ``val_fraction`` of bytes, from the first line end
+    after the cut, is held out (as nanoGPT splits tiny-shakespeare) and starts a document of its own."""
+    cut, seen = int(source.size * (1 - opts.val_fraction)), 0
+    val_started = None  # None while in the training part; then whether the val document has begun
+    for text, new in documents(source, opts):
+        if val_started is not None:
+            yield "val", text, not val_started
+            val_started = True
+            continue
+        data = text.encode("utf-8")
+        if seen + len(data) <= cut:
+            seen += len(data)
+            yield "train", text, new
+            continue
+        at = data.find(b"\n", cut - seen) + 1 or len(data)  # a line end: never inside a character
+        head, tail = data[:at].decode("utf-8"), data[at:].decode("utf-8")
+        if head:
+            yield "train", head, new
+        val_started = bool(tail)
+        if tail:
+            yield "val", tail, True
 
 
 def _encode_all(tok, train, val, opts, writers: dict[str, SplitWriter], progress) -> None:
