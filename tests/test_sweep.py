@@ -323,6 +323,7 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
         "tokens": 90,
         "width": 288,
         "modern_zoo": 108,
+        "vocab": 144,
     }  # as docs/experiments.md says
     assert set(group_options("experiment")) == set(sizes)
     for name, size in sizes.items():
@@ -342,6 +343,7 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
         (["experiment=tokens", "norm=dyt", "seed=0", "train.lr=1e-2"], 5),
         (["experiment=width", "norm=rms", "placement=pre", "seed=0", "train.lr=1e-2"], 6),
         (["experiment=modern_zoo", "seed=0", "train.lr=1e-2"], 6),
+        (["experiment=vocab", "data.source=x.txt", "norm=ln", "placement=pre", "seed=0", "train.lr=1e-2"], 6),
     ]:
         plan = plan_sweep(args)
         assert len(plan.jobs) == n and not any(j.invalid for j in plan.jobs), args
