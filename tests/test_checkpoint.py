@@ -82,6 +82,15 @@ def crash_at(monkeypatch, step: int) -> None:
     monkeypatch.setattr(MetricSinks, "log", log_and_die)
 
 
+@pytest.fixture
+def ctrl_c_reaches_us():
+    """SIGINT at Python's default, as in a terminal's foreground process: a test run started in the
+    background (cmd &, CI) inherits it ignored, and a run that ignores Ctrl-C rightly goes on."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     """An uninterrupted run without checkpoints per variant, made when first asked for."""
@@ -116,7 +125,7 @@ def test_checkpoints_do_not_change_the_run(references, tmp_path):
     ids=["sigterm-at-checkpoint", "sigterm-between", "ctrl-c-between"],
 )
 def test_sigterm_and_ctrl_c_checkpoint_at_the_end_of_the_step_and_resume_is_exact(
-    references, tmp_path, monkeypatch, variant, stop_at, sig
+    references, tmp_path, monkeypatch, ctrl_c_reaches_us, variant, stop_at, sig
 ):
     overrides, ref = references(variant)
     with monkeypatch.context() as m:
@@ -134,7 +143,7 @@ def test_sigterm_and_ctrl_c_checkpoint_at_the_end_of_the_step_and_resume_is_exac
     assert_same_run(tmp_path, ref)
 
 
-def test_a_second_ctrl_c_stops_at_once_and_the_handlers_are_given_back():
+def test_a_second_ctrl_c_stops_at_once_and_the_handlers_are_given_back(ctrl_c_reaches_us):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with StopSignals() as stop:
         os.kill(os.getpid(), signal.SIGINT)  # the first: noted, training goes on to the end of the step

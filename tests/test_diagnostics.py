@@ -281,3 +281,10 @@ def test_a_run_with_statistics_records_its_layer_skip_losses(tmp_path):
         == summary["layer_skip_loss"]
     )
     assert train_tiny(tmp_path / "off", "train.stats_every=0")["layer_skip_loss"] is None
+
+
+def test_ln_scaling_keeps_the_norms_gains_in_the_statistics(tmp_path):
+    train_tiny(tmp_path, "model.n_layer=2", "model.ln_scaling=true", "train.stats_every=5")
+    first = stats_records(tmp_path)[0]
+    assert all(set(layer["gain"]) == {"norm_attn", "norm_mlp"} for layer in first["layers"])
+    assert all(layer["grad_norm"]["norm"] > 0 for layer in first["layers"])

@@ -323,6 +323,10 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
         "tokens": 90,
         "width": 288,
         "modern_zoo": 108,
+        "ladder": 180,
+        "rezero": 12,
+        "ln_scaling": 8,
+        "grad_profile": 6,
         "vocab": 144,
     }  # as docs/experiments.md says
     assert set(group_options("experiment")) == set(sizes)

@@ -781,7 +781,7 @@ def chart_depth_profile(d: ReportData):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     fig.suptitle(
-        "The curse of depth (Sun et al. 2025): Pre-LN's variance grows with depth and its deep layers "
+        "The curse of depth (Sun et al. 2025): Pre-LN's variance grows with depth and its deep layers\n"
         f"contribute little; LayerNorm Scaling (model.ln_scaling) should flatten both{_at_best_note(d)}"
     )
     _legend(fig, axes)
@@ -819,8 +819,8 @@ def chart_grad_profile(d: ReportData):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     fig.suptitle(
-        "Per-layer gradient norm (Mix-LN, arXiv 2412.13795: Pre-LN's shrink in the deep layers, Post-LN's "
-        f"in the early ones); faint: init{_at_best_note(d)}"
+        "Per-layer gradient norm (Mix-LN, arXiv 2412.13795: Pre-LN's shrink in the deep layers,\n"
+        f"Post-LN's in the early ones); faint: init{_at_best_note(d)}"
     )
     _legend(fig, axes)
     return fig

@@ -31,6 +31,7 @@ import math
 import torch
 from torch import nn
 
+from normbench.model.gpt import DepthScaled
 from normbench.model.layers import softcap
 
 # The sub-layer parts every block has, by the key used in metrics.jsonl.
@@ -53,7 +54,12 @@ def global_grad_norm(params) -> torch.Tensor:
 
 def _norm_modules(module: nn.Module) -> dict[str, nn.Module]:
     """A block's norms: its direct children named norm_* (the placements' convention), QK-norm's and V's."""
-    norms = {name: child for name, child in module.named_children() if name.startswith("norm")}
+    # model.ln_scaling wraps each norm (DepthScaled): its gain and saturation are the wrapped norm's
+    norms = {
+        name: child.norm if isinstance(child, DepthScaled) else child
+        for name, child in module.named_children()
+        if name.startswith("norm")
+    }
     attn = getattr(module, "attn", None)
     if getattr(attn, "qk_norm", False):
         norms.update(q_norm=attn.q_norm, k_norm=attn.k_norm)
