@@ -27,7 +27,7 @@ from normbench.data.shards import Shard, open_shard
 # The vocabularies llm.c's shards imply when nothing else says: GPT-2's and LLaMA-3's.
 LLMC_VOCAB = {np.dtype(np.uint16): 50257, np.dtype(np.uint32): 128256}
 PAD_TO = 64  # the embedding is padded to a multiple of this (nanoGPT's 50,257 -> 50,304)
-SHARD_SUFFIXES = (".bin", ".npy", ".u16", ".u32")
+SHARD_SUFFIXES = (".bin", ".npy")
 
 
 @dataclass
