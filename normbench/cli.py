@@ -123,6 +123,7 @@ def sweep(
     ),
 ) -> None:
     from normbench.core.errors import ConfigError
+    from normbench.model import extensions
     from normbench.sweeps import multirun
 
     flags = [a for a in ctx.args if a.startswith("-")]
@@ -133,6 +134,7 @@ def sweep(
         )
     # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
     child = None if dry_run else multirun.start(ctx.args)
+    extensions.install()  # installed packages' norms and placements, for the plan's composition
     from normbench.sweeps.sweep import run_sweep
 
     try:
@@ -337,6 +339,86 @@ def prepare(
     except DiskFull as err:
         _fail(f"{err}; nothing was kept: free space and run it again")
     typer.echo(f"train on it: normbench train data=tokens data.path={folder}")
+
+
+def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
+    """--config-dir as Hydra's search path: the user's conf/norm/*.yaml beside normbench's."""
+    if config_dir is None:
+        return list(args)
+    if not config_dir.is_dir():
+        _fail(f"--config-dir {config_dir}: no such folder")
+    return [*args, f"hydra.searchpath=[file://{config_dir.resolve()}]"]
+
+
+@app.command(
+    context_settings=HYDRA_ARGS,
+    help="""Check a norm or placement, built-in or your own, before a sweep trusts it.
+
+One line per property with its figure: output shape and dtype (fp32, bf16, fp16), float32 statistics
+under bf16, no future leak (train and eval mode), the declared statistics kept, gradients to every
+parameter, a state-dict round trip, torch.compile, forward+backward time against LayerNorm (the
+norm benchmark's 1.1x goal), and a short model=micro run that learns. Exit 1 when a property that
+must hold fails (leak, statistics, dead parameter, not learning). Arguments are Hydra overrides.
+
+[bold]Examples[/bold]
+
+  normbench check norm=rms
+
+  normbench check --config-dir myconf norm=maxnorm placement=pre --json
+""",
+)
+def check(
+    ctx: typer.Context,
+    config_dir: Path | None = typer.Option(
+        None, "--config-dir", help="Your config folder (conf/norm/*.yaml ...), added to Hydra's search path."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the lines as JSON, for scripts."),
+    compile: bool = typer.Option(True, "--compile/--no-compile", help="Include the torch.compile line."),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="Include the timing line."),
+    steps: int | None = typer.Option(
+        None, "--steps", help="Steps of the model=micro run that must learn. Default: 40."
+    ),
+) -> None:
+    from rich.console import Console
+
+    from normbench.core.errors import ConfigError
+    from normbench.training import conformance
+
+    flags = [a for a in ctx.args if a.startswith("-")]
+    if flags:
+        _fail(
+            f"unknown option {flags[0]}: check takes --config-dir, --json, --no-compile, --no-speed, "
+            "--steps and KEY=VALUE"
+        )
+    try:
+        overrides = _with_config_dir(ctx.args, config_dir)
+        result = conformance.run_check(overrides, compile=compile, speed=speed, steps=steps)
+    except ConfigError as err:
+        _fail(err)
+    if as_json:
+        print(conformance.as_json(result))
+    else:
+        conformance.show(result, Console())
+    raise typer.Exit(1 if conformance.failed(result) else 0)
+
+
+@app.command()
+def new(
+    kind: str = typer.Argument(..., help="norm or placement."),
+    name: str = typer.Argument(..., help="Its name in configs: norm=NAME, placement=NAME."),
+    folder: Path = typer.Option(Path("."), "--dir", help="Where to write the module, its YAML and its test."),
+) -> None:
+    """Write a starting norm or placement (module, conf/ YAML, a test running normbench check) that passes."""
+    from normbench import scaffold
+    from normbench.core.errors import ConfigError
+
+    try:
+        written = scaffold.write(kind, name, folder)
+    except ConfigError as err:
+        _fail(err)
+    for path in written:
+        typer.echo(f"wrote {path}")
+    typer.echo(f"try it: cd {folder} && PYTHONPATH=. normbench check --config-dir conf {kind}={name}")
 
 
 def main() -> None:

@@ -283,6 +283,22 @@ def test_llama_parameter_count_by_formula_and_no_biases():
     assert ln_model.blocks[0].norm_attn.bias is not None
 
 
+def test_an_arch_is_one_entry_in_archs(monkeypatch):
+    """model.arch is read in one place: a new entry (rotary positions with GPT-2's GELU MLP and biases)
+    builds a model whose parts follow it, with no other edit."""
+    from normbench.model.layers import ARCHS, MLP, Arch
+
+    monkeypatch.setitem(ARCHS, "rope-gelu", Arch(rotary=True, mlp=MLP, biases=True))
+    model = GPT(
+        load_group("model", "micro", arch="rope-gelu", bias=True), VOCAB, {"name": "ln"}, {"name": "pre"}
+    )
+    block = model.blocks[0]
+    assert model.pos_emb is None and block.attn.rotary is not None
+    assert type(block.mlp) is MLP and block.mlp.fc.bias is not None and block.attn.qkv.bias is not None
+    logits, loss = model(torch.randint(0, VOCAB, (2, 8)), torch.randint(0, VOCAB, (2, 8)))
+    assert logits.shape == (2, 8, VOCAB) and torch.isfinite(loss)
+
+
 def test_swiglu_matches_the_hand_formula():
     import torch.nn.functional as F
 

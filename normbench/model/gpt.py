@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from normbench.core.errors import ConfigError
-from normbench.model.layers import softcap
+from normbench.model.layers import ARCHS, Arch, AttentionNorms, softcap
 from normbench.model.norms import NORMS, build_norm, norm_options
 from normbench.model.placements import BlockSpec, placement_class, placement_options
+from normbench.model.targets import is_builtin
 
 
 @dataclass
@@ -64,9 +65,9 @@ class ModelConfig:
             raise ConfigError(f"unknown model.init '{self.init}'", allowed=sorted(INITS))
         if self.arch not in ARCHS:
             raise ConfigError(f"unknown model.arch '{self.arch}'", allowed=list(ARCHS))
-        if self.arch == "llama" and (self.d_model // self.n_head) % 2:
+        if self.architecture.rotary and (self.d_model // self.n_head) % 2:
             raise ConfigError(
-                f"model.arch=llama rotates pairs of channels: head_dim = d_model / n_head = "
+                f"model.arch={self.arch} rotates pairs of channels: head_dim = d_model / n_head = "
                 f"{self.d_model // self.n_head} must be even"
             )
         for key in ("attn_softcap", "logit_softcap"):
@@ -101,18 +102,27 @@ class ModelConfig:
             raise ConfigError(
                 f"unknown model.qk_norm_scope '{self.qk_norm_scope}'", allowed=list(QK_NORM_SCOPES)
             )
-        self.qk_norm_factory()  # a refused or unbuildable QK-norm fails here, in the config's words
-        self.v_norm_factory()
+        self.attention_norms()  # a refused or unbuildable QK-norm fails here, in the config's words
 
-    def qk_norm_factory(self):
-        """A zero-argument builder of one QK-norm (over head_dim, or d_model with scope flat; no bias), or
-        None."""
-        dim = self.d_model if self.qk_norm_scope == "flat" else self.d_model // self.n_head
-        return _attn_norm_factory("qk_norm", self.qk_norm, dim, "queries and keys")
+    @property
+    def architecture(self) -> Arch:
+        """What model.arch chooses (positions, MLP, biases): the one place the arch's name is read."""
+        return ARCHS[self.arch]
 
-    def v_norm_factory(self):
-        """A zero-argument builder of the norm on v (over head_dim, no bias), or None for none."""
-        return _attn_norm_factory("v_norm", self.v_norm, self.d_model // self.n_head, "values")
+    @property
+    def linear_bias(self) -> bool:
+        """Whether the linear layers have biases: model.bias, where the arch allows them."""
+        return self.bias and self.architecture.biases
+
+    def attention_norms(self) -> AttentionNorms:
+        """model.qk_norm (over head_dim, or d_model with scope flat) and model.v_norm (over head_dim)."""
+        head_dim = self.d_model // self.n_head
+        qk_dim = self.d_model if self.qk_norm_scope == "flat" else head_dim
+        return AttentionNorms(
+            make_qk=_attn_norm_factory("qk_norm", self.qk_norm, qk_dim, "queries and keys"),
+            make_v=_attn_norm_factory("v_norm", self.v_norm, head_dim, "values"),
+            qk_scope=self.qk_norm_scope,
+        )
 
     def width_mult(self) -> float:
         """μP's width multiplier m = d_model / base_width; 1 under sp, where nothing is scaled."""
@@ -148,9 +158,6 @@ def _attn_norm_factory(key: str, name: str, dim: int, what: str):
 # mup: μP for Adam, Tensor Programs V (Yang et al. 2022) Table 3 in its output-multiplier form.
 PARAMS = ("sp", "mup")
 
-# gpt2: GPT-2's block (learned position embedding, GELU MLP, biases as model.bias says);
-# llama: LLaMA's (rotary embeddings, SwiGLU MLP, no biases in any linear layer).
-ARCHS = ("gpt2", "llama")
 # head: QK-norm over head_dim, one norm shared by all heads (Qwen3, Gemma 3); flat: over the whole
 # d_model-wide q and k before the split into heads (OLMo 2).
 QK_NORM_SCOPES = ("head", "flat")
@@ -220,7 +227,7 @@ class GPT(nn.Module):
         norm = dict(norm)
         make_norm = functools.partial(build_norm, norm.pop("name"), cfg.d_model, **norm)
         make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
-        block_cls = placement_class(placement["name"])
+        block_cls = placement_class(placement["name"], placement.get("_target_"))
         options = placement_options(placement)
         if cfg.ln_scaling and placement["name"] in ("lns", "ngpt", "rezero"):
             raise ConfigError(
@@ -232,27 +239,14 @@ class GPT(nn.Module):
                 ),
                 allowed=["model.ln_scaling=false", "placement=pre model.ln_scaling=true"],
             )
-        make_qk_norm, make_v_norm = cfg.qk_norm_factory(), cfg.v_norm_factory()
+        attention_norms = cfg.attention_norms()
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
-        # llama has no learned positions: rotary embeddings rotate q and k in every attention layer.
-        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.arch == "gpt2" else None
+        # Rotary embeddings (llama) rotate q and k in every attention layer instead of learned positions.
+        self.pos_emb = None if cfg.architecture.rotary else nn.Embedding(cfg.block_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             block_cls(
-                BlockSpec(
-                    cfg.d_model,
-                    cfg.n_head,
-                    cfg.dropout,
-                    cfg.bias,
-                    cfg.n_layer,
-                    layer,
-                    cfg.arch,
-                    float(cfg.attn_softcap),
-                    cfg.qk_norm_scope,
-                    cfg.attn_gate,
-                    make_qk_norm=make_qk_norm,
-                    make_v_norm=make_v_norm,
-                ),
+                BlockSpec(cfg, layer, attention_norms),
                 _depth_scaled(make_norm, layer) if cfg.ln_scaling else make_norm,
                 **options,
             )
@@ -283,6 +277,20 @@ class GPT(nn.Module):
         for block in self.blocks:
             block.init_weights()
         self.after_step()  # nGPT's weights start on the unit sphere, as after every step
+        if not is_builtin(block_cls):
+            self._check_residual_shape(block_cls.placement_name)
+
+    def _check_residual_shape(self, name: str) -> None:
+        """A user's block must give the residual stream back in its shape: said now, in the config's words."""
+        x = torch.zeros(1, 2, self.cfg.d_model)
+        with leaves_no_trace(self), torch.no_grad():
+            y = self.blocks[0](x)
+        if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+            got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            raise ConfigError(
+                f"placement '{name}' turns the residual stream {tuple(x.shape)} into {got}: "
+                f"a block must return a tensor of its input's shape"
+            )
 
     @torch.no_grad()
     def after_step(self) -> None:

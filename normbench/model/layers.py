@@ -1,5 +1,8 @@
 """The two sub-layers every block wraps: causal self-attention and the MLP (GELU, or SwiGLU under
-``model.arch=llama``), plus rotary position embeddings.
+``model.arch=llama``), plus rotary position embeddings, and ``ARCHS``: what each ``model.arch`` chooses.
+
+Both sub-layers are built from the model's config whole, ``cfg``: a ``normbench.model.gpt.ModelConfig``
+(read, not imported: gpt.py builds on this module), as nanoGPT's layers take its ``GPTConfig``.
 
 The projections are named so the diagnostics can find them: ``attn.qkv`` (input),
 ``attn.proj`` (output), ``mlp.fc`` (input), ``mlp.proj`` (output); QK-norm's two norms
@@ -11,6 +14,8 @@ which the initialisation scales.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -65,57 +70,56 @@ class Rotary(nn.Module):
         return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
 
 
+@dataclass(frozen=True)
+class AttentionNorms:
+    """The norms inside attention: each a zero-argument builder, or None for none, and what it spans.
+
+    ``make_qk`` builds QK-norm, one norm for the queries and one for the keys, applied before the
+    logits; ``make_v`` one norm on the values. A scope says over what: ``head``, over ``head_dim``
+    with one norm shared by all heads (ViT-22B, Gemma 3, Qwen3), or ``flat``, over all heads'
+    channels (d_model) at once before the split into heads (OLMo 2; HybridNorm's QKV-norm).
+    """
+
+    make_qk: Callable[[], nn.Module] | None = None
+    make_v: Callable[[], nn.Module] | None = None
+    qk_scope: str = "head"
+    v_scope: str = "head"
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention through ``F.scaled_dot_product_attention``.
 
-    ``make_qk_norm`` (optional) builds QK-norm: one norm for the queries and one for the
-    keys, applied before the logits q·k/sqrt(head_dim). ``qk_norm_scope`` says over what:
-    ``head``, over ``head_dim`` with one norm shared by all heads (ViT-22B, Gemma 3, Qwen3), or
-    ``flat``, over all heads' channels (d_model) at once before the split into heads (OLMo 2).
-    ``make_v_norm`` (optional) builds a norm on the values, over ``head_dim`` per head, or
-    over d_model with ``v_norm_scope=flat`` (HybridNorm's QKV-norm). ``rotary`` applies
-    rotary embeddings to q and k after QK-norm (OLMo 2, Qwen3). ``heads(x)`` gives the q,
-    k, v the attention uses, so the diagnostics can compute the logits that SDPA keeps to itself.
-    ``softcap`` > 0 caps the logits, cap * tanh(logits / cap), before the softmax (Gemma 2):
-    SDPA takes no such cap, so then the softmax is computed explicitly.
-    ``gate`` multiplies the attention's output, before the output projection, by
-    sigmoid(x W_g) computed from the sub-layer's input x: one gate per channel of every head
-    (Qiu et al. 2025's elementwise, head-specific gate; ``attn.gate``).
+    Built from the model's config and the ``AttentionNorms`` inside it (QK-norm, the norm on v;
+    none by default). Rotary embeddings (``model.arch=llama``) rotate q and k after QK-norm (OLMo 2,
+    Qwen3). ``heads(x)`` gives the q, k, v the attention uses, so the diagnostics can compute the
+    logits that SDPA keeps to itself. ``model.attn_softcap`` > 0 caps the logits, cap * tanh(logits
+    / cap), before the softmax (Gemma 2): SDPA takes no such cap, so then the softmax is computed
+    explicitly. ``model.attn_gate`` multiplies the attention's output, before the output
+    projection, by sigmoid(x W_g) computed from the sub-layer's input x: one gate per channel of
+    every head (Qiu et al. 2025's elementwise, head-specific gate; ``attn.gate``).
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_head: int,
-        dropout: float,
-        bias: bool,
-        make_qk_norm=None,
-        rotary: bool = False,
-        softcap: float = 0.0,
-        qk_norm_scope: str = "head",
-        make_v_norm=None,
-        v_norm_scope: str = "head",
-        gate: bool = False,
-    ):
+    def __init__(self, cfg, norms: AttentionNorms):
         super().__init__()
-        self.n_head = n_head
+        d_model, bias = cfg.d_model, cfg.linear_bias
+        self.n_head = cfg.n_head
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.proj.residual_proj = True
-        self.dropout = dropout
-        self.resid_dropout = nn.Dropout(dropout)
-        self.qk_norm = make_qk_norm is not None
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.qk_norm = norms.make_qk is not None
         if self.qk_norm:
-            self.q_norm, self.k_norm = make_qk_norm(), make_qk_norm()
-        self.v_norm = make_v_norm() if make_v_norm is not None else None
-        self.qk_flat, self.v_flat = qk_norm_scope == "flat", v_norm_scope == "flat"
-        self.rotary = Rotary(d_model // n_head) if rotary else None
-        self.softcap = float(softcap)
+            self.q_norm, self.k_norm = norms.make_qk(), norms.make_qk()
+        self.v_norm = norms.make_v() if norms.make_v is not None else None
+        self.qk_flat, self.v_flat = norms.qk_scope == "flat", norms.v_scope == "flat"
+        self.rotary = Rotary(d_model // cfg.n_head) if cfg.architecture.rotary else None
+        self.softcap = float(cfg.attn_softcap)
         self.scale: float | None = (
             None  # the logits' scale; None: SDPA's 1/sqrt(head_dim) (μP sets 1/head_dim)
         )
-        self.attn_dropout = nn.Dropout(dropout)
-        self.gate = nn.Linear(d_model, d_model, bias=bias) if gate else None
+        self.attn_dropout = nn.Dropout(cfg.dropout)
+        self.gate = nn.Linear(d_model, d_model, bias=bias) if cfg.attn_gate else None
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as (B, n_head, T, head_dim), QK-norm (and V's norm) then rotary embeddings applied."""
@@ -159,12 +163,15 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, d_model: int, dropout: float, bias: bool):
+    """proj(gelu(fc x)), 4 d_model wide inside: GPT-2's MLP."""
+
+    def __init__(self, cfg):
         super().__init__()
-        self.fc = nn.Linear(d_model, 4 * d_model, bias=bias)
-        self.proj = nn.Linear(4 * d_model, d_model, bias=bias)
+        d_model = cfg.d_model
+        self.fc = nn.Linear(d_model, 4 * d_model, bias=cfg.linear_bias)
+        self.proj = nn.Linear(4 * d_model, d_model, bias=cfg.linear_bias)
         self.proj.residual_proj = True
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.from_hidden(self.fc(x))
@@ -189,13 +196,13 @@ class SwiGLU(nn.Module):
     ``w1``, ``w3`` and ``w2`` give the three weights as views.
     """
 
-    def __init__(self, d_model: int, dropout: float):
+    def __init__(self, cfg):
         super().__init__()
-        self.hidden = swiglu_hidden(d_model)
-        self.fc = nn.Linear(d_model, 2 * self.hidden, bias=False)
-        self.proj = nn.Linear(self.hidden, d_model, bias=False)
+        self.hidden = swiglu_hidden(cfg.d_model)
+        self.fc = nn.Linear(cfg.d_model, 2 * self.hidden, bias=False)
+        self.proj = nn.Linear(self.hidden, cfg.d_model, bias=False)
         self.proj.residual_proj = True
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     @property
     def w1(self) -> torch.Tensor:
@@ -218,3 +225,20 @@ class SwiGLU(nn.Module):
         if gate_gain != 1.0:
             gate = gate * gate_gain
         return self.dropout(self.proj(F.silu(gate) * up))
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What one ``model.arch`` chooses; the model and its blocks read this and never the arch's name."""
+
+    rotary: bool  # rotary embeddings on q and k; otherwise a learned position embedding is added
+    mlp: Callable[..., nn.Module]  # the MLP sub-layer, built from the model's config
+    biases: bool  # whether the linear layers take model.bias; False: no biases anywhere
+
+
+# gpt2: GPT-2's block (learned position embedding, GELU MLP, biases as model.bias says);
+# llama: LLaMA's (rotary embeddings, SwiGLU MLP, no biases in any linear layer).
+ARCHS = {
+    "gpt2": Arch(rotary=False, mlp=MLP, biases=True),
+    "llama": Arch(rotary=True, mlp=SwiGLU, biases=False),
+}

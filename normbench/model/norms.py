@@ -27,6 +27,7 @@ from torch.autograd.function import once_differentiable
 
 from normbench.core.errors import ConfigError
 from normbench.model import kernels
+from normbench.model.targets import dotted, import_target, refuse_builtin_name
 
 NORMS: dict[str, type[nn.Module]] = {}
 
@@ -107,13 +108,51 @@ def _fused(name: str):
 
 
 def register_norm(name: str):
-    """Class decorator: make a norm available as ``norm=name``."""
+    """Class decorator: make a norm available as ``norm=name``.
+
+    A norm is an ``nn.Module`` built as ``cls(dim, **options)`` (its options keyword-only, with
+    defaults) that maps ``(..., dim)`` to the same shape, and says what it normalizes by in its
+    ``statistics`` attribute: "token" (each vector by its own), "batch" (across the batch) or None.
+    """
 
     def add(cls: type[nn.Module]) -> type[nn.Module]:
+        check_norm_class(cls, name)
+        refuse_builtin_name(NORMS, "norm", name, cls)
         NORMS[name] = cls
         return cls
 
     return add
+
+
+def check_norm_class(cls: type, name: str) -> None:
+    """A ConfigError unless ``cls`` is an nn.Module built from the dimension, with a known ``statistics``."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ConfigError(f"norm '{name}': {cls!r} is not a torch.nn.Module class")
+    try:
+        inspect.signature(cls).bind(8)
+    except TypeError as err:
+        raise ConfigError(
+            f"norm '{name}': {dotted(cls)} must be built as {cls.__name__}(dim, **options) ({err})",
+            allowed=["def __init__(self, dim: int, *, option=default, ...)"],
+        ) from None
+    if getattr(cls, "statistics", None) not in STATISTICS:
+        raise ConfigError(
+            f"norm '{name}': {dotted(cls)}.statistics is {getattr(cls, 'statistics', None)!r}",
+            allowed=[repr(s) for s in STATISTICS],
+        )
+
+
+# What a norm normalizes by: each vector's own statistics, the batch's, or none (normbench check tests it).
+STATISTICS = ("token", "batch", None)
+
+
+def norm_class(name: str, target: str | None = None) -> type[nn.Module]:
+    """The class ``norm=name`` builds; a config's ``_target_`` (a user's class) is imported and registered."""
+    if target is not None and (name not in NORMS or dotted(NORMS[name]) != target.replace(":", ".")):
+        register_norm(name)(import_target(target, "norm", name))
+    if name not in NORMS:
+        raise ConfigError(f"unknown norm '{name}'", allowed=sorted(NORMS))
+    return NORMS[name]
 
 
 # Where a model puts a norm: before attention, before the MLP (a block's norms, by the sub-layer
@@ -124,7 +163,7 @@ POSITIONS = ("attn", "mlp", "final")
 def norm_options(name: str) -> dict[str, object]:
     """The options a norm accepts, with their defaults (its constructor's keywords); each of its
     ``per_position`` options K also as K_attn, K_mlp, K_final (None: K's value)."""
-    params = inspect.signature(NORMS[name].__init__).parameters
+    params = inspect.signature(norm_class(name).__init__).parameters
     options = {p.name: p.default for p in params.values() if p.kind is p.KEYWORD_ONLY}
     for key in getattr(NORMS[name], "per_position", ()):
         options.update({f"{key}_{where}": None for where in POSITIONS})
@@ -133,8 +172,8 @@ def norm_options(name: str) -> dict[str, object]:
 
 def check_norm(name: str, options: dict) -> None:
     """An unknown norm, or an option its class does not take, is a ConfigError."""
-    if name not in NORMS:
-        raise ConfigError(f"unknown norm '{name}'", allowed=sorted(NORMS))
+    options = dict(options)
+    norm_class(name, options.pop("_target_", None))
     allowed = norm_options(name)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -146,8 +185,10 @@ def check_norm(name: str, options: dict) -> None:
 
 def build_norm(name: str, dim: int, position: str | None = None, **options) -> nn.Module:
     """Build the norm registered as ``name`` for a last dimension of size ``dim``, at ``position``
-    (one of POSITIONS, or None): an option K_position that is set overrides K there."""
+    (one of POSITIONS, or None): an option K_position that is set overrides K there. ``_target_``
+    among the options names a user's class (normbench.model.targets)."""
     check_norm(name, options)
+    options.pop("_target_", None)
     for key in getattr(NORMS[name], "per_position", ()):
         chosen = {where: options.pop(f"{key}_{where}", None) for where in POSITIONS}
         if chosen.get(position) is not None:

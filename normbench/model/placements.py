@@ -4,7 +4,7 @@ norm-free residual and nGPT's normalized transformer, behind one registry.
 
 A placement is a ``Block`` subclass registered with ``@register_placement("name")``
 plus one YAML file in ``conf/placement/``. Every block gets the same two sub-layers,
-a ``BlockSpec`` (sizes, depth, its own 1-based layer index) and a ``make_norm(position)``
+a ``BlockSpec`` (the model's config, its own 1-based layer index) and a ``make_norm(position)``
 factory, so any norm works in any placement and no block ever looks at which norm it was
 given. A placement that acts outside its blocks (nGPT: the embeddings, the logits, the
 weights after each step) names a ``ModelHooks`` subclass, which the model calls. A placement's own options
@@ -18,20 +18,30 @@ import functools
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from normbench.core.errors import ConfigError
-from normbench.model.layers import MLP, CausalSelfAttention, SwiGLU
+from normbench.model.layers import AttentionNorms, CausalSelfAttention
+from normbench.model.targets import dotted, import_target, refuse_builtin_name
 
 PLACEMENTS: dict[str, type[Block]] = {}
 
 
 def register_placement(name: str):
+    """Class decorator: make a ``Block`` subclass available as ``placement=name``."""
+
     def add(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Block)):
+            raise ConfigError(
+                f"placement '{name}': {cls!r} is not a subclass of normbench.Block",
+                allowed=["class MyBlock(normbench.Block): ..."],
+            )
+        refuse_builtin_name(PLACEMENTS, "placement", name, cls)
         PLACEMENTS[name] = cls
         cls.placement_name = name
         return cls
@@ -39,18 +49,28 @@ def register_placement(name: str):
     return add
 
 
-def placement_class(name: str) -> type[Block]:
+def placement_class(name: str, target: str | None = None) -> type[Block]:
+    """The block class of ``placement=name``; a config's ``_target_`` (a user's class) is imported
+    and registered."""
+    if target is not None and (
+        name not in PLACEMENTS or dotted(PLACEMENTS[name]) != target.replace(":", ".")
+    ):
+        register_placement(name)(import_target(target, "placement", name))
     if name not in PLACEMENTS:
         raise ConfigError(f"unknown placement '{name}'", allowed=sorted(PLACEMENTS))
     return PLACEMENTS[name]
 
 
+# Keys of a placement config that are not its block's options.
+NOT_OPTIONS = ("name", "final_norm", "_target_")
+
+
 def placement_options(placement: dict) -> dict:
-    """The placement config's block options (all but name and final_norm), checked against its class."""
-    cls = placement_class(placement.get("name"))
+    """The placement config's block options (all but NOT_OPTIONS), checked against its class."""
+    cls = placement_class(placement.get("name"), placement.get("_target_"))
     params = inspect.signature(cls.__init__).parameters
     allowed = [p.name for p in params.values() if p.kind is p.KEYWORD_ONLY]
-    options = {k: v for k, v in placement.items() if k not in ("name", "final_norm")}
+    options = {k: v for k, v in placement.items() if k not in NOT_OPTIONS}
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(
@@ -63,22 +83,14 @@ def placement_options(placement: dict) -> dict:
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """What a block is built from besides its norm: sizes, depth and where it sits."""
+    """What a block is built from besides its norm: the model's config whole, where the block sits,
+    and the norms inside its attention (model.qk_norm and model.v_norm, or a placement's own)."""
 
-    d_model: int
-    n_head: int
-    dropout: float
-    bias: bool
-    n_layer: int  # L, the model's depth
+    # The model's config, normbench.model.gpt.ModelConfig (typed loosely: gpt.py imports this module):
+    # sizes (d_model, n_head, n_layer = L, ...) and options, as conf/model/*.yaml gives them.
+    model: Any
     layer: int  # l, this block's 1-based index
-    # The model config's choices (their defaults live in conf/model/*.yaml):
-    arch: str  # gpt2: GELU MLP, biases as ``bias`` says; llama: rotary q and k, SwiGLU MLP, no biases
-    attn_softcap: float  # cap * tanh(logits / cap) on the attention logits; 0 = off
-    qk_norm_scope: str  # QK-norm over head_dim per head, or flat: over d_model before the split
-    attn_gate: bool  # a sigmoid gate on the attention output (CausalSelfAttention.gate)
-    make_qk_norm: Callable[[], nn.Module] | None = None  # QK-norm, or None
-    make_v_norm: Callable[[], nn.Module] | None = None  # a norm on v, or None
-    v_norm_scope: str = "head"  # the norm on v over head_dim per head, or flat: over d_model (HybridNorm)
+    attention_norms: AttentionNorms = field(default_factory=AttentionNorms)
 
 
 class ModelHooks(nn.Module):
@@ -118,22 +130,8 @@ class Block(nn.Module):
 
     def __init__(self, spec: BlockSpec, make_norm: Callable[..., nn.Module]):
         super().__init__()
-        llama = spec.arch == "llama"
-        bias = spec.bias and not llama
-        self.attn = self.attention_cls(
-            spec.d_model,
-            spec.n_head,
-            spec.dropout,
-            bias,
-            spec.make_qk_norm,
-            rotary=llama,
-            softcap=spec.attn_softcap,
-            qk_norm_scope=spec.qk_norm_scope,
-            make_v_norm=spec.make_v_norm,
-            v_norm_scope=spec.v_norm_scope,
-            gate=spec.attn_gate,
-        )
-        self.mlp = SwiGLU(spec.d_model, spec.dropout) if llama else MLP(spec.d_model, spec.dropout, bias)
+        self.attn = self.attention_cls(spec.model, spec.attention_norms)
+        self.mlp = spec.model.architecture.mlp(spec.model)
 
     @classmethod
     def check_options(cls, **options) -> None:
@@ -193,8 +191,8 @@ class DeepNormBlock(Block):
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
         self.norm_attn, self.norm_mlp = make_norm("attn"), make_norm("mlp")
-        self.alpha = (2 * spec.n_layer) ** 0.25
-        self.beta = (8 * spec.n_layer) ** -0.25
+        self.alpha = (2 * spec.model.n_layer) ** 0.25
+        self.beta = (8 * spec.model.n_layer) ** -0.25
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm_attn(self.alpha * x + self.attn(x))
@@ -269,7 +267,7 @@ class MixLNBlock(Block):
         self.check_options(post_fraction=post_fraction)
         self.norm_attn, self.norm_mlp = make_norm("attn"), make_norm("mlp")
         # The small epsilon keeps 0.29 * 100 = 28.999... from flooring to 28.
-        self.post = spec.layer <= math.floor(post_fraction * spec.n_layer + 1e-9)
+        self.post = spec.layer <= math.floor(post_fraction * spec.model.n_layer + 1e-9)
 
     @classmethod
     def check_options(cls, *, post_fraction: float = 0.25) -> None:
@@ -317,19 +315,15 @@ class HybridNormBlock(Block):
     """
 
     def __init__(self, spec, make_norm):
-        if spec.make_qk_norm is not None or spec.make_v_norm is not None:
+        if spec.attention_norms.make_qk is not None or spec.attention_norms.make_v is not None:
             raise ConfigError(
                 "placement=hybrid puts its own norm (norm=) on q, k and v: model.qk_norm and "
                 "model.v_norm must be none",
                 allowed=["model.qk_norm=none model.v_norm=none"],
             )
         qkv_norm = functools.partial(make_norm, "attn")  # DyT's per-position alpha: the attention's
-        super().__init__(
-            dataclasses.replace(
-                spec, make_qk_norm=qkv_norm, qk_norm_scope="flat", make_v_norm=qkv_norm, v_norm_scope="flat"
-            ),
-            make_norm,
-        )
+        flat = AttentionNorms(make_qk=qkv_norm, make_v=qkv_norm, qk_scope="flat", v_scope="flat")
+        super().__init__(dataclasses.replace(spec, attention_norms=flat), make_norm)
         self.norm_mlp = make_norm("mlp")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -366,10 +360,12 @@ class NormalizedAttention(CausalSelfAttention):
     attention's ``scale``, which SDPA, the soft-capped path and the diagnostics all use).
     """
 
-    def __init__(self, d_model: int, n_head: int, *args, **kwargs):
-        super().__init__(d_model, n_head, *args, **kwargs)
-        self.s_qk = Scaling(d_model, 1.0, d_model**-0.5)
-        self.scale = (d_model // n_head) ** 0.5  # not 1/sqrt(head_dim): unit q and k have q·k in [-1, 1]
+    def __init__(self, cfg, norms: AttentionNorms):
+        super().__init__(cfg, norms)
+        self.s_qk = Scaling(cfg.d_model, 1.0, cfg.d_model**-0.5)
+        self.scale = (
+            cfg.d_model // cfg.n_head
+        ) ** 0.5  # not 1/sqrt(head_dim): unit q and k have q·k in [-1, 1]
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = super().heads(x)
@@ -424,7 +420,7 @@ class NormalizedBlock(Block):
     model_hooks = Hypersphere
 
     def __init__(self, spec, make_norm, *, alpha_init: float = 0.05):
-        if spec.attn_gate:
+        if spec.model.attn_gate:
             # Renormalized with the other matrices, x W_g is a cosine in [-1, 1], so the gate moves with
             # the token by at most sigmoid's rise over that range (0.27 to 0.73 without a bias): not
             # Qiu et al. 2025's gate, and nGPT's paper defines none; a scaling factor for it is untested.
@@ -435,11 +431,12 @@ class NormalizedBlock(Block):
             )
         super().__init__(spec, make_norm)
         self.check_options(alpha_init=alpha_init)
-        scale = spec.d_model**-0.5
-        self.alpha_attn = Scaling(spec.d_model, alpha_init, scale)
-        self.alpha_mlp = Scaling(spec.d_model, alpha_init, scale)
+        d_model = spec.model.d_model
+        scale = d_model**-0.5
+        self.alpha_attn = Scaling(d_model, alpha_init, scale)
+        self.alpha_mlp = Scaling(d_model, alpha_init, scale)
         self.s_uv = Scaling(self.mlp.fc.out_features, 1.0, 1.0)
-        self.gate_gain = spec.d_model**0.5
+        self.gate_gain = d_model**0.5
 
     @classmethod
     def check_options(cls, *, alpha_init: float = 0.05) -> None:

@@ -27,6 +27,7 @@ from normbench.core.configtree import conf_dir
 from normbench.core.errors import ConfigError, DiskFull
 from normbench.core.identity import config_hash
 from normbench.core.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
+from normbench.model import extensions
 from normbench.sweeps import composing
 from normbench.training.display import summary_table
 
@@ -37,6 +38,8 @@ from normbench.training.display import summary_table
 # Every launcher's worker imports this module to run a job: Hydra's per-job composition goes
 # the fast way there too (normbench.sweeps.composing).
 composing.install()
+# Installed packages' norms and placements, as config options in this process (normbench.model.extensions).
+extensions.install()
 
 
 def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:

@@ -23,6 +23,7 @@ from normbench.core.devices import resolve_device
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
 from normbench.data.corpus import build_dataset
+from normbench.model import extensions
 from normbench.model.gpt import GPT, PARAMS, leaves_no_trace
 from normbench.training.config import conf_dir, parse_config
 from normbench.training.loop import build_optimizer
@@ -60,6 +61,7 @@ def compose(overrides: list[str]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    extensions.install()  # installed packages' norms and placements are config options too
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
