@@ -295,6 +295,58 @@ def coordcheck(
         _fail(err)
 
 
+@app.command()
+def prepare(
+    sources: list[str] = typer.Argument(
+        ...,
+        help="Text files, folders, globs, .jsonl/.parquet files, a datasets save_to_disk folder, a hub name.",
+    ),
+    tokenizer: str = typer.Option(
+        ..., "--tokenizer", "-t", help="char, byte, bpe:N (trained here), a tokenizer.json, tiktoken:NAME."
+    ),
+    out: Path = typer.Option(
+        Path("data"),
+        "--out",
+        "-o",
+        help="Parent folder: the shards go into OUT/NAME-HASH/, named by content.",
+    ),
+    val: list[str] = typer.Option(
+        [],
+        "--val",
+        help="A separate validation source (repeatable); default: every 1/val-fraction-th document.",
+    ),
+    val_fraction: float = typer.Option(0.1, "--val-fraction", help="The share of documents held out."),
+    column: str = typer.Option("text", "--column", help="The text column of JSONL, Parquet and datasets."),
+    split_on_blank_lines: bool = typer.Option(
+        False, "--split-on-blank-lines", help="One document per blank-line-separated paragraph, not per file."
+    ),
+    shard_tokens: int = typer.Option(100_000_000, "--shard-tokens", help="Tokens per shard at most."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (uint16 below 65,536 tokens), uint16 or uint32."),
+) -> None:
+    """Tokenize text into llm.c token shards for data=tokens data.path=DIR (docs/data.md)."""
+    from normbench.core.errors import ConfigError, DiskFull
+    from normbench.data.prepare import Options
+    from normbench.data.prepare import prepare as run_prepare
+
+    opts = Options(
+        sources=sources,
+        tokenizer=tokenizer,
+        val=val,
+        val_fraction=val_fraction,
+        column=column,
+        split_on_blank_lines=split_on_blank_lines,
+        shard_tokens=shard_tokens,
+        dtype=dtype,
+    )
+    try:
+        folder = run_prepare(opts, out)
+    except ConfigError as err:
+        _fail(err)
+    except DiskFull as err:
+        _fail(f"{err}; nothing was kept: free space and run it again")
+    typer.echo(f"train on it: normbench train data=tokens data.path={folder}")
+
+
 def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
     """--config-dir as Hydra's search path: the user's conf/norm/*.yaml beside normbench's."""
     if config_dir is None:

@@ -331,6 +331,7 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
         "rezero": 12,
         "ln_scaling": 8,
         "grad_profile": 6,
+        "vocab": 144,
     }  # as docs/experiments.md says
     assert set(group_options("experiment")) == set(sizes)
     for name, size in sizes.items():
@@ -350,6 +351,7 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
         (["experiment=tokens", "norm=dyt", "seed=0", "train.lr=1e-2"], 5),
         (["experiment=width", "norm=rms", "placement=pre", "seed=0", "train.lr=1e-2"], 6),
         (["experiment=modern_zoo", "seed=0", "train.lr=1e-2"], 6),
+        (["experiment=vocab", "data.source=x.txt", "norm=ln", "placement=pre", "seed=0", "train.lr=1e-2"], 6),
     ]:
         plan = plan_sweep(args)
         assert len(plan.jobs) == n and not any(j.invalid for j in plan.jobs), args

@@ -1,9 +1,11 @@
-"""Corpora and batches: the embedded synthetic process, any UTF-8 text file, tiny-shakespeare.
+"""Corpora and batches: the embedded synthetic process, any UTF-8 text file, tiny-shakespeare;
+token shards (``data=tokens``) live in ``normbench.data.tokens``.
 
-Every dataset gives the training loop the same three things: ``vocab_size``,
-``train_batch(batch_size, generator)`` returning (inputs, targets) of shape
-(B, block_size), and a fixed list of validation batches (the same tokens every
-eval, so val losses are comparable across steps and runs). The synthetic process
+Every dataset gives the training loop the same things: ``vocab_size`` (and
+``embedding_size``, the rows of the embedding), ``train_batch(batch_size, generator)`` returning
+(inputs, targets) of shape (B, block_size), a fixed list of validation batches (the same tokens
+every eval, so val losses are comparable across steps and runs), and ``bytes_per_token`` of the
+validation text (bits per byte), None where tokens are not text. The synthetic process
 also knows the true probability of every token it emitted, so it reports the exact
 Bayes-optimal cross-entropy of its validation tokens: ``floor_loss``.
 """
@@ -22,6 +24,7 @@ import torch
 
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
+from normbench.data.tokens import TokensData, build_tokens
 
 
 # One schema per data option, its fields required: conf/data/NAME.yaml holds the values (defaults live once).
@@ -52,17 +55,24 @@ class ShakespeareData:
     val_fraction: float
 
 
-DATA_SCHEMAS = {"synthetic": SyntheticData, "text": TextData, "shakespeare": ShakespeareData}
-DataConfig = SyntheticData | TextData | ShakespeareData
+DATA_SCHEMAS = {
+    "synthetic": SyntheticData,
+    "text": TextData,
+    "shakespeare": ShakespeareData,
+    "tokens": TokensData,
+}
+DataConfig = SyntheticData | TextData | ShakespeareData | TokensData
 
 
 class SequenceDataset:
     """Independent sequences of block_size + 1 tokens: the model sees each one's whole past."""
 
     floor_loss: float | None = None
+    bytes_per_token: float | None = None  # the synthetic process emits tokens, not text: no bytes
 
     def __init__(self, train: torch.Tensor, val: torch.Tensor, vocab_size: int):
         self.train, self.val, self.vocab_size = train, val, vocab_size
+        self.embedding_size = vocab_size
 
     def train_batch(self, batch_size: int, generator: torch.Generator):
         rows = torch.randint(len(self.train), (batch_size,), generator=generator)
@@ -79,10 +89,22 @@ class WindowDataset:
 
     floor_loss = None
 
-    def __init__(self, tokens: torch.Tensor, vocab_size: int, block_size: int, val_fraction: float):
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        vocab_size: int,
+        block_size: int,
+        val_fraction: float,
+        token_bytes: torch.Tensor | None = None,
+    ):
         n_val = int(len(tokens) * val_fraction)
         self.train, self.val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
         self.vocab_size, self.block_size = vocab_size, block_size
+        self.embedding_size = vocab_size
+        # UTF-8 bytes per token of the validation span (bytes per character, for character-level text).
+        self.bytes_per_token = (
+            float(token_bytes[self.val].double().mean()) if token_bytes is not None else None
+        )
         for split, part in (("train", self.train), ("val", self.val)):
             if len(part) < block_size + 2:
                 raise ConfigError(
@@ -278,5 +300,8 @@ def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):
             raise ConfigError(f"data.path: {path} has a single distinct character; nothing to learn")
         if not 0.0 < cfg.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction must be in (0, 1), got {cfg.val_fraction}")
-        return WindowDataset(tokens, len(chars), block_size, cfg.val_fraction)
-    raise ConfigError(f"unknown data '{cfg.name}'", allowed=["synthetic", "text", "shakespeare"])
+        token_bytes = torch.tensor([len(c.encode("utf-8")) for c in chars])
+        return WindowDataset(tokens, len(chars), block_size, cfg.val_fraction, token_bytes)
+    if cfg.name == "tokens":
+        return build_tokens(cfg, block_size)
+    raise ConfigError(f"unknown data '{cfg.name}'", allowed=sorted(DATA_SCHEMAS))

@@ -27,7 +27,15 @@ from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
 from normbench.core.runs import PLAN, SUMMARY, RunLock
 from normbench.report import charts as charts_module
-from normbench.report.load import HIGHER_IS_BETTER, METRICS, find_inputs, load_runs, read_bench
+from normbench.report.load import (
+    BITS_PER_BYTE,
+    HIGHER_IS_BETTER,
+    METRICS,
+    find_inputs,
+    in_bits_per_byte,
+    load_runs,
+    read_bench,
+)
 from normbench.report.predict import backtest, check_sizes, parse_predict, predict_sentences, prediction
 from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
 from normbench.report.scale import (
@@ -164,6 +172,8 @@ def run_report(
             f"found {len(run_dirs)} run directories under {where} but none could be read (see the warnings)"
         )
     scale = None
+    if len(d.runs) and metric in BITS_PER_BYTE:
+        in_bits_per_byte(d, metric)
     if len(d.runs):  # every input check before the first file is written
         d.tune = resolve_tune_key(tune_key, d)
         d.keys = resolve_group_keys(group_by, d)
@@ -244,9 +254,9 @@ def run_report(
                 console, scale_display[3], f"the difference to {d.scale.baseline} against {d.scale.key}", 1
             )
         order = "descending" if metric in HIGHER_IS_BETTER else "ascending"
-        print_table(
-            console, table, f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order})", len(d.keys)
-        )
+        unit = ", losses in bits per byte" if metric in BITS_PER_BYTE else ""
+        title = f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order}{unit})"
+        print_table(console, table, title, len(d.keys))
         if tuned_display is not None:
             print_table(console, tuned_display, f"each configuration at its best {d.tune}", 1)
     console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")

@@ -22,11 +22,13 @@ from normbench.core.errors import ConfigError
 from normbench.core.fileio import leaves, read_jsonl
 from normbench.core.identity import ADDED_KEYS
 
-# Metrics a report can be sorted by; the first three are losses (lower is better).
+# Metrics a report can be sorted by; the first five are losses (lower is better).
 METRICS = (
     "final_val_loss",
     "best_val_loss",
     "floor_gap",
+    "final_val_bpb",
+    "best_val_bpb",
     "tokens_per_s",
     "step_ms_p50",
     "step_ms_p90",
@@ -37,6 +39,8 @@ METRICS = (
     "clip_fraction",
 )
 HIGHER_IS_BETTER = {"tokens_per_s", "mfu"}
+# Bits per byte: with one of these as --metric, the report compares every loss in bits per byte.
+BITS_PER_BYTE = ("final_val_bpb", "best_val_bpb")
 LOSS_FIELDS = ("final_val_loss", "best_val_loss", "floor_gap")
 SPEED_FIELDS = ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb")
 BENCH_COLUMNS = ("norm", "impl", "dim", "dtype", "device", "pass", "ms")
@@ -268,6 +272,40 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         ),
         logits=logits,
     )
+
+
+def in_bits_per_byte(d: ReportData, metric: str) -> None:
+    """Every run's losses (final, best, at init, the validation curves) in bits per byte, in place.
+
+    loss / ln 2 / bytes_per_token, each run's own: so configurations with different tokenizers
+    (a character-level and a BPE run) are compared, tuned and given a verdict on one scale.
+    """
+    runs = d.runs
+    if "bytes_per_token" not in runs:  # runs from before bits per byte
+        runs["bytes_per_token"] = math.nan
+    per_byte = pd.to_numeric(runs["bytes_per_token"], errors="coerce") * math.log(2)
+    missing = runs["run_dir"][per_byte.isna() & runs["status"].eq("completed")]
+    if len(missing):
+        raise ConfigError(
+            f"--metric {metric}: {len(missing)} completed run(s) have no bytes per token (the synthetic "
+            f"corpus, or shards without meta.json; set data.bytes_per_token), e.g. {missing.iloc[0]}",
+            allowed=[m for m in METRICS if m not in BITS_PER_BYTE],
+        )
+    for col in ("final_val_loss", "best_val_loss", "init_val_loss"):
+        runs[col] = runs[col] / per_byte
+    runs["floor_gap"] = math.nan  # the synthetic floor is in nats per token, and has no bytes
+    if "layer_skip_loss" in runs:  # the losses with one layer skipped, compared with the final loss
+        runs["layer_skip_loss"] = [
+            _scaled(losses, scale) for losses, scale in zip(runs["layer_skip_loss"], per_byte)
+        ]
+    d.evals["val_loss"] = d.evals["val_loss"] / d.evals["run"].map(per_byte.reset_index(drop=True))
+
+
+def _scaled(losses, scale: float):
+    """A JSON list of losses (or null entries) divided by ``scale``; NaN/None left as it is."""
+    if not isinstance(losses, str):
+        return losses
+    return json.dumps([None if v is None else v / scale for v in json.loads(losses)])
 
 
 def layer_skip(d: ReportData) -> pd.DataFrame:

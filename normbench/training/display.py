@@ -57,6 +57,11 @@ def summary_table(summary: dict) -> Table:
 
     table.add_row("final val loss", fmt(summary["final_val_loss"]))
     table.add_row("best val loss", fmt(summary["best_val_loss"]))
+    if summary.get("final_val_bpb") is not None or summary.get("best_val_bpb") is not None:
+        table.add_row(
+            "val bits per byte final / best",
+            f"{fmt(summary.get('final_val_bpb'))} / {fmt(summary.get('best_val_bpb'))}",
+        )
     if summary["floor_loss"] is not None:
         table.add_row("floor (Bayes-optimal)", fmt(summary["floor_loss"]))
         if summary["final_val_loss"] is not None:

@@ -243,7 +243,8 @@ class Run:
         torch.manual_seed(run.seed + distributed.rank())
         eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
         self.data = build_dataset(run.data, run.model.block_size, eval_sequences)
-        self.model = GPT(run.model, self.data.vocab_size, run.norm, run.placement).to(self.device)
+        # The embedding has embedding_size rows: token shards' vocabularies padded to a multiple of 64.
+        self.model = GPT(run.model, self.data.embedding_size, run.norm, run.placement).to(self.device)
         self.step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
         self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
         tcfg = self.tcfg  # the schedule holds the config, not the run: no reference cycle keeps a run alive
@@ -528,7 +529,11 @@ class Loop:
         if due or step % self.tcfg.eval_every == 0 or step == self.tcfg.steps:
             with self.phases("eval"):
                 self.val_losses.append(self.state.evaluate())
-            self.sinks.log({"kind": "eval", "step": step, "val_loss": self.val_losses[-1]})
+            record = {"kind": "eval", "step": step, "val_loss": self.val_losses[-1]}
+            bpb = bits_per_byte(self.val_losses[-1], self.state.data.bytes_per_token)
+            if bpb is not None:
+                record["val_bpb"] = bpb
+            self.sinks.log(record)
             self.timer.resume()
 
 
@@ -639,6 +644,13 @@ def interrupted(loop: Loop, stop: StopSignals, step: int) -> dict:
     }
 
 
+def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
+    """Nats per token to bits per byte: loss / ln 2 / (bytes per token); None without bytes."""
+    if bytes_per_token is None or not math.isfinite(loss):
+        return None
+    return loss / math.log(2) / bytes_per_token
+
+
 def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dict) -> dict:
     """summary.json's content: results, speed, memory, diagnostics, the causality probe and the
     environment."""
@@ -653,11 +665,18 @@ def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dic
         # tokens_per_s counts the global batch, which every rank's device shares.
         mfu = model_flops * speed["tokens_per_s"] / (peak * distributed.world_size())
     grad_norms = loop.grad_norms
+    bytes_per_token = state.data.bytes_per_token
     return {
         "status": status,
         "error": error,
         "final_val_loss": loop.val_losses[-1] if status == "completed" else None,
         "best_val_loss": min(finite_vals) if finite_vals else None,
+        # Bits per byte: comparable across tokenizers (null for the synthetic corpus, which has no bytes).
+        "final_val_bpb": bits_per_byte(loop.val_losses[-1], bytes_per_token)
+        if status == "completed"
+        else None,
+        "best_val_bpb": bits_per_byte(min(finite_vals), bytes_per_token) if finite_vals else None,
+        "bytes_per_token": bytes_per_token,
         "floor_loss": state.data.floor_loss,
         **speed,
         **state.memory.summary(),  # peak_mem_mb: this run's peak; peak_mem_kind says what it measures
@@ -677,6 +696,7 @@ def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dic
         "steps": step,
         "params": state.model.num_params(),
         "vocab_size": state.data.vocab_size,
+        "embedding_size": state.data.embedding_size,  # the vocabulary padded (token shards)
         "world_size": distributed.world_size(),
         "sync_batchnorm": distributed.batchnorm_sync(state.model),
         "causal_leak": leak,
