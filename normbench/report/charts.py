@@ -812,15 +812,17 @@ def chart_grad_profile(d: ReportData):
                     marker=style["marker"] or "o",
                     markersize=4,
                     alpha=alpha,
-                    label=_plain(f"{config}, {'init' if when == 'first' else 'last stats record'}"),
+                    # one legend entry per configuration: the faint init line is said in the title
+                    label=_plain(config) if when == "last" else "_nolegend_",
                 )
         ax.set(title=_plain(f"placement={placement}"), xlabel="layer (input → output)", yscale="log")
         ax.set_ylabel("grad norm of the layer (L2, all its weights)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     fig.suptitle(
-        "Per-layer gradient norm (Mix-LN, arXiv 2412.13795: Pre-LN's shrink in the deep layers,\n"
-        f"Post-LN's in the early ones); faint: init{_at_best_note(d)}"
+        "Per-layer gradient norm at the last stats record (faint: at init)\n"
+        "Mix-LN (arXiv 2412.13795): Pre-LN's shrink in the deep layers,\n"
+        f"Post-LN's in the early ones{_at_best_note(d)}"
     )
     _legend(fig, axes)
     return fig
