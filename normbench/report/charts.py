@@ -737,20 +737,27 @@ def chart_grad_by_layer(d: ReportData):
             False,
         ),
     ]
-    panels = [p for p in panels if p[0][p[1]].notna().any()]
-    if not panels:
-        return "no per-layer stats records in metrics.jsonl"
-    fig, axes = _figure(len(panels))
-    for ax, (frame, y, title, ylabel, logy) in zip(axes, panels):
-        _bands(ax, d, frame, "layer", y)
-        ax.set(title=title, xlabel="layer (block index, input → output)", ylabel=ylabel)
-        ax.set_yscale("log" if logy else "linear")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.grid(alpha=0.3)
-    fig.suptitle(
+    title = (
         "Per-layer gradients (Xiong et al. 2020: Post-LN's grow toward the output) and residual "
         f"RMS{_at_best_note(d)}"
     )
+    return _layer_panels(d, panels, title) or "no per-layer stats records in metrics.jsonl"
+
+
+def _layer_panels(d: ReportData, panels: list[tuple], title: str):
+    """One panel per (frame, column, title, ylabel, log y) against the layer index, bands over seeds;
+    None when no panel has data."""
+    panels = [p for p in panels if p[0][p[1]].notna().any()]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels))
+    for ax, (frame, y, panel_title, ylabel, logy) in zip(axes, panels):
+        _bands(ax, d, frame, "layer", y)
+        ax.set(title=panel_title, xlabel="layer (block index, input → output)", ylabel=ylabel)
+        ax.set_yscale("log" if logy else "linear")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
     _legend(fig, axes)
     return fig
 
@@ -766,26 +773,24 @@ def chart_depth_profile(d: ReportData):
             "resid_var",
             "Residual-stream variance, first stats record (init)",
             "variance of block output",
+            True,
         ),
-        (last, "resid_var", "Residual-stream variance, last stats record", "variance of block output"),
-        (skip, "skip_rise", "Loss rise with the layer skipped (end of training)", "val loss - full model's"),
+        (last, "resid_var", "Residual-stream variance, last stats record", "variance of block output", True),
+        (
+            skip,
+            "skip_rise",
+            "Loss rise with the layer skipped (end of training)",
+            "val loss - full model's",
+            False,
+        ),
     ]
-    panels = [p for p in panels if p[0][p[1]].notna().any()]
-    if not panels:
-        return "no per-layer residual variance or layer-skip losses (train.stats_every=0, or older runs)"
-    fig, axes = _figure(len(panels))
-    for ax, (frame, y, title, ylabel) in zip(axes, panels):
-        _bands(ax, d, frame, "layer", y)
-        ax.set(title=title, xlabel="layer (block index, input → output)", ylabel=ylabel)
-        ax.set_yscale("log" if y == "resid_var" else "linear")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.grid(alpha=0.3)
-    fig.suptitle(
+    title = (
         "The curse of depth (Sun et al. 2025): Pre-LN's variance grows with depth and its deep layers\n"
         f"contribute little; LayerNorm Scaling (model.ln_scaling) should flatten both{_at_best_note(d)}"
     )
-    _legend(fig, axes)
-    return fig
+    return _layer_panels(d, panels, title) or (
+        "no per-layer residual variance or layer-skip losses (train.stats_every=0, or older runs)"
+    )
 
 
 @chart("grad_profile", "Gradient norm by layer, one panel per placement")
