@@ -166,7 +166,7 @@ def test_every_norm_in_every_placement_trains_and_probes(tmp_path, norm, placeme
     assert math.isfinite(summary["final_val_loss"])
     leak = summary["causal_leak"]
     assert leak["eval"] < LEAK_TOLERANCE, "eval mode must be causal for every norm"
-    if norm == "bn" and placement not in ("ngpt", "rezero"):  # these build no norm: norm= is ignored
+    if norm == "bn" and PLACEMENTS[placement].builds_norms:  # nGPT, ReZero: norm= is ignored
         assert leak["train"] > 1e-2 and summary["leaks_future"], "BatchNorm's train-mode leak must show"
     else:
         assert leak["train"] < LEAK_TOLERANCE and not summary["leaks_future"]

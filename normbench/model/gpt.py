@@ -229,12 +229,12 @@ class GPT(nn.Module):
         make_norm()  # fail on a bad norm option now, with the config's words, not deep in a block
         block_cls = placement_class(placement["name"], placement.get("_target_"))
         options = placement_options(placement)
-        if cfg.ln_scaling and placement["name"] in ("lns", "ngpt", "rezero"):
+        if cfg.ln_scaling and (block_cls.scales_norms or not block_cls.builds_norms):
             raise ConfigError(
                 f"model.ln_scaling=true with placement={placement['name']}: "
                 + (
-                    "lns already scales its norms (it is pre with ln_scaling)"
-                    if placement["name"] == "lns"
+                    "it already scales its norms (lns is pre with ln_scaling)"
+                    if block_cls.scales_norms
                     else "the placement builds no norm to scale"
                 ),
                 allowed=["model.ln_scaling=false", "placement=pre model.ln_scaling=true"],

@@ -127,6 +127,8 @@ class Block(nn.Module):
 
     attention_cls = CausalSelfAttention  # nGPT's attention subclasses it
     model_hooks = ModelHooks  # what the placement does to the embeddings, logits and weights
+    builds_norms = True  # False: the block calls no make_norm, so norm= is ignored (nGPT, ReZero)
+    scales_norms = False  # True: the block already scales its norms by 1/sqrt(l) (model.ln_scaling)
 
     def __init__(self, spec: BlockSpec, make_norm: Callable[..., nn.Module]):
         super().__init__()
@@ -225,6 +227,8 @@ class LayerNormScalingBlock(PreNormBlock):
     (normbench.model.gpt.DepthScaled), which scales the norms of any placement.
     """
 
+    scales_norms = True
+
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
         self.scale = spec.layer**-0.5
@@ -243,6 +247,8 @@ class ReZeroBlock(Block):
     or LayerNorm. The block builds no norm (``norm=`` is ignored); conf/placement/rezero.yaml
     turns the final norm off as well.
     """
+
+    builds_norms = False
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
@@ -418,6 +424,7 @@ class NormalizedBlock(Block):
 
     attention_cls = NormalizedAttention
     model_hooks = Hypersphere
+    builds_norms = False
 
     def __init__(self, spec, make_norm, *, alpha_init: float = 0.05):
         if spec.model.attn_gate:
