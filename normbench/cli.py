@@ -44,9 +44,8 @@ def _root() -> None:
 
 
 def _hydra(args: list[str]) -> None:
-    from normbench.sweeps.job import (
-        hydra_main,
-    )  # imported late: Hydra is slow to import and --help needs none of it
+    # imported late: Hydra is slow to import and --help needs none of it
+    from normbench.sweeps.job import hydra_main
     from normbench.training import distributed
 
     if distributed.is_main():

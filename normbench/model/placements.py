@@ -375,9 +375,8 @@ class NormalizedAttention(CausalSelfAttention):
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = super().heads(x)
-        s_qk = (
-            self.s_qk().view(self.n_head, 1, -1).to(q.dtype)
-        )  # (heads, 1, head_dim) against (B, heads, T, head_dim)
+        # (heads, 1, head_dim) against (B, heads, T, head_dim)
+        s_qk = self.s_qk().view(self.n_head, 1, -1).to(q.dtype)
         return unit(q) * s_qk, unit(k) * s_qk, v
 
 
@@ -402,9 +401,8 @@ class Hypersphere(ModelHooks):
     @torch.no_grad()
     def after_step(self, model: nn.Module) -> None:
         for module in model.modules():
-            if isinstance(
-                module, nn.Embedding
-            ):  # token (= the tied head) and position embeddings, rows of d_model
+            # token (= the tied head) and position embeddings, rows of d_model
+            if isinstance(module, nn.Embedding):
                 module.weight.copy_(unit(module.weight, dim=1))
             elif isinstance(module, NormalizedBlock):
                 module.renormalize()

@@ -349,9 +349,8 @@ def chart_tuning(d: ReportData):
     for ax in axes:
         for row in d.tuned.itertuples(index=False):
             _tuning_curve(ax, row, curves[row.config], styles[row.config])
-        for row in d.tuned.itertuples(
-            index=False
-        ):  # markers after every line: the legend lists configs first
+        # markers after every line: the legend lists configs first
+        for row in d.tuned.itertuples(index=False):
             _tuning_marks(ax, row, curves[row.config], styles[row.config])
         if len(init):
             ax.axhline(init.mean(), color="grey", linestyle="--", linewidth=1, label="loss at init (step 0)")
@@ -522,9 +521,8 @@ def chart_scale_best_value(d: ReportData):
         return s
     styles, trend = _scale_styles(d), s.trend.set_index("config")
     fig, (ax,) = _figure(1, width=8.0, height=5.0)
-    for i, config in enumerate(
-        s.configs
-    ):  # later lines thinner: configurations with the same best stay visible
+    # later lines thinner: configurations with the same best stay visible
+    for i, config in enumerate(s.configs):
         part, style = s.table[s.table["config"].eq(config)].dropna(subset=["best_value"]), styles[config]
         drift = trend.at[config, "best_drift_half_decades"]
         ax.plot(

@@ -244,9 +244,8 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
     logits = pd.DataFrame(logits, columns=["run", "step", *LOGIT_FIELDS])
     for raw, capped in RAW_LOGITS.items():
         logits[raw] = logits[raw].fillna(logits[capped])
-        if (
-            raw in runs and capped in runs
-        ):  # only once some run had a cap: no raw column for a report without one
+        # only once some run had a cap: no raw column for a report without one
+        if raw in runs and capped in runs:
             runs[raw] = runs[raw].fillna(runs[capped])
     first = ["run_dir", "norm", "placement", "seed", "status", *METRICS, "init_val_loss"]
     runs = runs[first + [c for c in runs.columns if c not in first]]

@@ -35,9 +35,8 @@ class RunConfig:
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
-    logger: dict = field(
-        default_factory=dict
-    )  # chosen logger -> its options (normbench.training.sinks); JSONL is always on
+    # chosen logger -> its options (normbench.training.sinks); JSONL is always on
+    logger: dict = field(default_factory=dict)
     sweep: str | None = None  # the sweep this run belongs to, if any: trackers group its runs by it
     config_hash: str | None = None  # the run's identity (see config_hash): a checkpoint must match it
 

@@ -66,9 +66,8 @@ class TrainConfig:
     eval_batches: int
     log_every: int
     stats_every: int  # per-layer statistics at step 0 and every N steps; 0 turns them off
-    peak_flops: (
-        float | None
-    )  # FLOP/s per device for MFU; None: a listed GPU's datasheet peak, else a measured matmul peak
+    # FLOP/s per device for MFU; None: a listed GPU's datasheet peak, else a measured matmul peak
+    peak_flops: float | None
     precision: str
     device: str
     threads: int  # 0 leaves PyTorch's default
@@ -234,9 +233,8 @@ class Run:
         torch.set_num_threads(self.tcfg.threads or DEFAULT_THREADS)
         # Set both ways every run: a launcher may run several runs in one process.
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tcfg.tf32
-        forget_other_corpora(
-            run.data, run.model.block_size
-        )  # an earlier run's corpus is not this run's memory
+        # an earlier run's corpus is not this run's memory
+        forget_other_corpora(run.data, run.model.block_size)
         self.memory = PeakMemory(self.device)  # before the data and model exist
         # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every
         # rank).
@@ -368,10 +366,8 @@ class Loop:
         self.pending: list[
             tuple[torch.Tensor, ...]
         ] = []  # this log window's (loss, grad norm[, z]), on the device
-        self.earlier_s, self.resumed_at = (
-            0.0,
-            [],
-        )  # wall time and resume steps of the processes before this one
+        # wall time and resume steps of the processes before this one
+        self.earlier_s, self.resumed_at = 0.0, []
         self.start = 0
         saved = self.resume()
         self.saved_step = self.start or None  # the step the newest checkpoint on disk resumes at
@@ -615,9 +611,8 @@ def save_result(loop: Loop, summary: dict) -> dict:
             if tcfg.save_model and summary["status"] != "failed":
                 checkpoint.save_weights(state.dir.path, state.model)
             with loop.phases("finish"):
-                summary = loop.sinks.finish(
-                    summary
-                )  # before summary.json: a tracker that fails fails the run
+                # before summary.json: a tracker that fails fails the run
+                summary = loop.sinks.finish(summary)
             summary["time_s"] = loop.phases.seconds
             state.dir.write_summary(summary)
         except DiskFull as err:
