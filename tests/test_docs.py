@@ -122,3 +122,347 @@ def test_slugs_follow_github():
     assert slug("Per-run peak memory and `normbench --help` (issue 17)") == (
         "per-run-peak-memory-and-normbench---help-issue-17"
     )
+
+
+# --- docs/configuration.md is the reference: every experiment, group, key and CLI option ---------------
+
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+GROUPS = ("norm", "placement", "model", "data", "train", "logger", "experiment", "variant", "hydra/launcher")
+
+
+def code_words(text: str) -> set[str]:
+    """Every dotted name and every word inside the code spans and fenced blocks of a markdown text."""
+    spans = [m.group(2) for m in CODE_SPAN.finditer(text)]
+    fenced, inside = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            inside = not inside
+        elif inside:
+            fenced.append(line)
+    words = set()
+    for chunk in [*spans, *fenced]:
+        for word in re.findall(r"[A-Za-z_][\w./-]*", chunk):
+            parts = word.split("=")[0].split(".")
+            words.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))  # `norm.eps` names norm too
+            words.update(re.split(r"[=/]", word))
+            words.add(word)
+    return words
+
+
+def leaves(node, prefix: str = "") -> list[str]:
+    """The dotted keys of a config's leaves (a dict's keys, recursively; an empty dict is a leaf)."""
+    if not isinstance(node, dict) or not node:
+        return [prefix] if prefix else []
+    return [key for k, v in node.items() for key in leaves(v, f"{prefix}.{k}" if prefix else str(k))]
+
+
+def config_reference() -> dict[str, list[str]]:
+    """What docs/configuration.md must name: the config groups with their options, and every key of the
+    composed default config and of each group option (experiments and variants set existing keys)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from normbench.core.configtree import conf_dir, group_options
+
+    with compose_context() as compose:
+        default = OmegaConf.to_container(compose([]), resolve=False)
+    keys = set(leaves(default))
+    for group in ("norm", "placement", "model", "data", "train", "logger"):
+        for option in group_options(group):
+            node = yaml.safe_load((conf_dir() / group / f"{option}.yaml").read_text(encoding="utf-8")) or {}
+            node.pop("defaults", None)
+            keys.update(leaves(node, group))
+    return {
+        "groups": [g for g in GROUPS if (conf_dir() / g).is_dir()],
+        "options": sorted({o for g in GROUPS for o in group_options(g)}),
+        "keys": sorted(keys),
+    }
+
+
+def missing_from_configuration(text: str) -> list[str]:
+    words = code_words(text)
+    ref = config_reference()
+    missing = [f"group {g}" for g in ref["groups"] if g not in words]
+    missing += [f"option {o}" for o in ref["options"] if o not in words]
+    missing += [f"key {k}" for k in ref["keys"] if k not in words]
+    return missing
+
+
+def test_configuration_names_every_group_option_and_key():
+    missing = missing_from_configuration(CONFIGURATION.read_text(encoding="utf-8"))
+    assert missing == [], f"docs/configuration.md does not name: {', '.join(missing)}"
+
+
+def sections(text: str) -> list[tuple[str, str]]:
+    """(heading, body up to the next heading of the same or a higher level) for every heading."""
+    lines = list(prose_lines(text))
+    all_lines = text.splitlines()
+    heads = [
+        (n, len(m.group(1)), m.group(2)) for n, line in lines if (m := re.match(r"^(#{1,6})\s+(.*)", line))
+    ]
+    out = []
+    for i, (n, level, title) in enumerate(heads):
+        end = next((m for m, lv, _ in heads[i + 1 :] if lv <= level), len(all_lines) + 1)
+        out.append((title, "\n".join(all_lines[n : end - 1])))
+    return out
+
+
+def missing_cli_options(text: str) -> list[str]:
+    """Each command of the Typer app needs a section titled with `normbench NAME` that names every one of
+    its options (click's own introspection of the command line, the one users get)."""
+    import typer.main
+
+    from normbench.cli import app
+
+    root = typer.main.get_command(app)
+    found = sections(text)
+    missing = []
+    for name, command in root.commands.items():
+        bodies = [body for title, body in found if f"normbench {name}`" in title]
+        if not bodies:
+            missing.append(f"a section titled `normbench {name}`")
+            continue
+        for param in command.params:
+            for opt in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+                if opt.startswith("-") and not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", bodies[0]):
+                    missing.append(f"normbench {name} {opt}")
+    for param in root.params:
+        for opt in param.opts:
+            if opt not in text:
+                missing.append(f"normbench {opt}")
+    return missing
+
+
+def test_configuration_names_every_command_and_option():
+    missing = missing_cli_options(CONFIGURATION.read_text(encoding="utf-8"))
+    assert missing == [], f"docs/configuration.md lacks: {', '.join(missing)}"
+
+
+def test_reference_checkers_find_what_is_missing():
+    ref = config_reference()
+    assert "experiment" in ref["groups"] and "ln_scaling" in ref["options"] and "train.lr" in ref["keys"]
+    assert "logger.mlflow.tracking_uri" in ref["keys"] and "norm.groups" in ref["keys"]
+    text = "`" + "` `".join([*ref["groups"], *ref["options"], *ref["keys"]]) + "`"
+    assert missing_from_configuration(text) == []
+    assert missing_from_configuration(text.replace("train.lr`", "train.xx`")) == ["key train.lr"]
+
+    import typer.main
+
+    from normbench.cli import app
+
+    pages = [
+        f"## `normbench {name}`\n\n" + " ".join(o for p in cmd.params for o in [*p.opts, *p.secondary_opts])
+        for name, cmd in typer.main.get_command(app).commands.items()
+    ]
+    assert missing_cli_options("\n".join(pages)) == []
+    assert missing_cli_options("\n".join(pages).replace("--tune", "--xx")) == ["normbench report --tune"]
+
+
+# --- every example in the docs composes ----------------------------------------------------------------
+
+EXAMPLE_FENCE = re.compile(r"^\s*```(bash|sh|shell|console|yaml)\s*$")
+USER_CONFIG = ("--config-dir", "hydra.searchpath", "$")  # examples over a user's own files or shell values
+
+
+def compose_context():
+    """One Hydra context over normbench's config tree for many compositions (the CLI's composition,
+    in-process)."""
+    from contextlib import contextmanager
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from normbench.core.configtree import conf_dir
+
+    @contextmanager
+    def context():
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            yield lambda overrides: compose(config_name="config", overrides=list(overrides))
+        GlobalHydra.instance().clear()
+
+    return context()
+
+
+def fenced_blocks(text: str):
+    """(line number, language, lines) of every fenced block tagged bash/sh/shell/console/yaml."""
+    block, lang, start = None, None, 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if block is None:
+            if m := EXAMPLE_FENCE.match(line):
+                block, lang, start = [], m.group(1), number
+            elif FENCE.match(line):
+                block, lang, start = [], None, number
+        elif FENCE.match(line):
+            if lang:
+                yield start, lang, block
+            block = None
+        else:
+            block.append(line)
+
+
+def command_examples(path: Path):
+    """(where, overrides) for every `normbench train|sweep ...` line of a shell block: its Hydra
+    overrides, with the Hydra settings (hydra.*, hydra/...) and options left out, and each swept key at
+    its first value (a glob at the first option it matches)."""
+    import shlex
+
+    for start, lang, lines in fenced_blocks(path.read_text(encoding="utf-8")):
+        if lang == "yaml":
+            continue
+        joined, held = [], ""
+        for line in lines:
+            held += line.rstrip("\\").rstrip() + " " if line.rstrip().endswith("\\") else line
+            if not line.rstrip().endswith("\\"):
+                joined.append(held)
+                held = ""
+        for line in joined:
+            m = re.search(r"\bnormbench (train|sweep)\b(.*)", line)
+            if not m or any(u in line for u in USER_CONFIG):
+                continue
+            body = m.group(2).split(" #")[0]
+            body = re.split(r"\s(?:&&|\||;)\s", body)[0]
+            tokens, skip = shlex.split(body), False
+            overrides = []
+            for token in tokens:
+                if skip:
+                    skip = False
+                elif token.startswith("-"):
+                    skip = token in ("--cfg", "-c", "--package", "-p")
+                elif not token.startswith("hydra"):
+                    overrides.append(token)
+            yield f"{path.relative_to(ROOT)}:{start}: normbench {m.group(1)}{body}", overrides
+
+
+def first_of_sweep(overrides: list[str]) -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+
+    from normbench.core.configtree import group_options
+
+    out = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not o.is_sweep_override():
+            out.append(o.input_line)
+            continue
+        key = o.get_key_element()
+        if isinstance(o.value(), Glob):
+            value = o.value().filter(group_options(o.key_or_group))[0]
+        else:
+            value = next(iter(o.sweep_string_iterator()))
+        out.append(f"{key}={value}")
+    return out
+
+
+def yaml_examples(path: Path):
+    """(where, group, option, text) of every yaml block that opens with `# DIR/GROUP/NAME.yaml`."""
+    for start, lang, lines in fenced_blocks(path.read_text(encoding="utf-8")):
+        if lang == "yaml" and lines and (m := re.match(r"#\s*\S*?([a-z_]+)/(\w+)\.yaml\b", lines[0])):
+            yield f"{path.relative_to(ROOT)}:{start}", m.group(1), m.group(2), "\n".join(lines)
+
+
+def example_problems(paths) -> list[str]:
+    """Each example composed as `normbench train` composes it and checked as a run's config is, before
+    anything trains (a user's own class named by _target_ is composed, not imported)."""
+    import tempfile
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from normbench.core.configtree import conf_dir
+    from normbench.training.config import parse_config
+
+    problems = []
+
+    def check(where, overrides, searchpath=None):
+        try:
+            extra = [f"hydra.searchpath=[file://{searchpath}]"] if searchpath else []
+            cfg = compose(config_name="config", overrides=[*first_of_sweep(overrides), *extra])
+            if "_target_" not in cfg.norm and "_target_" not in cfg.placement:
+                parse_config(cfg)
+        except Exception as err:  # any failure is the finding
+            problems.append(f"{where}: {type(err).__name__}: {str(err).splitlines()[0]}")
+
+    GlobalHydra.instance().clear()
+    with (
+        initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        for path in paths:
+            for where, overrides in command_examples(path):
+                check(where, overrides)
+            for where, group, option, text in yaml_examples(path):
+                folder = Path(tmp) / where.replace("/", "_").replace(":", "_")
+                (folder / group).mkdir(parents=True)
+                (folder / group / f"{option}.yaml").write_text(text, encoding="utf-8")
+                check(where, [f"{group}={option}"], folder)
+    GlobalHydra.instance().clear()
+    return problems
+
+
+def test_every_example_config_composes():
+    assert example_problems(markdown_files()) == []
+
+
+def test_example_checker_finds_a_bad_example(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    page = tmp_path / "x.md"
+    page.write_text(
+        "```bash\nnormbench train norm=rms model.n_layer=2   # fine\n"
+        "normbench sweep norm=ln,nope train.lr=1e-3,1e-2      # the first of each swept key is composed\n"
+        'normbench sweep "norm=glob(*)" hydra/launcher=joblib seed=0,1\n'
+        "normbench train model.d_model=30 model.n_head=4\n"
+        "normbench train norm=nope\n```\n"
+        "```yaml\n# myconf/norm/myln.yaml\nname: ln\neps: 1.0e-06\n```\n"
+        "```yaml\n# myconf/model/bad.yaml\nn_layer: two\n```\n",
+        encoding="utf-8",
+    )
+    problems = example_problems([page])
+    assert [p.split(": ")[1] if "normbench" in p else p.split(": ")[0] for p in problems] == [
+        "normbench train model.d_model=30 model.n_head=4",
+        "normbench train norm=nope",
+        "x.md:13",
+    ]
+
+
+# --- the docs describe the product, not how it was developed -------------------------------------------
+
+URL = re.compile(r"https?://\S+|\]\([^)]*\)")
+DEVELOPMENT = [
+    (re.compile(r"(?<![\w&])#\d+\b"), "an issue number"),
+    (re.compile(r"\b(issues?|PRs?|pull requests?) #?\d+", re.I), "an issue number"),
+    (re.compile(r"\bsessions?\b", re.I), '"session"'),
+    (
+        re.compile(
+            r"\b(first|second|third|fourth|fifth|earlier|previous|this|next|later|last) rounds?\b", re.I
+        ),
+        "a round",
+    ),
+    (re.compile(r"(?<!-)\brounds? (of (work|development|changes|measurements)|\d+)\b", re.I), "a round"),
+    (re.compile(r"\b(this task|was lent|helpers?|the lead)\b", re.I), "the development process"),
+]
+
+
+def development_talk(text: str) -> list[str]:
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = URL.sub("", line)
+        for pattern, what in DEVELOPMENT:
+            if m := pattern.search(line):
+                found.append(f"{number}: {what}: {m.group(0)!r}")
+                break
+    return found
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_speak_of_the_product_only(path):
+    assert development_talk(path.read_text(encoding="utf-8")) == []
+
+
+def test_development_talk_is_found():
+    text = (
+        "Fixed in issue #14, see #7.\nThe second round of measurements.\nIn this session we ran it.\n"
+        "Fine: [x](a.md#12-steps), https://github.com/o/r/pull/3#issuecomment-1, --rounds 5, round to "
+        "nearest even, one block each per round.\n"
+    )
+    assert [f.split(":")[0] for f in development_talk(text)] == ["1", "2", "3"]
