@@ -99,7 +99,7 @@ same config are kept, interrupted ones run again, diverged and failed ones are k
 [bold]Launchers[/bold]: by default one run at a time, in a warm worker process; hydra.launcher.n_jobs=N
 runs N at once on this machine (each gets cpus // N torch threads); hydra/launcher=slurm (SLURM, one GPU
 per job; pip install 'normbench\\[slurm]'), hydra/launcher=ray_cluster (Ray; pip install
-'normbench\\[ray]'). See the README's Sweeps section.
+'normbench\\[ray]'). See docs/sweeps.md.
 
 [bold]Examples[/bold]
 

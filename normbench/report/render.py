@@ -28,7 +28,8 @@ STYLE = (
 AGGREGATE_NOTE = (
     "Loss mean ± std (n) over <b>completed</b> runs only; diverged and failed runs are counted in "
     "their own columns, never averaged in. 95% CI: the mean's confidence interval; vs best: the "
-    "difference to the best configuration with its 95% CI (see the README for the method)."
+    "difference to the best configuration with its 95% CI (the method: docs/reports.md in normbench's "
+    "documentation, section The verdict)."
 )
 
 

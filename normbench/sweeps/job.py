@@ -213,7 +213,7 @@ def task(cfg: DictConfig) -> None:
         Console(stderr=True).print(
             "[bold red]error:[/bold red] torchrun runs one data-parallel training job, not a sweep (-m): "
             "sweep with a launcher (one job per GPU, e.g. hydra/launcher=submitit_slurm) or start torchrun "
-            "once per configuration; see the README's 'Scaling out'"
+            "once per configuration; see 'Scaling out' (docs/scaling-out.md)"
         )
         sys.exit(2)
     try:
