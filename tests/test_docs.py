@@ -318,6 +318,8 @@ def command_examples(path: Path):
                 held = ""
         for line in joined:
             m = re.search(r"\bnormbench (train|sweep)\b(.*)", line)
+            if line.lstrip().startswith("#"):
+                continue
             if not m or any(u in line for u in USER_CONFIG):
                 continue
             body = m.group(2).split(" #")[0]
@@ -362,22 +364,28 @@ def yaml_examples(path: Path):
 
 
 def example_problems(paths) -> list[str]:
-    """Each example composed as `normbench train` composes it and checked as a run's config is, before
-    anything trains (a user's own class named by _target_ is composed, not imported)."""
+    """Each example composed as normbench composes a sweep's jobs (``normbench.sweeps.composing``: each
+    choice of config groups once, the key changes on a copy) and checked as a run's config is, before
+    anything trains. A yaml example is composed as its option, from a config folder of its own; a user's
+    class named by _target_ is composed, not imported."""
     import tempfile
 
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import open_dict
 
     from normbench.core.configtree import conf_dir
+    from normbench.sweeps import composing
     from normbench.training.config import parse_config
 
     problems = []
 
-    def check(where, overrides, searchpath=None):
+    def check(where, make):
         try:
-            extra = [f"hydra.searchpath=[file://{searchpath}]"] if searchpath else []
-            cfg = compose(config_name="config", overrides=[*first_of_sweep(overrides), *extra])
+            cfg = make()
+            with open_dict(cfg):
+                cfg.pop("hydra", None)
             if "_target_" not in cfg.norm and "_target_" not in cfg.placement:
                 parse_config(cfg)
         except Exception as err:  # any failure is the finding
@@ -385,17 +393,24 @@ def example_problems(paths) -> list[str]:
 
     GlobalHydra.instance().clear()
     with (
-        initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"),
+        initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="normbench"),
         tempfile.TemporaryDirectory() as tmp,
     ):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("config", ["hydra.mode=MULTIRUN"], RunMode.MULTIRUN)
+        examples = {}  # the same overrides in several places are composed once
         for path in paths:
             for where, overrides in command_examples(path):
-                check(where, overrides)
+                examples.setdefault(tuple(first_of_sweep(overrides)), where)
+        for overrides, where in examples.items():
+            check(where, lambda overrides=overrides: composing.compose(loader, master, list(overrides)))
+        for path in paths:
             for where, group, option, text in yaml_examples(path):
                 folder = Path(tmp) / where.replace("/", "_").replace(":", "_")
                 (folder / group).mkdir(parents=True)
                 (folder / group / f"{option}.yaml").write_text(text, encoding="utf-8")
-                check(where, [f"{group}={option}"], folder)
+                overrides = [f"{group}={option}", f"hydra.searchpath=[file://{folder}]"]
+                check(where, lambda overrides=overrides: compose(config_name="config", overrides=overrides))
     GlobalHydra.instance().clear()
     return problems
 
