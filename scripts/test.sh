@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv from a bare python3 (with the dev extras) and run the tests.
-#   ./scripts/test.sh          the fast tier: every test not marked slow (about 2 minutes on a 2-core CPU)
+#   ./scripts/test.sh          the fast tier: every test not marked slow (a few minutes on a 2-core CPU)
 #   ./scripts/test.sh --all    every test, the slow ones too (real processes, kills, torchrun, Ray, a wheel
 #                              build, longer trainings): what CI runs (.ci/run)
 # Any other argument goes to pytest: ./scripts/test.sh tests/test_norms.py, ./scripts/test.sh --all -q -x,

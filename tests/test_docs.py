@@ -454,7 +454,14 @@ DEVELOPMENT = [
         "a round",
     ),
     (re.compile(r"(?<!-)\brounds? (of (work|development|changes|measurements)|\d+)\b", re.I), "a round"),
-    (re.compile(r"\b(this task|was lent|helpers?|the lead)\b", re.I), "the development process"),
+    (
+        re.compile(
+            r"\b(this task|was lent|helpers?|the lead|(code|model) of before|(before|after) this change|"
+            r"another branch|development (VM|machine)|engineers)\b",
+            re.I,
+        ),
+        "the development process",
+    ),
 ]
 
 
@@ -477,7 +484,8 @@ def test_docs_speak_of_the_product_only(path):
 def test_development_talk_is_found():
     text = (
         "Fixed in issue #14, see #7.\nThe second round of measurements.\nIn this session we ran it.\n"
+        "The model of before, bit for bit.\n"
         "Fine: [x](a.md#12-steps), https://github.com/o/r/pull/3#issuecomment-1, --rounds 5, round to "
         "nearest even, one block each per round.\n"
     )
-    assert [f.split(":")[0] for f in development_talk(text)] == ["1", "2", "3"]
+    assert [f.split(":")[0] for f in development_talk(text)] == ["1", "2", "3", "4"]
