@@ -1,6 +1,6 @@
 // Per-element cost of DyT's tanh against LayerNorm's arithmetic, in cache, on this CPU: is DyT at
-// LayerNorm's time a matter of implementation, or of the math? (issue #13; results:
-// docs/benchmarks-history.md#dyt-what-is-left-and-why.)
+// LayerNorm's time a matter of implementation, or of the math? (The kernels' costs:
+// docs/benchmarks.md#every-norm-against-layernorm-fused-cpu-kernels.)
 //
 //   g++ -O3 -march=native -fopenmp-simd -fno-math-errno -fno-trapping-math \
 //       benchmarks/dyt_tanh_cost.cpp -o /tmp/dyt_tanh_cost && taskset -c 1 /tmp/dyt_tanh_cost

@@ -489,3 +489,48 @@ def test_development_talk_is_found():
         "nearest even, one block each per round.\n"
     )
     assert [f.split(":")[0] for f in development_talk(text)] == ["1", "2", "3", "4"]
+
+
+# --- the code's pointers into the docs --------------------------------------------------------------------
+
+DOC_POINTER = re.compile(r"docs/([\w.-]+\.md)(?:#([\w-]+))?")
+POINTING = ("normbench", "conf", "hydra_plugins", "benchmarks", "scripts", "tests", "examples")
+
+
+def stale_pointers(root: Path) -> list[str]:
+    """Every `docs/PAGE.md` or `docs/PAGE.md#anchor` named in the code, configs, scripts and tests that
+    names no page or no heading of it."""
+    files = [p for d in POINTING for p in (root / d).rglob("*") if p.is_file() and p.suffix != ".pyc"]
+    files = [p for p in files if p.name != Path(__file__).name]  # this file's examples and docstrings
+    problems = []
+    for path in [*files, root / "pyproject.toml"]:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for m in DOC_POINTER.finditer(text):
+            page = root / "docs" / m.group(1)
+            where = f"{path.relative_to(root)}: {m.group(0)}"
+            if not page.exists():
+                problems.append(f"{where} (no such page)")
+            elif m.group(2) and m.group(2) not in anchors(page):
+                problems.append(f"{where} (no such heading)")
+    return problems
+
+
+def test_the_code_points_at_pages_and_headings_that_exist():
+    assert stale_pointers(ROOT) == []
+
+
+def test_stale_pointers_are_found(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A\n\n## How it times\n", encoding="utf-8")
+    (tmp_path / "normbench").mkdir()
+    (tmp_path / "normbench" / "x.py").write_text(
+        "# docs/a.md#how-it-times docs/a.md docs/a.md#gone docs/b.md\n", encoding="utf-8"
+    )
+    (tmp_path / "pyproject.toml").write_text("", encoding="utf-8")
+    assert [p.split(": ")[1] for p in stale_pointers(tmp_path)] == [
+        "docs/a.md#gone (no such heading)",
+        "docs/b.md (no such page)",
+    ]
