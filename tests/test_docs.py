@@ -401,9 +401,9 @@ def example_problems(paths) -> list[str]:
         examples = {}  # the same overrides in several places are composed once
         for path in paths:
             for where, overrides in command_examples(path):
-                examples.setdefault(tuple(first_of_sweep(overrides)), where)
+                examples.setdefault(tuple(overrides), where)
         for overrides, where in examples.items():
-            check(where, lambda overrides=overrides: composing.compose(loader, master, list(overrides)))
+            check(where, lambda o=overrides: composing.compose(loader, master, first_of_sweep(list(o))))
         for path in paths:
             for where, group, option, text in yaml_examples(path):
                 folder = Path(tmp) / where.replace("/", "_").replace(":", "_")
