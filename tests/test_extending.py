@@ -81,6 +81,20 @@ class HalfStatistics(Sound):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(x.dtype)
 
 
+class NonFinite(Sound):
+    """Logarithm of a signed output: NaN for every negative entry."""
+
+    def forward(self, x):
+        return super().forward(x).log()
+
+
+class MaxAbs(Sound):
+    """Divides by the largest magnitude; its float32 weight makes a bf16 input's output float32."""
+
+    def forward(self, x):
+        return x / x.abs().amax(-1, keepdim=True).clamp_min(self.eps) * self.weight
+
+
 class NoDim(nn.Module):
     statistics = "token"
 
@@ -114,7 +128,7 @@ def userpkg(tmp_path_factory):
     """``nb_userpkg`` on sys.path for this module's tests, with a conf/ folder per norm."""
     root = tmp_path_factory.mktemp("user")
     (root / "nb_userpkg.py").write_text(textwrap.dedent(PACKAGE))
-    for name in ("Sound", "Leaky", "BatchMixing", "DeadParameter", "HalfStatistics"):
+    for name in ("Sound", "Leaky", "BatchMixing", "DeadParameter", "HalfStatistics", "MaxAbs"):
         folder = root / f"conf_{name.lower()}" / "norm"
         folder.mkdir(parents=True)
         (folder / "mine.yaml").write_text(f"name: mine\n_target_: nb_userpkg.{name}\neps: 1.0e-06\n")
@@ -155,7 +169,7 @@ def lines_of(cls: str) -> dict[str, conformance.Line]:
 
 
 MUST_HOLD = (
-    "output shape and dtype",
+    "output shape, finite values",
     "declared statistics",
     "gradients reach every parameter",
     "no future leak (train mode)",
@@ -177,6 +191,7 @@ def test_a_sound_user_norm_passes_every_line_that_must_hold(userpkg):
         ("Leaky", "no future leak (train mode)"),
         ("BatchMixing", "declared statistics"),
         ("DeadParameter", "gradients reach every parameter"),
+        ("NonFinite", "output shape, finite values"),
     ],
 )
 def test_each_unsound_norm_fails_its_own_line(userpkg, cls, line):
@@ -187,6 +202,19 @@ def test_each_unsound_norm_fails_its_own_line(userpkg, cls, line):
 def test_statistics_in_half_precision_are_flagged_not_failed(userpkg):
     line = lines_of("HalfStatistics")["float32 statistics under bf16"]
     assert line.ok is False and line.mark == "flag" and not line.must
+
+
+def test_a_wider_output_dtype_is_flagged_with_its_cost_and_check_exits_0(userpkg):
+    args = ["check", "--config-dir", str(userpkg / "conf_maxabs"), "norm=mine", "model=micro"]
+    result = CliRunner().invoke(app, [*args, "--json", "--no-compile", "--no-speed", "--steps", "30"])
+    assert result.exit_code == 0, result.output
+    lines = {line["name"]: line for line in json.loads(result.stdout)["lines"]}
+    assert lines["output shape, finite values"]["result"] == "ok"
+    assert lines["output dtype"]["result"] == "flag"
+    figure = lines["output dtype"]["figure"]
+    assert "returns float32 for bf16 input: twice the activation memory" in figure
+    assert figure.endswith("cast back with .to(x.dtype)")
+    assert [n for n in MUST_HOLD if lines[n]["result"] != "ok"] == []
 
 
 def test_a_dead_parameter_names_it_and_check_exits_1_with_json(userpkg):
