@@ -286,6 +286,25 @@ def make_dist(site, name: str, entry_points: str) -> None:
     (info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
 
 
+def test_help_lists_the_norms_and_placements_a_user_adds(tmp_path, monkeypatch):
+    make_dist(
+        tmp_path,
+        "nb-helpdist",
+        "[normbench.norms]\nepnorm = nb_x:N\n[normbench.placements]\nepblock = nb_x:B\n",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "conf" / "norm").mkdir(parents=True)
+    (tmp_path / "conf" / "norm" / "folded.yaml").write_text("name: folded\n_target_: nb_x.F\n")
+    for command in ("train", "sweep", "check"):
+        shown = " ".join(
+            CliRunner()
+            .invoke(app, [command, "--config-dir", str(tmp_path / "conf"), "--help"])
+            .output.split()
+        )
+        assert "rms, scale; yours: epnorm, folded" in shown, (command, shown)
+        assert "rezero; yours: epblock" in shown, (command, shown)
+
+
 def test_entry_point_packages_are_found_and_a_broken_one_is_named(userpkg, tmp_path, monkeypatch):
     make_dist(
         tmp_path,

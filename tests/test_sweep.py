@@ -362,15 +362,16 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # the CLI in a subprocess
 def test_user_mistakes_are_short_clear_errors(tmp_path, monkeypatch):
-    result = run_cli("sweep", "experiment=nope", cwd=tmp_path)
+    result = run_cli("sweep", "experiment=warmpu", cwd=tmp_path)
     assert result.returncode == 2
-    assert "unknown experiment 'nope'" in result.stderr and "norm_zoo" in result.stderr
+    assert "unknown experiment 'warmpu'; did you mean warmup? (choices: " in result.stderr
+    assert "norm_zoo" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
     monkeypatch.chdir(tmp_path)
     for args, message in [
-        (["norm=nope"], "Could not find 'norm/nope'"),
-        (["nokey=1"], "Could not override 'nokey'"),
+        (["norm=nope"], "unknown norm 'nope'; did you mean none? (choices: bn,"),
+        (["nokey=1"], "unknown key nokey"),
         (["norm=[ln"], "cannot read the override 'norm=[ln'"),
         (["experiment=warmup,depth"], "one experiment per sweep"),
         (["train.lr=-1"], "train.lr must be >= 0"),
