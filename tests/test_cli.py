@@ -51,6 +51,7 @@ def test_train_writes_the_run_directory(tmp_path):
     result = invoke("train", *tiny(), f"hydra.run.dir={tmp_path}")
     assert result.exit_code == 0, result.output
     assert {"config.yaml", "metrics.jsonl", "summary.json"} <= {p.name for p in tmp_path.iterdir()}
+    assert not (tmp_path / "normbench.log").exists()  # the run's record is the files above
     assert "final val loss" in result.output
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
