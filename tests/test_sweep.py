@@ -25,7 +25,7 @@ from normbench.core.errors import ConfigError
 from normbench.core.runs import RunDir, read_index
 from normbench.sweeps import job as job_module
 from normbench.sweeps.job import job_threads
-from normbench.sweeps.sweep import plan_sweep, run_sweep
+from normbench.sweeps.sweep import plan_sweep, run_sweep, training_share
 from normbench.training.config import conf_dir, config_hash, group_options
 
 # Overrides under which train.lr=50 diverges within a few steps and train.lr=3e-3 does not.
@@ -721,3 +721,12 @@ def test_the_sweep_command_forwards_every_signal_a_job_checkpoints_on():
     from normbench.training.preemption import SIGNALS
 
     assert STOP_SIGNALS == SIGNALS
+
+
+def test_the_closing_line_says_the_training_share_in_words():
+    # two runs of 34 s of training steps each, on 2 workers for 40 s: 68 of 80 worker-seconds
+    assert (
+        training_share([34.0, 34.0], 2, 40.0)
+        == "; 85% of the workers' time was training (2 workers for 40 s)"
+    )
+    assert training_share([9.0], 1, 10.0) == "; 90% of the workers' time was training (1 worker for 10 s)"
