@@ -1,12 +1,16 @@
-"""scripts/torch_choice.sh: the PyTorch build setup.sh installs fits the machine.
+"""The scripts a new user runs first: the PyTorch build setup.sh installs fits the machine
+(scripts/torch_choice.sh), and scripts/demo.sh keeps runs with other overrides apart.
 
 A stand-in ``nvidia-smi`` on PATH plays the GPU (present, absent, failing); a local HTTP server plays
-PyTorch's CPU index, a closed localhost port an index that cannot be reached. Nothing is installed.
+PyTorch's CPU index, a closed localhost port an index that cannot be reached. Nothing is installed:
+demo.sh runs in a copy of scripts/ with a stand-in setup.sh and a .venv/bin/python that records its
+commands.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -97,3 +101,34 @@ def test_normbench_torch_wins_and_chooses_no_index(tmp_path, index, nvidia_smi):
     args, said = choose(tmp_path, nvidia_smi, index, NORMBENCH_TORCH="torch==2.13.0")
     assert args == ["torch==2.13.0"]
     assert "NORMBENCH_TORCH" in said
+
+
+def demo(tmp_path: Path, *overrides: str) -> list[str]:
+    """The commands demo.sh gives normbench for these extra overrides."""
+    (tmp_path / "scripts").mkdir(exist_ok=True)
+    shutil.copy(SCRIPT.parent / "demo.sh", tmp_path / "scripts" / "demo.sh")
+    (tmp_path / "scripts" / "setup.sh").write_text(f"#!{BASH}\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text(f'#!{BASH}\necho "$*" >> "$(dirname "$0")/../log"\n')
+    for script in (tmp_path / "scripts" / "setup.sh", tmp_path / ".venv" / "bin" / "python"):
+        script.chmod(0o755)
+    (tmp_path / ".venv" / "log").unlink(missing_ok=True)
+    done = subprocess.run(
+        [BASH, str(tmp_path / "scripts" / "demo.sh"), *overrides], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return (tmp_path / ".venv" / "log").read_text().splitlines()
+
+
+def test_demo_with_other_overrides_names_its_own_directory(tmp_path):
+    sweep, report = demo(tmp_path)
+    assert "hydra.sweep.dir=results/sweeps/demo" in sweep.split() and report.endswith(
+        "report results/sweeps/demo"
+    )
+    sweep, report = demo(tmp_path, "train.steps=500", "model=mini")
+    where = re.search(r"hydra\.sweep\.dir=(results/sweeps/demo-[0-9a-f]{8}) ", sweep)[1]
+    assert sweep.endswith("train.steps=500 model=mini") and report.endswith(f"report {where}")
+    assert (
+        demo(tmp_path, "train.steps=500", "model=mini")[0] == sweep
+    )  # the same overrides, the same directory
+    assert where not in demo(tmp_path, "train.steps=600", "model=mini")[0]

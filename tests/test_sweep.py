@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, compose_cfg, run_cli
+from conftest import TINY, compose_cfg, run_cli, tiny
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 from rich.console import Console
+from typer.testing import CliRunner
 
+from normbench.cli import app
 from normbench.core.devices import available_cpus
 from normbench.core.errors import ConfigError
 from normbench.core.runs import RunDir, read_index
@@ -730,3 +732,21 @@ def test_the_closing_line_says_the_training_share_in_words():
         == "; 85% of the workers' time was training (2 workers for 40 s)"
     )
     assert training_share([9.0], 1, 10.0) == "; 90% of the workers' time was training (1 worker for 10 s)"
+
+
+def test_a_sweep_directory_with_runs_of_another_grid_says_so(tmp_path):
+    sweep = tmp_path / "demo"
+    other = CliRunner().invoke(
+        app, ["train", *tiny("train.steps=2", "seed=7"), f"hydra.run.dir={sweep / 'old'}"]
+    )
+    assert other.exit_code == 0, other.output
+    args = ["sweep", "--dry-run", *tiny("seed=0,1"), f"hydra.sweep.dir={sweep}"]
+    planned = " ".join(CliRunner().invoke(app, args).output.split())
+    assert (
+        f"{sweep} holds 1 run of another grid; it is kept (normbench report {sweep} compares them too)"
+        in planned
+    )
+    fresh = " ".join(
+        CliRunner().invoke(app, [*args[:-1], f"hydra.sweep.dir={tmp_path / 'new'}"]).output.split()
+    )
+    assert "another grid" not in fresh and "2 runs in" in fresh

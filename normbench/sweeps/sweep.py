@@ -297,8 +297,27 @@ def _headline(plan: Plan, retry_failed: bool) -> str:
         else "none has results yet"
     )
     redo = [j.state for j in todo if j.state != "new"]
-    return f"{_runs(len(plan.jobs))} in {plan.sweep_dir}: {have}, {len(todo)} to run" + (
+    line = f"{_runs(len(plan.jobs))} in {plan.sweep_dir}: {have}, {len(todo)} to run" + (
         f" ({_counts(redo)} among them)" if redo else ""
+    )
+    return line + _other_grids(plan)
+
+
+def _other_grids(plan: Plan) -> str:
+    """The runs the sweep directory holds that are none of this grid's (the same hydra.sweep.dir with
+    other overrides): kept, and a report on the directory compares them too."""
+    ours = {job.run_dir.name for job in plan.jobs}
+    others = (
+        [p for p in plan.sweep_dir.iterdir() if p.name not in ours and (p / CONFIG).is_file()]
+        if plan.sweep_dir.is_dir()
+        else []
+    )
+    if not others:
+        return ""
+    kept = "it is" if len(others) == 1 else "they are"
+    return (
+        f"\n{plan.sweep_dir} holds {_runs(len(others))} of another grid; {kept} kept "
+        f"(normbench report {plan.sweep_dir} compares them too)"
     )
 
 
