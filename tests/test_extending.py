@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -356,6 +357,9 @@ def test_new_writes_a_norm_and_a_placement_that_pass_their_lines(tmp_path, monke
     run = parse_config(cfg)
     lines = conformance.norm_lines("fresh", {"eps": 1e-6}, run.model.d_model) + conformance.model_lines(run)
     assert [line.name for line in lines if not line.ok] == []
+    speed = conformance.speed_line("fresh")  # eager ops against LayerNorm's fused op: measured, not flagged
+    assert speed.mark == "n/a" and speed.figure.endswith("(no goal for your own norm)"), speed
+    assert re.fullmatch(r"\d+\.\d\dx at 256, \d+\.\d\dx at 1024 \(no goal for your own norm\)", speed.figure)
     with pytest.raises(ConfigError, match="overwrites nothing"):
         scaffold.write("norm", "fresh", tmp_path)
     with pytest.raises(ConfigError, match="'rms' is normbench's own norm"):

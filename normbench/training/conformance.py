@@ -24,6 +24,7 @@ from rich.table import Table
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT
 from normbench.model.norms import build_norm, norm_class
+from normbench.model.targets import is_builtin
 from normbench.training import bench
 from normbench.training.config import parse_config
 from normbench.training.coordcheck import compose
@@ -173,7 +174,11 @@ def compile_line(module: torch.nn.Module, x: torch.Tensor) -> Line:
 
 
 def speed_line(name: str) -> Line:
-    """Forward+backward time against LayerNorm's native op at two widths: the norm benchmark's ratio."""
+    """Forward+backward time against LayerNorm's native op at two widths: the norm benchmark's ratio.
+
+    The 1.1x goal holds normbench's own norms, whose fused kernels were written to meet it; a user's
+    norm in eager PyTorch ops runs several times LayerNorm's single fused op (so does F.rms_norm on a
+    CPU), and its ratio is reported, not flagged: it is what the norm costs a sweep, not a fault."""
     df = bench._run(
         torch.device("cpu"),
         ["fp32"],
@@ -186,8 +191,15 @@ def speed_line(name: str) -> Line:
     )
     rows = df[(df.impl == "normbench") & (df["pass"] == "fwd+bwd")]
     ratios = {int(r.dim): float(r.ratio_to_ln) for r in rows.itertuples()}
-    figure = ", ".join(f"{r:.2f}x at {d}" for d, r in ratios.items()) + f" (goal {SPEED_GOAL}x)"
-    return Line("fwd+bwd time vs LayerNorm", figure, max(ratios.values()) <= SPEED_GOAL, False)
+    figure = ", ".join(f"{r:.2f}x at {d}" for d, r in ratios.items())
+    if not is_builtin(norm_class(name)):
+        return Line("fwd+bwd time vs LayerNorm", f"{figure} (no goal for your own norm)", None, False)
+    return Line(
+        "fwd+bwd time vs LayerNorm",
+        f"{figure} (goal {SPEED_GOAL}x)",
+        max(ratios.values()) <= SPEED_GOAL,
+        False,
+    )
 
 
 def model_lines(run) -> list[Line]:
