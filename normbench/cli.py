@@ -448,7 +448,8 @@ def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
 One line per property with its figure: output shape and finite values, the output's dtype (fp32,
 bf16, fp16 inputs), float32 statistics under bf16, no future leak (train and eval mode), the declared
 statistics kept, gradients to every parameter, a state-dict round trip, torch.compile,
-forward+backward time against LayerNorm (the norm benchmark's 1.1x goal), and a short model=micro run
+forward+backward time against LayerNorm (normbench's own norms: the norm benchmark's 1.1x goal;
+yours: the figure), and a short model=micro run
 that learns. Exit 1 when a property without which results are wrong fails (a wrong shape or a
 non-finite output, a leak, other statistics than declared, a dead parameter, not learning); the
 others are flagged with their cost, exit 0. Arguments are Hydra overrides.

@@ -312,6 +312,7 @@ def test_bench_writes_a_csv_and_rejects_bad_numbers(tmp_path):
     assert (
         "ln fp32: worst" in ok.output and len(out.read_text().splitlines()) == 1 + 2 * 2 * 2
     )  # header, norms x impls x passes
+    assert f"wrote {out} (8 rows;" in " ".join(ok.output.split())
     for flag, value, message in (
         ("--tokens", "0", "tokens must be >= 1"),
         ("--repeats", "0", "repeats must be >= 1"),
