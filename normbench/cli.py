@@ -1,7 +1,9 @@
 """The ``normbench`` command line: a thin Typer layer over the library.
 
 ``train`` and ``sweep`` hand their arguments to Hydra untouched (override syntax,
-``--cfg job``, ``hydra.run.dir=...``); the other commands call library functions.
+``--cfg job``, ``hydra.run.dir=...``); the other commands call library functions. The options
+that every command composing a config shares (``--config-dir``) are declared once here, and a
+mistake Hydra finds is said in one line (``normbench.core.errors.composition_error``).
 """
 
 from __future__ import annotations
