@@ -1,29 +1,74 @@
 """The ``normbench`` command line: a thin Typer layer over the library.
 
 ``train`` and ``sweep`` hand their arguments to Hydra untouched (override syntax,
-``--cfg job``, ``hydra.run.dir=...``); the other commands call library functions.
+``--cfg job``, ``hydra.run.dir=...``); the other commands call library functions. The options
+that every command composing a config shares (``--config-dir``) are declared once here, and a
+mistake Hydra finds is said in one line (``normbench.core.errors.composition_error``).
 """
 
 from __future__ import annotations
 
 import gc
+import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
 
 import typer
+from typer.core import TyperCommand
 
-from normbench.core.configtree import group_options  # not normbench.training.config, which imports torch
+import normbench
+from normbench.core.configtree import (  # not normbench.training.config, which imports torch
+    added_options,
+    group_options,
+)
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+GROUPS = "{groups}"  # where a command's help lists the config groups' options (GroupsHelp)
+
+# The options every command that composes a config takes, declared once.
+CONFIG_DIR = typer.Option(
+    None,
+    "--config-dir",
+    help="Your config folder (conf/norm/*.yaml, conf/placement/*.yaml, ...), added to Hydra's search path.",
+)
 
 
-def _groups_help() -> str:
-    lines = [
-        f"  {g:<10} {', '.join(group_options(g))}"
-        for g in ("norm", "placement", "model", "data", "train", "logger")
-    ]
+def _groups_help(config_dir: Path | None = None) -> str:
+    lines = []
+    for g in ("norm", "placement", "model", "data", "train", "logger"):
+        added = added_options(g, config_dir)
+        lines.append(
+            f"  {g:<10} {', '.join(group_options(g))}" + (f"; yours: {', '.join(added)}" if added else "")
+        )
     return "\n".join(lines)
+
+
+class GroupsHelp(TyperCommand):
+    """A command whose help lists each config group's options, with those that installed packages and
+    the --config-dir on the command line add: the text is made when help is asked for."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["normbench.args"] = list(args)  # --help is handled while parsing: before the options are
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx, formatter):
+        template = self.help
+        self.help = template.replace(GROUPS, _groups_help(_config_dir_in(ctx.meta.get("normbench.args", []))))
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            self.help = template
+
+
+def _config_dir_in(args: list[str]) -> Path | None:
+    for i, arg in enumerate(args):
+        if arg == "--config-dir" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if arg.startswith("--config-dir="):
+            return Path(arg.split("=", 1)[1])
+    return None
 
 
 app = typer.Typer(
@@ -38,35 +83,61 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"normbench {normbench.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print normbench's version and exit."
+    ),
+) -> None:
     """Train, sweep, report and benchmark normalization ablations."""
 
 
 def _hydra(args: list[str]) -> None:
     # imported late: Hydra is slow to import and --help needs none of it
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from normbench.core.errors import composition_error
     from normbench.sweeps.job import hydra_main
     from normbench.training import distributed
 
-    if distributed.is_main():
-        sys.argv = ["normbench", *args]
-        hydra_main()
-        return
-    # Under torchrun, Hydra would create a run directory (.hydra/, a log) in every process, and its
-    # ${now:...} name can differ between ranks by a second. Rank 0 owns the real one; the others get
-    # a private scratch directory (last override wins) that is deleted when they finish.
-    with tempfile.TemporaryDirectory(prefix=f"normbench-rank{distributed.rank()}-") as scratch:
-        sys.argv = ["normbench", *args, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"]
-        hydra_main()
+    # Hydra raises its errors rather than printing them with its search path: said here in one line.
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        if distributed.is_main():
+            sys.argv = ["normbench", *args]
+            hydra_main()
+            return
+        # Under torchrun, Hydra would create a run directory (.hydra/, a log) in every process, and its
+        # ${now:...} name can differ between ranks by a second. Rank 0 owns the real one; the others get
+        # a private scratch directory (last override wins) that is deleted when they finish.
+        with tempfile.TemporaryDirectory(prefix=f"normbench-rank{distributed.rank()}-") as scratch:
+            sys.argv = ["normbench", *args, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"]
+            hydra_main()
+    except (HydraException, OmegaConfBaseException) as err:
+        _fail(composition_error(err))
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
 
 
 @app.command(
+    cls=GroupsHelp,
     context_settings=HYDRA_ARGS,
     help=f"""Train one mini GPT. Arguments are Hydra overrides.
 
 [bold]Config groups[/bold] (choose one with GROUP=OPTION):
 
-{_groups_help()}
+{GROUPS}
 
 Any key can be set: model.n_layer=6 train.lr=3e-3 norm.eps=1e-6 seed=1.
 Show the composed config with [bold]--cfg job[/bold]; choose the run directory with hydra.run.dir=DIR.
@@ -78,13 +149,21 @@ Show the composed config with [bold]--cfg job[/bold]; choose the run directory w
   normbench train norm=bn placement=post train.steps=500 seed=1
 
   normbench train data=text data.path=input.txt model=small
+
+  normbench train --config-dir myconf norm=maxnorm
 """,
 )
-def train(ctx: typer.Context) -> None:
-    _hydra(ctx.args)
+def train(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
+    grid = [a for a in ctx.args if a in ("-m", "--multirun")]
+    if grid:
+        # the same overrides, less the single run's directory
+        rest = [a for a in ctx.args if a not in grid and not a.startswith("hydra.run.dir=")]
+        _fail(f"train runs one configuration: run a grid with {shlex.join(['normbench', 'sweep', *rest])}")
+    _hydra(_with_config_dir(ctx.args, config_dir))
 
 
 @app.command(
+    cls=GroupsHelp,
     context_settings=HYDRA_ARGS,
     help=f"""Run a grid of trainings: Hydra's multirun, resumable. Arguments are Hydra overrides.
 
@@ -93,6 +172,10 @@ its own run directory under the sweep directory (results/sweeps/NAME-HASH unless
 hydra.sweep.dir=DIR is given). Running the same command again resumes: runs completed with the
 same config are kept, interrupted ones run again, diverged and failed ones are kept unless
 --retry-failed. The exit code is 1 if any run failed (diverging is a result, not a failure).
+
+[bold]Config groups[/bold] (sweep a group with GROUP=A,B or "GROUP=glob(*)"):
+
+{GROUPS}
 
 [bold]Named experiments[/bold] (experiment=NAME): {", ".join(group_options("experiment"))}
 
@@ -114,6 +197,7 @@ per job; pip install 'normbench\\[slurm]'), hydra/launcher=ray_cluster (Ray; pip
 )
 def sweep(
     ctx: typer.Context,
+    config_dir: Path | None = CONFIG_DIR,
     dry_run: bool = typer.Option(
         False, "--dry-run", help="List the runs the sweep would make, and which already have results."
     ),
@@ -128,16 +212,17 @@ def sweep(
     _refuse_options(
         ctx.args,
         "sweep",
-        "--dry-run, --retry-failed and Hydra overrides KEY=VALUE "
+        "--config-dir, --dry-run, --retry-failed and Hydra overrides KEY=VALUE "
         "(to see a run's config: normbench train --cfg job KEY=VALUE ...)",
     )
+    args = _with_config_dir(ctx.args, config_dir)
     # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
-    child = None if dry_run else multirun.start(ctx.args, retry_failed)
+    child = None if dry_run else multirun.start(args, retry_failed)
     extensions.install()  # installed packages' norms and placements, for the plan's composition
     from normbench.sweeps.sweep import run_sweep
 
     try:
-        code = run_sweep(ctx.args, dry_run=dry_run, retry_failed=retry_failed, child=child)
+        code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, child=child)
     except ConfigError as err:
         _fail(err)
     raise typer.Exit(code)
@@ -275,6 +360,7 @@ OUT/coordcheck.png. Under μP (model.param=mup) the curves stay flat across widt
 )
 def coordcheck(
     ctx: typer.Context,
+    config_dir: Path | None = CONFIG_DIR,
     widths: str = typer.Option("32,64,128,256", "--widths", help="Comma-separated d_model values."),
     steps: int = typer.Option(3, "--steps", help="Adam steps after init (step 0)."),
     param: str = typer.Option("both", "--param", help="sp, mup or both (side by side)."),
@@ -286,10 +372,10 @@ def coordcheck(
     _refuse_options(
         ctx.args,
         "coordcheck",
-        "--widths, --steps, --param, --out and Hydra overrides KEY=VALUE",
+        "--config-dir, --widths, --steps, --param, --out and Hydra overrides KEY=VALUE",
     )
     try:
-        run_coordcheck(ctx.args, widths, steps, param, out)
+        run_coordcheck(_with_config_dir(ctx.args, config_dir), widths, steps, param, out)
     except ConfigError as err:
         _fail(err)
 
@@ -352,18 +438,27 @@ def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
         return list(args)
     if not config_dir.is_dir():
         _fail(f"--config-dir {config_dir}: no such folder")
-    return [*args, f"hydra.searchpath=[file://{config_dir.resolve()}]"]
+    quoted = str(config_dir.resolve()).replace("\\", "\\\\").replace("'", "\\'")
+    return [*args, f"hydra.searchpath=['file://{quoted}']"]
 
 
 @app.command(
+    cls=GroupsHelp,
     context_settings=HYDRA_ARGS,
-    help="""Check a norm or placement, built-in or your own, before a sweep trusts it.
+    help=f"""Check a norm or placement, built-in or your own, before a sweep trusts it.
 
-One line per property with its figure: output shape and dtype (fp32, bf16, fp16), float32 statistics
-under bf16, no future leak (train and eval mode), the declared statistics kept, gradients to every
-parameter, a state-dict round trip, torch.compile, forward+backward time against LayerNorm (the
-norm benchmark's 1.1x goal), and a short model=micro run that learns. Exit 1 when a property that
-must hold fails (leak, statistics, dead parameter, not learning). Arguments are Hydra overrides.
+One line per property with its figure: output shape and finite values, the output's dtype (fp32,
+bf16, fp16 inputs), float32 statistics under bf16, no future leak (train and eval mode), the declared
+statistics kept, gradients to every parameter, a state-dict round trip, torch.compile,
+forward+backward time against LayerNorm (normbench's own norms: the norm benchmark's 1.1x goal;
+yours: the figure), and a short model=micro run
+that learns. Exit 1 when a property without which results are wrong fails (a wrong shape or a
+non-finite output, a leak, other statistics than declared, a dead parameter, not learning); the
+others are flagged with their cost, exit 0. Arguments are Hydra overrides.
+
+[bold]Config groups[/bold]:
+
+{GROUPS}
 
 [bold]Examples[/bold]
 
@@ -374,9 +469,7 @@ must hold fails (leak, statistics, dead parameter, not learning). Arguments are 
 )
 def check(
     ctx: typer.Context,
-    config_dir: Path | None = typer.Option(
-        None, "--config-dir", help="Your config folder (conf/norm/*.yaml ...), added to Hydra's search path."
-    ),
+    config_dir: Path | None = CONFIG_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print the lines as JSON, for scripts."),
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Include the torch.compile line."),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="Include the timing line."),

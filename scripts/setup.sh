@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install normbench into it. Sourced by demo.sh and test.sh.
-# NORMBENCH_TORCH overrides the torch requirement, e.g. NORMBENCH_TORCH="torch==2.13.0" for a CPU wheel.
+# PyTorch's build fits the machine (scripts/torch_choice.sh): the CUDA one where nvidia-smi finds an NVIDIA GPU,
+# the CPU one elsewhere. NORMBENCH_TORCH overrides the requirement, e.g. NORMBENCH_TORCH="torch==2.13.0".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 extras="${1:-}"
@@ -12,7 +13,8 @@ stamp=".venv/.normbench-installed${extras:+-$extras}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$py" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     if ! "$py" -c "import torch" 2>/dev/null; then
-        "$py" -m pip install -q "${NORMBENCH_TORCH:-torch>=2.4}"
+        mapfile -t torch_args < <(scripts/torch_choice.sh)
+        "$py" -m pip install -q "${torch_args[@]}"
     fi
     "$py" -m pip install -q -e ".${extras:+[$extras]}"
     touch "$stamp"

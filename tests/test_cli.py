@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,20 +51,16 @@ def test_train_writes_the_run_directory(tmp_path):
     result = invoke("train", *tiny(), f"hydra.run.dir={tmp_path}")
     assert result.exit_code == 0, result.output
     assert {"config.yaml", "metrics.jsonl", "summary.json"} <= {p.name for p in tmp_path.iterdir()}
+    assert not (tmp_path / "normbench.log").exists()  # the run's record is the files above
     assert "final val loss" in result.output
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
 
-# (overrides, exit code, message): 2 for normbench's own checks, 1 where Hydra itself refuses (as
-# docs/configuration.md says).
+# (overrides, exit code, message): 2 for a mistake in the command line, Hydra's included.
 BAD_INPUTS = [
-    (
-        ["norm=foo"],
-        1,
-        "Could not find 'norm/foo' Available options in 'norm': bn derf dyt gn ln none rms scale",
-    ),
-    (["placement=sideways"], 1, "Could not find 'placement/sideways' Available options in 'placement'"),
-    (["train.nokey=1"], 1, "Could not override 'train.nokey'"),
+    (["norm=foo"], 2, "unknown norm 'foo' (choices: bn, derf, dyt, gn, ln, none, rms, scale)"),
+    (["placement=sideways"], 2, "unknown placement 'sideways' (choices: deepnorm, hybrid,"),
+    (["train.nokey=1"], 2, "unknown key train.nokey; normbench train --cfg job shows every key"),
     (["norm.name=foo"], 2, "unknown norm 'foo'; allowed: bn, derf, dyt, gn, ln, none, rms, scale"),
     (
         ["model.d_model=30", "model.n_head=4"],
@@ -140,6 +137,62 @@ def test_bad_input_is_one_line(tmp_path, overrides, message):
     assert message in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+MISTYPED = [
+    (["train.step=5"], "unknown key train.step; did you mean train.steps?"),
+    (["+train.step=5"], "unknown key train.step; did you mean train.steps?"),
+    (["model.n_layr=3"], "unknown key model.n_layr; did you mean model.n_layer?"),
+    (["nrom=rms"], "unknown key nrom; did you mean norm?"),
+    (
+        ["norm=rsm"],
+        "unknown norm 'rsm'; did you mean rms? (choices: bn, derf, dyt, gn, ln, none, rms, scale)",
+    ),
+    (
+        ["norm=ln,rms"],
+        "'norm=ln,rms' is a list of values, and this command runs one configuration: use normbench sweep",
+    ),
+    (
+        ["--multirun", "norm=ln,rms"],
+        "train runs one configuration: run a grid with normbench sweep model=tiny",
+    ),
+    (["-m", "norm=ln,rms"], "train runs one configuration: run a grid with normbench sweep model=tiny"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", MISTYPED)
+def test_a_mistyped_key_or_option_says_the_closest_in_one_line(tmp_path, overrides, message):
+    result = invoke("train", *tiny(*overrides), f"hydra.run.dir={tmp_path}")
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
+    assert message in result.output, result.output
+    assert "+train" not in result.output and "search path" not in result.output
+    assert not (tmp_path / "metrics.jsonl").exists()
+    assert "hydra.run.dir" not in result.output
+
+
+def test_config_dir_and_version_on_every_command(tmp_path):
+    conf = tmp_path / "myconf"
+    (conf / "model").mkdir(parents=True)
+    micro = (REPO / "conf" / "model" / "micro.yaml").read_text()
+    (conf / "model" / "wee.yaml").write_text(micro.replace("n_layer: 2", "n_layer: 1"))
+    for command in ("train", "sweep", "check", "coordcheck"):
+        shown = invoke(command, "--help")
+        assert shown.exit_code == 0 and "--config-dir" in shown.output, command
+    yours = invoke("train", "--config-dir", str(conf), "--help")
+    assert "yours: wee" in " ".join(yours.output.split())
+    assert "yours:" not in invoke("train", "--help").output
+    composed = invoke("train", "--config-dir", str(conf), "--cfg", "job", "model=wee")
+    assert composed.exit_code == 0 and "n_layer: 1" in composed.output, composed.output
+    planned = invoke("sweep", "--config-dir", str(conf), "--dry-run", *tiny("model=wee", "seed=0,1"))
+    assert planned.exit_code == 0, planned.output
+    assert "2 runs" in planned.output, planned.output
+    missing = invoke("sweep", "--config-dir", str(tmp_path / "nope"), "--dry-run", "seed=0,1")
+    assert missing.exit_code == 2 and "--config-dir" in missing.output and "no such folder" in missing.output
+
+    version = invoke("--version")
+    declared = re.search(r'(?m)^version = "(.+)"', (REPO / "pyproject.toml").read_text())[1]
+    assert version.exit_code == 0 and version.output == f"normbench {declared}\n"
 
 
 @pytest.mark.slow  # a fresh interpreter
@@ -259,6 +312,7 @@ def test_bench_writes_a_csv_and_rejects_bad_numbers(tmp_path):
     assert (
         "ln fp32: worst" in ok.output and len(out.read_text().splitlines()) == 1 + 2 * 2 * 2
     )  # header, norms x impls x passes
+    assert f"wrote {out} (8 rows;" in " ".join(ok.output.split())
     for flag, value, message in (
         ("--tokens", "0", "tokens must be >= 1"),
         ("--repeats", "0", "repeats must be >= 1"),

@@ -110,7 +110,6 @@ def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
         "config.yaml",
         "metrics.jsonl",
         "summary.json",
-        "normbench.log",
     }
     assert out.count("run completed") == 1 and out.count("20/20") == 1, (
         out

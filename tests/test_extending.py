@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -81,6 +82,20 @@ class HalfStatistics(Sound):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(x.dtype)
 
 
+class NonFinite(Sound):
+    """Logarithm of a signed output: NaN for every negative entry."""
+
+    def forward(self, x):
+        return super().forward(x).log()
+
+
+class MaxAbs(Sound):
+    """Divides by the largest magnitude; its float32 weight makes a bf16 input's output float32."""
+
+    def forward(self, x):
+        return x / x.abs().amax(-1, keepdim=True).clamp_min(self.eps) * self.weight
+
+
 class NoDim(nn.Module):
     statistics = "token"
 
@@ -114,7 +129,7 @@ def userpkg(tmp_path_factory):
     """``nb_userpkg`` on sys.path for this module's tests, with a conf/ folder per norm."""
     root = tmp_path_factory.mktemp("user")
     (root / "nb_userpkg.py").write_text(textwrap.dedent(PACKAGE))
-    for name in ("Sound", "Leaky", "BatchMixing", "DeadParameter", "HalfStatistics"):
+    for name in ("Sound", "Leaky", "BatchMixing", "DeadParameter", "HalfStatistics", "MaxAbs"):
         folder = root / f"conf_{name.lower()}" / "norm"
         folder.mkdir(parents=True)
         (folder / "mine.yaml").write_text(f"name: mine\n_target_: nb_userpkg.{name}\neps: 1.0e-06\n")
@@ -155,7 +170,7 @@ def lines_of(cls: str) -> dict[str, conformance.Line]:
 
 
 MUST_HOLD = (
-    "output shape and dtype",
+    "output shape, finite values",
     "declared statistics",
     "gradients reach every parameter",
     "no future leak (train mode)",
@@ -177,6 +192,7 @@ def test_a_sound_user_norm_passes_every_line_that_must_hold(userpkg):
         ("Leaky", "no future leak (train mode)"),
         ("BatchMixing", "declared statistics"),
         ("DeadParameter", "gradients reach every parameter"),
+        ("NonFinite", "output shape, finite values"),
     ],
 )
 def test_each_unsound_norm_fails_its_own_line(userpkg, cls, line):
@@ -187,6 +203,19 @@ def test_each_unsound_norm_fails_its_own_line(userpkg, cls, line):
 def test_statistics_in_half_precision_are_flagged_not_failed(userpkg):
     line = lines_of("HalfStatistics")["float32 statistics under bf16"]
     assert line.ok is False and line.mark == "flag" and not line.must
+
+
+def test_a_wider_output_dtype_is_flagged_with_its_cost_and_check_exits_0(userpkg):
+    args = ["check", "--config-dir", str(userpkg / "conf_maxabs"), "norm=mine", "model=micro"]
+    result = CliRunner().invoke(app, [*args, "--json", "--no-compile", "--no-speed", "--steps", "30"])
+    assert result.exit_code == 0, result.output
+    lines = {line["name"]: line for line in json.loads(result.stdout)["lines"]}
+    assert lines["output shape, finite values"]["result"] == "ok"
+    assert lines["output dtype"]["result"] == "flag"
+    figure = lines["output dtype"]["figure"]
+    assert "returns float32 for bf16 input: twice the activation memory" in figure
+    assert figure.endswith("cast back with .to(x.dtype)")
+    assert [n for n in MUST_HOLD if lines[n]["result"] != "ok"] == []
 
 
 def test_a_dead_parameter_names_it_and_check_exits_1_with_json(userpkg):
@@ -258,6 +287,25 @@ def make_dist(site, name: str, entry_points: str) -> None:
     (info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
 
 
+def test_help_lists_the_norms_and_placements_a_user_adds(tmp_path, monkeypatch):
+    make_dist(
+        tmp_path,
+        "nb-helpdist",
+        "[normbench.norms]\nepnorm = nb_x:N\n[normbench.placements]\nepblock = nb_x:B\n",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "conf" / "norm").mkdir(parents=True)
+    (tmp_path / "conf" / "norm" / "folded.yaml").write_text("name: folded\n_target_: nb_x.F\n")
+    for command in ("train", "sweep", "check"):
+        shown = " ".join(
+            CliRunner()
+            .invoke(app, [command, "--config-dir", str(tmp_path / "conf"), "--help"])
+            .output.split()
+        )
+        assert "rms, scale; yours: epnorm, folded" in shown, (command, shown)
+        assert "rezero; yours: epblock" in shown, (command, shown)
+
+
 def test_entry_point_packages_are_found_and_a_broken_one_is_named(userpkg, tmp_path, monkeypatch):
     make_dist(
         tmp_path,
@@ -309,6 +357,9 @@ def test_new_writes_a_norm_and_a_placement_that_pass_their_lines(tmp_path, monke
     run = parse_config(cfg)
     lines = conformance.norm_lines("fresh", {"eps": 1e-6}, run.model.d_model) + conformance.model_lines(run)
     assert [line.name for line in lines if not line.ok] == []
+    speed = conformance.speed_line("fresh")  # eager ops against LayerNorm's fused op: measured, not flagged
+    assert speed.mark == "n/a" and speed.figure.endswith("(no goal for your own norm)"), speed
+    assert re.fullmatch(r"\d+\.\d\dx at 256, \d+\.\d\dx at 1024 \(no goal for your own norm\)", speed.figure)
     with pytest.raises(ConfigError, match="overwrites nothing"):
         scaffold.write("norm", "fresh", tmp_path)
     with pytest.raises(ConfigError, match="'rms' is normbench's own norm"):

@@ -15,17 +15,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, compose_cfg, run_cli
+from conftest import TINY, compose_cfg, run_cli, tiny
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 from rich.console import Console
+from typer.testing import CliRunner
 
+from normbench.cli import app
 from normbench.core.devices import available_cpus
 from normbench.core.errors import ConfigError
 from normbench.core.runs import RunDir, read_index
 from normbench.sweeps import job as job_module
 from normbench.sweeps.job import job_threads
-from normbench.sweeps.sweep import plan_sweep, run_sweep
+from normbench.sweeps.sweep import plan_sweep, run_sweep, training_share
 from normbench.training.config import conf_dir, config_hash, group_options
 
 # Overrides under which train.lr=50 diverges within a few steps and train.lr=3e-3 does not.
@@ -362,15 +364,16 @@ def test_named_experiments_plan_their_grids(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # the CLI in a subprocess
 def test_user_mistakes_are_short_clear_errors(tmp_path, monkeypatch):
-    result = run_cli("sweep", "experiment=nope", cwd=tmp_path)
+    result = run_cli("sweep", "experiment=warmpu", cwd=tmp_path)
     assert result.returncode == 2
-    assert "unknown experiment 'nope'" in result.stderr and "norm_zoo" in result.stderr
+    assert "unknown experiment 'warmpu'; did you mean warmup? (choices: " in result.stderr
+    assert "norm_zoo" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
     monkeypatch.chdir(tmp_path)
     for args, message in [
-        (["norm=nope"], "Could not find 'norm/nope'"),
-        (["nokey=1"], "Could not override 'nokey'"),
+        (["norm=nope"], "unknown norm 'nope'; did you mean none? (choices: bn,"),
+        (["nokey=1"], "unknown key nokey"),
         (["norm=[ln"], "cannot read the override 'norm=[ln'"),
         (["experiment=warmup,depth"], "one experiment per sweep"),
         (["train.lr=-1"], "train.lr must be >= 0"),
@@ -720,3 +723,30 @@ def test_the_sweep_command_forwards_every_signal_a_job_checkpoints_on():
     from normbench.training.preemption import SIGNALS
 
     assert STOP_SIGNALS == SIGNALS
+
+
+def test_the_closing_line_says_the_training_share_in_words():
+    # two runs of 34 s of training steps each, on 2 workers for 40 s: 68 of 80 worker-seconds
+    assert (
+        training_share([34.0, 34.0], 2, 40.0)
+        == "; 85% of the workers' time was training (2 workers for 40 s)"
+    )
+    assert training_share([9.0], 1, 10.0) == "; 90% of the workers' time was training (1 worker for 10 s)"
+
+
+def test_a_sweep_directory_with_runs_of_another_grid_says_so(tmp_path):
+    sweep = tmp_path / "demo"
+    other = CliRunner().invoke(
+        app, ["train", *tiny("train.steps=2", "seed=7"), f"hydra.run.dir={sweep / 'old'}"]
+    )
+    assert other.exit_code == 0, other.output
+    args = ["sweep", "--dry-run", *tiny("seed=0,1"), f"hydra.sweep.dir={sweep}"]
+    planned = " ".join(CliRunner().invoke(app, args).output.split())
+    assert (
+        f"{sweep} holds 1 run of another grid; it is kept (normbench report {sweep} compares them too)"
+        in planned
+    )
+    fresh = " ".join(
+        CliRunner().invoke(app, [*args[:-1], f"hydra.sweep.dir={tmp_path / 'new'}"]).output.split()
+    )
+    assert "another grid" not in fresh and "2 runs in" in fresh

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import stat
 import struct
 from pathlib import Path
 
@@ -179,6 +181,18 @@ def test_same_sources_and_tokenizer_reuse_one_directory(tmp_path, capsys):
     assert other != first
     src.write_text(src.read_text() + "\nnew text\n")
     assert prepare(opts, tmp_path / "out", show_progress=False) != first  # named by content, not by path
+
+
+@pytest.mark.parametrize("umask, folder, files", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_prepared_folder_is_as_readable_as_the_umask_allows(tmp_path, umask, folder, files):
+    src = write_corpus(tmp_path / "docs.txt", corpus(20))
+    before = os.umask(umask)
+    try:
+        out = prepare(Options([str(src)], "byte"), tmp_path / "out", show_progress=False)
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(out.stat().st_mode) == folder  # what mkdir would have made
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {files}
 
 
 def test_shards_roll_over_and_jsonl_and_parquet_sources(tmp_path):

@@ -6,9 +6,14 @@ and must stay fast. ``normbench.training.config`` re-exports both functions.
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import yaml
+
+# The entry-point groups through which installed packages add norms and placements
+# (normbench.model.extensions registers them).
+ENTRY_POINT_GROUPS = {"norm": "normbench.norms", "placement": "normbench.placements"}
 
 
 def conf_dir() -> Path:
@@ -26,6 +31,19 @@ def conf_dir() -> Path:
 def group_options(group: str) -> list[str]:
     """The names a config group offers (its YAML files), for help texts and errors."""
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def added_options(group: str, config_dir: Path | None = None) -> list[str]:
+    """The options a user adds to ``group``: installed packages' entry points and ``config_dir``'s
+    ``GROUP/*.yaml``, less normbench's own."""
+    names = (
+        {ep.name for ep in entry_points(group=ENTRY_POINT_GROUPS[group])}
+        if group in ENTRY_POINT_GROUPS
+        else set()
+    )
+    if config_dir is not None:
+        names |= {p.stem for p in (Path(config_dir) / group).glob("*.yaml")}
+    return sorted(names - set(group_options(group)))
 
 
 def default_option(group: str) -> str:

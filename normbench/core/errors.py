@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 
 
@@ -40,3 +41,44 @@ class DiskFull(Exception):
     def advice(self) -> str:
         where = f"from step {self.resume_step}" if self.resume_step else "from the start"
         return f"{self}; free space and run the same command again to resume {where}"
+
+
+def did_you_mean(word: str, choices, shown=lambda choice: choice) -> str:
+    """``"; did you mean X?"`` for the choice closest to a mistyped ``word`` (difflib), or ``""``."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {shown(close[0])}?" if close else ""
+
+
+def unknown_option(group: str, option: str, options) -> str:
+    choices = ", ".join(map(str, options))
+    return f"unknown {group} '{option}'{did_you_mean(option, options)} (choices: {choices})"
+
+
+def unknown_key(full_key: str, siblings) -> str:
+    """``full_key`` is not in its parent, whose keys are ``siblings``."""
+    parent, _, key = full_key.rpartition(".")
+    hint = did_you_mean(key, siblings, lambda k: f"{parent}.{k}" if parent else k)
+    return f"unknown key {full_key}{hint or '; normbench train --cfg job shows every key'}"
+
+
+def composition_error(err: Exception) -> str:
+    """One of Hydra's composition errors on one line a user can act on: an unknown config option
+    (``norm=rsm``) with its group's choices, an unknown key (``train.step=5``) with the closest key,
+    never Hydra's search path nor its advice to add the key with ``+`` (which the typed config then
+    refuses); a grid given to a command that runs one configuration points to ``normbench sweep``."""
+    from hydra.errors import MissingConfigException  # imported here: this module stays light
+    from omegaconf import DictConfig
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    if isinstance(err, MissingConfigException) and err.options and "/" in (err.missing_cfg_file or ""):
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return unknown_option(group, option, err.options)
+    missing = (ConfigKeyError, ConfigAttributeError)
+    key_error = err if isinstance(err, missing) else err.__cause__
+    if isinstance(key_error, missing) and isinstance(key_error.parent_node, DictConfig):
+        return unknown_key(str(key_error.full_key), list(key_error.parent_node.keys()))
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if lines and lines[0].startswith("Ambiguous value for argument"):
+        grid = lines[0].removeprefix("Ambiguous value for argument").strip()
+        return f"{grid} is a list of values, and this command runs one configuration: use normbench sweep"
+    return " ".join(lines[:2])

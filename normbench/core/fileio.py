@@ -31,6 +31,14 @@ def disk_full_is(path: Path):
         raise
 
 
+def as_umask_allows(mode: int) -> int:
+    """``mode`` less the user's umask: what open() and mkdir() would give. mkstemp and mkdtemp create
+    0600 and 0700, and results are meant to be read by colleagues on shared storage."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write a file so readers see the old content or the new one, never half of it."""
     path = Path(path)
@@ -40,10 +48,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        # mkstemp creates 0600; results are meant to be read by colleagues on shared storage.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, as_umask_allows(0o666))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

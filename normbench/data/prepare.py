@@ -47,7 +47,7 @@ from rich.progress import (
 )
 
 from normbench.core.errors import ConfigError
-from normbench.core.fileio import disk_full_is, to_json, write_atomic
+from normbench.core.fileio import as_umask_allows, disk_full_is, to_json, write_atomic
 from normbench.data import tokenizers
 from normbench.data.shards import ShardWriter, dtype_for
 
@@ -549,6 +549,7 @@ def prepare(opts: Options, out: Path, console: Console | None = None, show_progr
         return final
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out, prefix=f".{final.name}.", suffix=".tmp"))
+    os.chmod(work, as_umask_allows(0o777))  # renamed into place: as readable as a mkdir'd folder
     started = time.perf_counter()
     try:
         splits = _write(opts, train, val, identity, work, console, show_progress)

@@ -20,10 +20,10 @@ from importlib.metadata import entry_points
 
 from hydra.core.config_store import ConfigStore
 
+from normbench.core.configtree import ENTRY_POINT_GROUPS as GROUPS
 from normbench.core.errors import ConfigError
 from normbench.model.targets import dotted, is_builtin
 
-GROUPS = {"norm": "normbench.norms", "placement": "normbench.placements"}
 _installed: dict[str, type | None] = {}  # "group:name" -> its class in this process (None: left out)
 
 

@@ -121,9 +121,8 @@ def main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from normbench.core.errors import ConfigError
+    from normbench.core.errors import ConfigError, composition_error
     from normbench.sweeps.job import hydra_main
-    from normbench.sweeps.planning import short
 
     try:
         hydra_main()
@@ -131,7 +130,7 @@ def main() -> None:
         print(f"{ERROR} {err}", flush=True)
         sys.exit(2)
     except (HydraException, OmegaConfBaseException) as err:
-        print(f"{ERROR} {short(err)}", flush=True)
+        print(f"{ERROR} {composition_error(err)}", flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

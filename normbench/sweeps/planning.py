@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from normbench.core.configtree import conf_dir, group_options
-from normbench.core.errors import ConfigError, installed
+from normbench.core.errors import ConfigError, composition_error, installed, unknown_option
 from normbench.core.fileio import write_atomic
 from normbench.core.identity import NOT_HASHED, config_hash
 from normbench.core.runs import CONFIG, PLAN, SUMMARY, RunDir, RunLock
@@ -128,7 +128,7 @@ def check_args(args: list[str]) -> None:
             if o.is_sweep_override():
                 raise ConfigError("one experiment per sweep (experiment=NAME)", allowed=names)
             if o.value() not in names:
-                raise ConfigError(f"unknown experiment '{o.value()}'", allowed=names)
+                raise ConfigError(unknown_option("experiment", o.value(), names))
         if key == "hydra/sweeper" and o.value() != "normbench":
             raise ConfigError(
                 "normbench sweep plans, resumes and skips runs with its own sweeper",
@@ -142,15 +142,6 @@ def check_args(args: list[str]) -> None:
                     f"hydra/launcher={name} needs the Hydra launcher plugin {module.replace('_', '-')}: "
                     f"pip install 'normbench[{extra}]'"
                 )
-
-
-def short(err: Exception) -> str:
-    """Hydra's composition errors on one line, with the options it lists but not its search path."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[1].startswith("Available options"):
-        options = [line for line in lines[2:] if not line.startswith(("Config search path", "provider="))]
-        return f"{lines[0]}; {lines[1].rstrip(':').lower()}: {', '.join(options)}"
-    return " ".join(lines[:2])
 
 
 def default_sweep_dir(cfg: DictConfig, arguments: list[str]) -> Path:
@@ -242,7 +233,7 @@ def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str], sw
             jobs.append(job)
         launcher = OmegaConf.to_container(master.hydra.launcher, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(short(err)) from None
+        raise ConfigError(composition_error(err)) from None
     if jobs and all(job.invalid for job in jobs):
         raise ConfigError(jobs[0].invalid)  # nothing would train: say why now rather than after launching
     first: dict[Path, Job] = {}
@@ -276,7 +267,7 @@ def plan_sweep(args: list[str]) -> Plan:
             try:  # as Hydra's --multirun loads it
                 master = loader.load_configuration("config", [*args, "hydra.mode=MULTIRUN"], RunMode.MULTIRUN)
             except (HydraException, OmegaConfBaseException) as err:
-                raise ConfigError(short(err)) from None
+                raise ConfigError(composition_error(err)) from None
             params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
             task = OmegaConf.to_container(master.hydra.overrides.task)
             return make_plan(loader, master, [*params, *task], pin_sweep_dir(master))

@@ -297,8 +297,27 @@ def _headline(plan: Plan, retry_failed: bool) -> str:
         else "none has results yet"
     )
     redo = [j.state for j in todo if j.state != "new"]
-    return f"{_runs(len(plan.jobs))} in {plan.sweep_dir}: {have}, {len(todo)} to run" + (
+    line = f"{_runs(len(plan.jobs))} in {plan.sweep_dir}: {have}, {len(todo)} to run" + (
         f" ({_counts(redo)} among them)" if redo else ""
+    )
+    return line + _other_grids(plan)
+
+
+def _other_grids(plan: Plan) -> str:
+    """The runs the sweep directory holds that are none of this grid's (the same hydra.sweep.dir with
+    other overrides): kept, and a report on the directory compares them too."""
+    ours = {job.run_dir.name for job in plan.jobs}
+    others = (
+        [p for p in plan.sweep_dir.iterdir() if p.name not in ours and (p / CONFIG).is_file()]
+        if plan.sweep_dir.is_dir()
+        else []
+    )
+    if not others:
+        return ""
+    kept = "it is" if len(others) == 1 else "they are"
+    return (
+        f"\n{plan.sweep_dir} holds {_runs(len(others))} of another grid; {kept} kept "
+        f"(normbench report {plan.sweep_dir} compares them too)"
     )
 
 
@@ -334,9 +353,9 @@ def _interrupted(plan: Plan, by_dir: dict[str, dict], args: list[str], retry_fai
 
 
 def _efficiency(plan: Plan, started: float) -> str:
-    """ ", training steps 87% of 2 workers x 183 s": the share of the workers' time this sweep spent
-    in the updates of the runs it trained (summary.json's time_s), start-up and waiting included.
-    Empty for launchers whose workers are elsewhere, or when this sweep trained nothing."""
+    """How much of the workers' time this sweep spent in the updates of the runs it trained
+    (summary.json's time_s), start-up and waiting included (``training_share``). Empty for launchers
+    whose workers are elsewhere, or when this sweep trained nothing."""
     workers = local_parallel_jobs(plan.launcher)
     steps = [
         (RunDir(job.run_dir).read_summary() or {}).get("time_s", {}).get("steps", 0.0)
@@ -344,11 +363,19 @@ def _efficiency(plan: Plan, started: float) -> str:
         if mtime(job.run_dir / SUMMARY) != plan.at_launch[job.run_dir][1]
         and RunLock(job.run_dir).last_owner().get("sweep") == sweep_owner()
     ]
-    wall = time.perf_counter() - started
     if not workers or not any(steps):
         return ""
-    share = 100 * sum(steps) / (workers * wall)
-    return f", training steps {share:.0f}% of {workers} worker{'s' if workers > 1 else ''} x {wall:.0f} s"
+    return training_share(steps, workers, time.perf_counter() - started)
+
+
+def training_share(steps_s: list[float], workers: int, wall_s: float) -> str:
+    """ "; 86% of the workers' time was training (2 workers for 79 s)": the runs' training steps
+    against the time the workers were there for."""
+    share = 100 * sum(steps_s) / (workers * wall_s)
+    return (
+        f"; {share:.0f}% of the workers' time was training "
+        f"({workers} worker{'s' if workers > 1 else ''} for {wall_s:.0f} s)"
+    )
 
 
 def _account_for_others(plan: Plan, by_dir: dict[str, dict], console: Console) -> None:

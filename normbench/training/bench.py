@@ -296,6 +296,13 @@ def run_bench(
     if out is not None:
         write_csv(df, Path(out))
     show(df, console)
+    console.print(
+        f"wrote {out} ({len(df)} rows; compare bench files with: normbench report {out})"
+        if out is not None
+        else "not saved: --out FILE.csv writes these rows",
+        highlight=False,
+        soft_wrap=True,
+    )
     return df
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from normbench.core.configtree import conf_dir, default_option, group_options
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, unknown_key
 from normbench.core.identity import NOT_HASHED, config_hash
 from normbench.data.corpus import DATA_SCHEMAS, DataConfig
 from normbench.model.gpt import ModelConfig
@@ -59,6 +59,10 @@ def _typed(schema, node, group: str):
         typed = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or ""
+        if (
+            isinstance(err, (ConfigKeyError, ConfigAttributeError)) and key
+        ):  # a key the schema lacks, added with +KEY=VALUE
+            raise ConfigError(unknown_key(f"{group}.{key}", [f.name for f in fields(schema)])) from None
         reason = str(err).splitlines()[0]
         raise ConfigError(f"{group}.{key}: {reason}" if key else f"{group}: {reason}") from None
     if key is not None:

@@ -1,8 +1,9 @@
 """``normbench check``: is a norm or placement sound before a sweep spends hours on it?
 
-One line per property, each with its figure. The properties that must hold (no future leak, the
-declared ``statistics`` kept, a gradient for every parameter, a model that learns) fail the check;
-the others (precision, a state-dict round trip, torch.compile, speed) are reported and flagged.
+One line per property, each with its figure. The properties without which results are wrong (an
+output of the right shape with finite values, no future leak, the declared ``statistics`` kept, a
+gradient for every parameter, a model that learns) fail the check; the others (the output's dtype,
+precision, a state-dict round trip, torch.compile, speed) are reported and flagged with their cost.
 Built on what normbench already has: the causal probe (normbench.model.causality), the norm
 benchmark and its 1.1x goal (normbench.training.bench), the training loop.
 """
@@ -23,6 +24,7 @@ from rich.table import Table
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT
 from normbench.model.norms import build_norm, norm_class
+from normbench.model.targets import is_builtin
 from normbench.training import bench
 from normbench.training.config import parse_config
 from normbench.training.coordcheck import compose
@@ -31,6 +33,7 @@ LEARN_STEPS = 40  # a model=micro run this long falls well below its initial los
 WIDTHS = (256, 1024)  # the widths of the speed line
 SPEED_GOAL = bench.GOALS["rms"][1]  # the norm benchmark's goal: at most 1.1x LayerNorm's native op
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", **{v: k for k, v in HALF.items()}}
 
 
 @dataclass
@@ -68,16 +71,7 @@ def norm_lines(name: str, options: dict, dim: int) -> list[Line]:
     make = lambda: build_norm(name, dim, **copy.deepcopy(options))
     norm = _randomized(make()).train()
     declared = norm_class(name).statistics
-    lines = []
-    shapes = []
-    for label, dtype in (("fp32", torch.float32), *HALF.items()):
-        try:
-            y = norm(_norm_input(dim, dtype))
-            shapes.append(f"{label} {'ok' if y.shape == (4, 16, dim) and y.dtype == dtype else y.dtype}")
-        except RuntimeError as err:  # fp16 on a device without it
-            shapes.append(f"{label} unsupported ({type(err).__name__})")
-    good = all(s.endswith(" ok") or "unsupported" in s for s in shapes)
-    lines.append(Line("output shape and dtype", ", ".join(shapes), good, True))
+    lines = [*_output_lines(norm, dim)]
 
     # Statistics in float32 under bf16: against the module's own float64 result on the same rounded
     # input, an error within twice that result's bf16 rounding; a large common offset (64) makes
@@ -117,6 +111,39 @@ def norm_lines(name: str, options: dict, dim: int) -> list[Line]:
     return lines
 
 
+def _output_lines(norm: torch.nn.Module, dim: int) -> list[Line]:
+    """Shape and finite values, which must hold; the output's dtype, flagged with its cost when it is not
+    the input's (a wider one holds every activation after the norm at that width)."""
+    shapes, dtypes = [], []
+    for label, dtype in (("fp32", torch.float32), *HALF.items()):
+        try:
+            y = norm(_norm_input(dim, dtype))
+        except RuntimeError as err:  # fp16 on a device without it
+            shapes.append(f"{label} unsupported ({type(err).__name__})")
+            continue
+        wrong = [
+            *([f"shape {tuple(y.shape)}"] if y.shape != (4, 16, dim) else []),
+            *(["non-finite values"] if not torch.isfinite(y).all() else []),
+        ]
+        shapes.append(f"{label} {'; '.join(wrong) or 'ok'}")
+        if y.dtype != dtype:
+            ratio = y.element_size() / dtype.itemsize
+            cost = {1: "as much activation memory", 2: "twice the activation memory"}.get(
+                ratio, f"{ratio:g}x the activation memory"
+            )
+            dtypes.append(f"returns {_DTYPE_NAMES.get(y.dtype, y.dtype)} for {label} input: {cost}")
+    dtype_figure = "; ".join(dtypes) + "; cast back with .to(x.dtype)" if dtypes else "the input's"
+    return [
+        Line(
+            "output shape, finite values",
+            ", ".join(shapes),
+            all(s.endswith(" ok") or "unsupported" in s for s in shapes),
+            True,
+        ),
+        Line("output dtype", dtype_figure, not dtypes, False),
+    ]
+
+
 def _gradient_line(module: torch.nn.Module, forward) -> Line:
     """Every parameter gets a nonzero gradient from a random projection of the output."""
     module.zero_grad(set_to_none=True)
@@ -147,7 +174,11 @@ def compile_line(module: torch.nn.Module, x: torch.Tensor) -> Line:
 
 
 def speed_line(name: str) -> Line:
-    """Forward+backward time against LayerNorm's native op at two widths: the norm benchmark's ratio."""
+    """Forward+backward time against LayerNorm's native op at two widths: the norm benchmark's ratio.
+
+    The 1.1x goal holds normbench's own norms, whose fused kernels were written to meet it; a user's
+    norm in eager PyTorch ops runs several times LayerNorm's single fused op (so does F.rms_norm on a
+    CPU), and its ratio is reported, not flagged: it is what the norm costs a sweep, not a fault."""
     df = bench._run(
         torch.device("cpu"),
         ["fp32"],
@@ -160,8 +191,15 @@ def speed_line(name: str) -> Line:
     )
     rows = df[(df.impl == "normbench") & (df["pass"] == "fwd+bwd")]
     ratios = {int(r.dim): float(r.ratio_to_ln) for r in rows.itertuples()}
-    figure = ", ".join(f"{r:.2f}x at {d}" for d, r in ratios.items()) + f" (goal {SPEED_GOAL}x)"
-    return Line("fwd+bwd time vs LayerNorm", figure, max(ratios.values()) <= SPEED_GOAL, False)
+    figure = ", ".join(f"{r:.2f}x at {d}" for d, r in ratios.items())
+    if not is_builtin(norm_class(name)):
+        return Line("fwd+bwd time vs LayerNorm", f"{figure} (no goal for your own norm)", None, False)
+    return Line(
+        "fwd+bwd time vs LayerNorm",
+        f"{figure} (goal {SPEED_GOAL}x)",
+        max(ratios.values()) <= SPEED_GOAL,
+        False,
+    )
 
 
 def model_lines(run) -> list[Line]:

@@ -20,7 +20,7 @@ import torch
 from rich.console import Console
 
 from normbench.core.devices import resolve_device
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, composition_error
 from normbench.core.fileio import write_atomic
 from normbench.data.corpus import build_dataset
 from normbench.model import extensions
@@ -67,7 +67,7 @@ def compose(overrides: list[str]):
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             return hydra_compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(str(err).splitlines()[0]) from None
+        raise ConfigError(composition_error(err)) from None
 
 
 def block_rms(run, steps: int) -> list[dict]:
