@@ -337,3 +337,20 @@ def test_z_loss_is_logged_apart_and_train_loss_stays_cross_entropy(tmp_path):
     assert z_run[0]["train_loss"] == pytest.approx(plain[0]["train_loss"], rel=1e-6)
     # At init the logits are about 0, so Z is about the vocabulary size: z = coef * ln(64)^2.
     assert z_run[0]["z_loss"] == pytest.approx(0.01 * math.log(64) ** 2, rel=0.02)
+
+
+def test_evaluation_follows_eval_every_whatever_log_every(tmp_path):
+    """eval_every=3 with log_every=4 (co-prime): evaluated at 0, 3, 6, 9, 12, the same validation losses as
+    a run that logs every step (evaluating reads the model, never trains it)."""
+    cadence = ("train.steps=12", "train.eval_every=3", "train.checkpoint_every=0")
+    summary = train_tiny(tmp_path / "apart", *cadence, "train.log_every=4")
+    train_tiny(tmp_path / "every", *cadence, "train.log_every=1")
+    evals = {
+        name: [(r["step"], r["val_loss"]) for r in read_metrics(tmp_path / name) if r["kind"] == "eval"]
+        for name in ("apart", "every")
+    }
+    assert [step for step, _ in evals["apart"]] == [0, 3, 6, 9, 12]
+    assert evals["apart"] == evals["every"]
+    assert summary["best_val_loss"] == min(loss for _, loss in evals["every"])
+    train_steps = [r["step"] for r in read_metrics(tmp_path / "apart") if r["kind"] == "train"]
+    assert train_steps == [4, 8, 12]  # the log windows keep their own cadence

@@ -565,14 +565,15 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
                 loop.checkpoint(step - 1)
                 loop.step(step)
                 record = loop.log_window(step)
-                if record is None:
-                    continue
-                bar.update(record)
-                if loop.diverged:
-                    status = "diverged"
-                    break
+                if record is not None:
+                    bar.update(record)
+                    if loop.diverged:
+                        status = "diverged"
+                        break
+                # every eval_every steps whatever the log window: the two cadences are independent
                 loop.evaluate(step, due=False)
-                loop.sinks.flush()  # trackers send the window's records in one call
+                if record is not None:
+                    loop.sinks.flush()  # trackers send the window's records in one call
     except KeyboardInterrupt:
         loop.sinks.abort()
         raise
