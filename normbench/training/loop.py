@@ -377,6 +377,7 @@ class Loop:
             enabled=self.main,
             config_hash=state.cfg.config_hash,
             resume_at=(saved["metrics_bytes"], saved["step"]) if saved else None,
+            warn=self.warn,
         )
 
     # ------------------------------------------------------------------------- resuming and checkpoints
@@ -612,7 +613,7 @@ def save_result(loop: Loop, summary: dict) -> dict:
             if tcfg.save_model and summary["status"] != "failed":
                 checkpoint.save_weights(state.dir.path, state.model)
             with loop.phases("finish"):
-                # before summary.json: a tracker that fails fails the run
+                # before summary.json, which MLflow copies; a tracker that fails is a warning, never the run
                 summary = loop.sinks.finish(summary)
             summary["time_s"] = loop.phases.seconds
             state.dir.write_summary(summary)
