@@ -260,6 +260,9 @@ class Run:
         self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
         self.compile_error = None
         self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
+        # The statistics steps' module: their forward hooks are registered per step, which a compiled
+        # graph never calls, so those steps run eagerly, on the very parameters the compiled module trains.
+        self.eager_model = self.step_model
         if self.tcfg.compile:
             self.step_model, self.compile_error = compile_model(
                 self.step_model, self.model, *self.val[0], self.autocast
@@ -273,7 +276,7 @@ class Run:
         if stats:
             stats.begin()
         with self.autocast:
-            logits, loss = self.step_model(x, y)
+            logits, loss = (self.eager_model if stats else self.step_model)(x, y)
         # train_loss stays the cross-entropy; the z term is kept apart for its own log entry.
         z_term = self.tcfg.z_loss * z_loss(logits) if self.tcfg.z_loss else None
         self.scaler.scale(loss if z_term is None else loss + z_term).backward()
