@@ -5,7 +5,9 @@
 plugin calls this same function, which is why it lives at module level: joblib and
 submitit pickle it). Each job writes its results into Hydra's output directory.
 Under torchrun every process runs this function; rank 0 alone writes and reports
-(``normbench.cli`` gives the other ranks a throwaway Hydra directory).
+(``normbench.cli`` gives the other ranks a throwaway Hydra directory). ``RunGate``, a Hydra
+callback, answers a single run that will not train (a config error, a result already there,
+another config's run) before Hydra creates or touches its directory.
 """
 
 from __future__ import annotations
