@@ -410,7 +410,7 @@ def test_the_cli_refuses_another_configs_checkpoint_before_writing_anything(tmp_
             run_job(cfg, str(tmp_path), multirun=False)
     assert exit_.value.code == 128 + signal.SIGTERM
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
-    result = run_cli("train", *tiny(*RUN, "train.lr=1e-4"), f"hydra.run.dir={tmp_path}")
+    result = run_cli("train", *tiny(*RUN, "train.lr=2e-3"), f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2 and "holds a checkpoint of another config" in result.stderr
     assert "Traceback" not in result.stderr
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}

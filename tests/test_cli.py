@@ -54,6 +54,44 @@ def test_train_writes_the_run_directory(tmp_path):
     assert not (tmp_path / "normbench.log").exists()  # the run's record is the files above
     assert "final val loss" in result.output
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+    assert result.output.rstrip().endswith(f"run directory: {tmp_path}")  # under the closing table
+
+
+def _files(run_dir) -> dict:
+    """Every file of a run directory (Hydra's .hydra/ included) and its bytes."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_a_run_directory_never_loses_a_result(tmp_path, monkeypatch):
+    """The same config again: said to be there already, nothing trained; another config: refused, the
+    directory byte for byte as it was; train.resume=never: trained again from nothing."""
+    monkeypatch.chdir(tmp_path)
+    first = invoke("train", *tiny(), "hydra.run.dir=runs/a")
+    assert first.exit_code == 0, first.output
+    run_dir = tmp_path / "runs" / "a"
+    before = _files(run_dir)
+
+    again = invoke("train", *tiny(), "hydra.run.dir=runs/a")
+    assert again.exit_code == 0, again.output
+    assert "already completed with this config: runs/a" in again.output
+    assert "final val loss" not in again.output  # nothing trained
+    assert _files(run_dir) == before
+
+    other = invoke("train", *tiny("norm=rms", "train.steps=10"), "hydra.run.dir=runs/a")
+    assert other.exit_code == 2
+    assert len(other.output.strip().splitlines()) == 1, other.output
+    assert "runs/a holds a completed run of another config" in other.output
+    assert _files(run_dir) == before  # summary.json and Hydra's .hydra/ alike
+    never = invoke("train", *tiny("norm=rms", "train.resume=never"), "hydra.run.dir=runs/a")
+    assert never.exit_code == 2 and _files(run_dir) == before  # train.resume=never replaces no other's result
+
+    retrained = invoke("train", *tiny("train.resume=never"), "hydra.run.dir=runs/a")
+    assert retrained.exit_code == 0, retrained.output
+    assert "final val loss" in retrained.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_at"] == []
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 10, 20]  # one run's log, not two
 
 
 # (overrides, exit code, message): 2 for a mistake in the command line, Hydra's included.
@@ -92,14 +130,13 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("overrides, code, message", BAD_INPUTS)
-def test_bad_input_is_a_short_clear_error(tmp_path, overrides, code, message):
-    result = invoke("train", *tiny(*overrides), f"hydra.run.dir={tmp_path}")
+def test_bad_input_is_a_short_clear_error_and_leaves_no_run_directory(tmp_path, overrides, code, message):
+    run_dir = tmp_path / "run"
+    result = invoke("train", *tiny(*overrides), f"hydra.run.dir={run_dir}")
     assert result.exit_code == code, result.output
     assert message in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output
-    summary = tmp_path / "summary.json"
-    assert not summary.exists() or json.loads(summary.read_text())["status"] == "failed"
-    assert not (tmp_path / "metrics.jsonl").exists(), "nothing trained, so nothing logged"
+    assert not run_dir.exists(), "a config error is no run: results/ holds runs only"
 
 
 BAD = [
@@ -132,11 +169,11 @@ BAD = [
 
 @pytest.mark.parametrize("overrides, message", BAD)
 def test_bad_input_is_one_line(tmp_path, overrides, message):
-    result = CliRunner().invoke(app, ["train", *tiny(*overrides), f"hydra.run.dir={tmp_path}"])
+    result = CliRunner().invoke(app, ["train", *tiny(*overrides), f"hydra.run.dir={tmp_path / 'run'}"])
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output
-    assert not (tmp_path / "metrics.jsonl").exists()
+    assert not (tmp_path / "run").exists()
 
 
 MISTYPED = [

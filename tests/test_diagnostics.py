@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
 
+from normbench.core.fileio import leaves
 from normbench.training.config import parse_config
 from normbench.training.diagnostics import PARTS, LayerStats, layer_skip_losses
 from normbench.training.loop import Run
@@ -288,3 +289,25 @@ def test_ln_scaling_keeps_the_norms_gains_in_the_statistics(tmp_path):
     first = stats_records(tmp_path)[0]
     assert all(set(layer["gain"]) == {"norm_attn", "norm_mlp"} for layer in first["layers"])
     assert all(layer["grad_norm"]["norm"] > 0 for layer in first["layers"])
+
+
+@pytest.mark.slow  # torch.compile: inductor builds its C++ kernels
+def test_a_compiled_run_records_the_statistics_an_eager_run_records(tmp_path):
+    """train.compile=true: every statistic of every statistics step, the summary's peaks and the layer-skip
+    losses, as the same run trained eagerly gives them (float noise apart: the steps between are compiled)."""
+    run = ("model=micro", "train.steps=6", "train.stats_every=5", "train.log_every=3", "train.eval_every=6")
+    compiled = train_tiny(tmp_path / "compiled", *run, "train.compile=true")
+    if not compiled["compiled"]:
+        pytest.skip("torch.compile is not usable on this machine (the run fell back to eager)")
+    eager = train_tiny(tmp_path / "eager", *run)
+    got, want = stats_records(tmp_path / "compiled"), stats_records(tmp_path / "eager")
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [0, 5]
+    for record, reference in zip(got, want, strict=True):
+        record, reference = leaves(record), leaves(reference)
+        assert record.keys() == reference.keys()
+        for key, value in reference.items():
+            assert value is not None, key  # every statistic measured
+            number = isinstance(value, float)
+            assert record[key] == (pytest.approx(value, rel=1e-4) if number else value), key
+    for key in ("max_attn_logit", "max_log_z", "layer_skip_loss"):
+        assert eager[key] is not None and compiled[key] == pytest.approx(eager[key], rel=1e-4), key

@@ -42,7 +42,15 @@ def _dir(tmp_path, summary=None, config_hash=None, checkpoint_hash=None) -> RunD
         (("completed", HASH, None), True, False, "auto", "reuse"),
         (("diverged", HASH, None), True, False, "auto", "reuse"),
         (("diverged", HASH, None), True, True, "auto", "fresh"),  # --retry-failed
-        (("completed", HASH, None), False, False, "auto", "fresh"),  # normbench train never reuses
+        (("completed", HASH, None), False, False, "auto", "reuse"),  # normbench train keeps its result
+        (("diverged", HASH, None), False, False, "auto", "reuse"),
+        (("failed", HASH, None), False, False, "auto", "fresh"),  # a crash is tried again
+        (("completed", HASH, None), False, False, "never", "fresh"),  # train.resume=never trains it again
+        (("completed", OTHER, None), False, False, "auto", "refuse"),  # another config's result is kept
+        (("completed", OTHER, None), False, False, "never", "refuse"),  # whatever train.resume says
+        (("failed", OTHER, None), False, False, "auto", "refuse"),
+        ((None, OTHER, None), False, False, "auto", "refuse"),  # another config, killed before a checkpoint
+        ((None, OTHER, None), False, False, "never", "fresh"),
         (("completed", OTHER, None), True, False, "auto", "fresh"),  # a result of another config
         ((None, HASH, HASH), True, False, "auto", "resume"),
         ((None, HASH, None), True, False, "auto", "resume"),  # killed before its first checkpoint
@@ -60,20 +68,26 @@ def test_decide_answers_reuse_resume_fresh_or_refuse(tmp_path, held, sweep, retr
     decision = run.decide(HASH, sweep=sweep, retry=retry, resume=resume)
     assert decision.action == action
     if action == "refuse":
-        assert "another config" in decision.reason and "train.resume=never" in decision.reason
+        assert "another config" in decision.reason and "hydra.run.dir=" in decision.reason
+        # train.resume=never starts an unfinished run over; it never replaces a result
+        assert ("train.resume=never" in decision.reason) == (status is None)
 
 
 def test_prepare_keeps_what_a_resume_needs_and_clears_the_rest(tmp_path):
-    for action, kept in (("resume", {"metrics.jsonl", "checkpoint.pt"}), ("fresh", set())):
+    """A fresh start keeps nothing an earlier run wrote that would be read as this run's: its weights and
+    TensorBoard events included."""
+    events = "events.out.tfevents.1700000000.host.1.0"
+    resumed = {"metrics.jsonl", "checkpoint.pt", "checkpoint.prev.pt", "model.pt", events}
+    for action, kept in (("resume", resumed), ("fresh", set())):
         path = tmp_path / action
         path.mkdir()
         for name in ("summary.json", "metrics.jsonl", "error.log", "checkpoint.pt", "checkpoint.prev.pt"):
             (path / name).write_text("x")
+        (path / "model.pt").write_text("x")
+        (path / events).write_text("x")
         run = RunDir(path)
         run.prepare(type("D", (), {"action": action})())
-        assert {p.name for p in path.iterdir()} == kept | (
-            {"checkpoint.prev.pt"} if action == "resume" else set()
-        )
+        assert {p.name for p in path.iterdir()} == kept
 
 
 # ----------------------------------------------------------------------------- the lock

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import ClassVar
 
 import pytest
 import torch
@@ -12,8 +13,10 @@ from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
 from normbench.model.gpt import GPT, qk_norms
 from normbench.model.norms import NORMS
 from normbench.model.placements import PLACEMENTS
+from normbench.training import sinks
 from normbench.training.config import group_options, load_group, parse_config
 from normbench.training.loop import LEAK_TOLERANCE, build_optimizer, lr_factor
+from normbench.training.sinks import NoOptions
 
 
 def test_every_group_option_composes_and_validates():
@@ -337,3 +340,79 @@ def test_z_loss_is_logged_apart_and_train_loss_stays_cross_entropy(tmp_path):
     assert z_run[0]["train_loss"] == pytest.approx(plain[0]["train_loss"], rel=1e-6)
     # At init the logits are about 0, so Z is about the vocabulary size: z = coef * ln(64)^2.
     assert z_run[0]["z_loss"] == pytest.approx(0.01 * math.log(64) ** 2, rel=0.02)
+
+
+def test_evaluation_follows_eval_every_whatever_log_every(tmp_path):
+    """eval_every=3 with log_every=4 (co-prime): evaluated at 0, 3, 6, 9, 12, the same validation losses as
+    a run that logs every step (evaluating reads the model, never trains it)."""
+    cadence = ("train.steps=12", "train.eval_every=3", "train.checkpoint_every=0")
+    summary = train_tiny(tmp_path / "apart", *cadence, "train.log_every=4")
+    train_tiny(tmp_path / "every", *cadence, "train.log_every=1")
+    evals = {
+        name: [(r["step"], r["val_loss"]) for r in read_metrics(tmp_path / name) if r["kind"] == "eval"]
+        for name in ("apart", "every")
+    }
+    assert [step for step, _ in evals["apart"]] == [0, 3, 6, 9, 12]
+    assert evals["apart"] == evals["every"]
+    assert summary["best_val_loss"] == min(loss for _, loss in evals["every"])
+    train_steps = [r["step"] for r in read_metrics(tmp_path / "apart") if r["kind"] == "train"]
+    assert train_steps == [4, 8, 12]  # the log windows keep their own cadence
+
+
+class BrokenTracker:
+    """A tracker whose store goes away: ``fails_at`` (log or finish) raises, as a lost connection would."""
+
+    name, Options, check = "broken", NoOptions, "the broken store"
+    fails_at = "finish"
+    calls: ClassVar[list[str]] = []
+
+    def __init__(self, run_dir, options, info):
+        pass
+
+    def _call(self, method: str) -> None:
+        self.calls.append(method)
+        if method == self.fails_at:
+            raise ConnectionError("store unreachable")
+
+    def log(self, record):
+        self._call("log")
+
+    def flush(self):
+        self._call("flush")
+
+    def close(self):
+        self._call("close")
+
+    def finish(self, summary):
+        self._call("finish")
+
+    def abort(self):
+        self._call("abort")
+
+
+@pytest.mark.parametrize("fails_at", ["finish", "log"])
+def test_a_failing_tracker_is_one_warning_and_the_run_keeps_its_result(
+    tmp_path, monkeypatch, capsys, fails_at
+):
+    """Registered in sinks.SINKS like any tracker: its failure leaves the run completed, with the summary,
+    metrics and files of the same run without it, and says which tracker failed and what to check."""
+    monkeypatch.setitem(sinks.SINKS, "broken", (BrokenTracker, (), None))
+    monkeypatch.setattr(BrokenTracker, "fails_at", fails_at)
+    monkeypatch.setattr(BrokenTracker, "calls", [])
+    overrides = ("train.steps=10", "train.save_model=true", "train.checkpoint_every=5")
+    plain = train_tiny(tmp_path / "plain", *overrides)
+    capsys.readouterr()
+    tracked = train_tiny(tmp_path / "tracked", *overrides, "+logger.broken={}")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "logger=broken failed (ConnectionError: store unreachable)" in warnings[0]
+    assert warnings[0].endswith("check the broken store")
+    assert BrokenTracker.calls[-2:] == [fails_at, "abort"]  # ended, then left out
+    on_disk = json.loads((tmp_path / "tracked" / "summary.json").read_text())
+    assert tracked["status"] == on_disk["status"] == "completed" and on_disk["error"] is None
+    assert on_disk["final_val_loss"] == plain["final_val_loss"]
+    assert read_metrics(tmp_path / "tracked") == [
+        {**r, **{k: r2[k] for k in ("tokens_per_s", "step_ms") if k in r}}
+        for r, r2 in zip(read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "tracked"), strict=True)
+    ]  # every record, the same numbers but the timings
+    names = {p.name for p in (tmp_path / "plain").iterdir()}
+    assert names == {p.name for p in (tmp_path / "tracked").iterdir()} and "model.pt" in names

@@ -34,6 +34,10 @@ CONFIG, METRICS, SUMMARY, ERROR_LOG = "config.yaml", "metrics.jsonl", "summary.j
 CHECKPOINT, PREVIOUS, MODEL = "checkpoint.pt", "checkpoint.prev.pt", "model.pt"
 LOCK = ".lock"  # who owns the run directory now (RunLock)
 PLAN, INDEX = "plan.json", "index.csv"  # in a sweep directory
+# What Hydra writes into a run directory before the job runs: the composed config and the job's log
+# (hydra.job.name is normbench, conf/config.yaml)
+HYDRA_FILES = (".hydra", "normbench.log")
+TENSORBOARD_EVENTS = "events.out.tfevents."  # logger=tensorboard's files (normbench.training.sinks)
 RETRY_ENV = "NORMBENCH_RETRY_FAILED"  # set in every sweep job (hydra.job.env_set), so it reaches any launcher
 SWEEP_ENV = "NORMBENCH_SWEEP_OWNER"  # "pid@host" of the sweep command a job belongs to (RunLock records it)
 
@@ -189,11 +193,13 @@ class RunDir:
     ) -> Decision:
         """What a run of config ``cfg_hash`` does with this directory: the one place that says so.
 
-        - ``reuse``: a sweep job (``sweep``) finds a result of this very config here: completed,
-          or diverged or failed unless ``retry`` (--retry-failed);
-        - ``refuse``: a single run finds a checkpoint of another config and ``resume`` is auto:
-          training would either mix it into this run or destroy it (a sweep job's directory is
-          named after its config, so anything else in it is stale: ``fresh``);
+        - ``reuse``: a result of this very config is here: completed, or diverged or failed unless
+          ``retry`` (--retry-failed), for a sweep job (``sweep``); completed or diverged for a single
+          run with ``resume`` auto (train.resume=never trains it again);
+        - ``refuse``: a single run finds a run of another config: a result (whatever ``resume``: a
+          run directory never loses a result), or with ``resume`` auto a checkpoint or an unfinished
+          run (training would either mix it into this run or destroy it). A sweep job's directory is
+          named after its config, so anything else in it is stale: ``fresh``;
         - ``resume``: this config started here and has no result: training continues from its
           checkpoint (``resume`` auto), when a sound one is found;
         - ``fresh``: anything else; ``prepare`` clears what is here.
@@ -202,18 +208,19 @@ class RunDir:
         """
         summary, stored = self.read_summary(), self.config_hash()
         result = summary if summary is not None and stored == cfg_hash else None
-        if sweep and result is not None and (result.get("status") == "completed" or not retry):
+        if result is not None and self._reusable(result, sweep, retry, resume):
             return Decision("reuse", result)
-        if resume != "auto":
-            return Decision("fresh", result)
-        saved_for = self.checkpoint_hash()
-        if saved_for not in (None, cfg_hash) and not sweep:
+        if not sweep and (other := self._other_config(cfg_hash, summary, stored, resume)):
             return Decision(
                 "refuse",
                 result,
-                f"{self.path} holds a checkpoint of another config: give this run its own "
-                "directory (hydra.run.dir=...) or start it over there with train.resume=never",
+                f"{self.path} holds {other} of another config: give this run its own directory "
+                "(hydra.run.dir=...)"
+                + (" or start it over there with train.resume=never" if summary is None else ""),
             )
+        if resume != "auto":
+            return Decision("fresh", result)
+        saved_for = self.checkpoint_hash()
         # a checkpoint whose hash can't be read: loading it says why, and training starts afresh
         damaged = saved_for is None and ((self.path / CHECKPOINT).exists() or (self.path / PREVIOUS).exists())
         if result is None and (
@@ -222,15 +229,48 @@ class RunDir:
             return Decision("resume", result)
         return Decision("fresh", result)
 
+    @staticmethod
+    def _reusable(result: dict, sweep: bool, retry: bool, resume: str) -> bool:
+        """Whether a stored result of this config stands for the run: a sweep keeps its results (failed ones
+        unless --retry-failed); a single run keeps what training would compute again (completed,
+        diverged) unless train.resume=never, and tries a failed one again."""
+        status = result.get("status")
+        if sweep:
+            return status == "completed" or not retry
+        return resume == "auto" and status in ("completed", "diverged")
+
+    def _other_config(
+        self, cfg_hash: str, summary: dict | None, stored: str | None, resume: str
+    ) -> str | None:
+        """What of another config this directory holds that a single run must not replace: its result, or
+        (``resume`` auto) its checkpoint or unfinished run; None when nothing."""
+        if summary is not None:  # config.yaml says whose (a run trained from Python has none: nobody's)
+            return f"a {summary.get('status') or 'stored'} run" if stored not in (None, cfg_hash) else None
+        if resume != "auto":
+            return None
+        if self.checkpoint_hash() not in (None, cfg_hash):
+            return "a checkpoint"
+        return "an unfinished run" if stored not in (None, cfg_hash) else None
+
     def prepare(self, decision: Decision) -> None:
         """Make the directory ready to train after ``decide``: keep what a resume needs, clear the rest."""
         assert decision.action in ("resume", "fresh"), decision
         self.path.mkdir(parents=True, exist_ok=True)
         # summary first: a kill now leaves an interrupted run, not a stale result
-        for name in (SUMMARY, ERROR_LOG) if decision.action == "resume" else (SUMMARY, METRICS, ERROR_LOG):
+        for name in (
+            (SUMMARY, ERROR_LOG) if decision.action == "resume" else (SUMMARY, METRICS, ERROR_LOG, MODEL)
+        ):
             (self.path / name).unlink(missing_ok=True)
         if decision.action == "fresh":
             self.remove_checkpoints()
+            # an earlier run's TensorBoard events: TensorBoard would draw them as this run's
+            for events in self.path.glob(f"{TENSORBOARD_EVENTS}*"):
+                events.unlink()
+
+    def holds_nothing(self) -> bool:
+        """No run here: no such directory, or only what Hydra writes for any command (``HYDRA_FILES``)
+        and a lock."""
+        return not self.path.is_dir() or all(p.name in (*HYDRA_FILES, LOCK) for p in self.path.iterdir())
 
 
 # ----------------------------------------------------------------------------- the index of a sweep directory

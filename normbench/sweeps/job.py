@@ -5,19 +5,23 @@
 plugin calls this same function, which is why it lives at module level: joblib and
 submitit pickle it). Each job writes its results into Hydra's output directory.
 Under torchrun every process runs this function; rank 0 alone writes and reports
-(``normbench.cli`` gives the other ranks a throwaway Hydra directory).
+(``normbench.cli`` gives the other ranks a throwaway Hydra directory). ``RunGate``, a Hydra
+callback, answers a single run that will not train (a config error, a result already there,
+another config's run) before Hydra creates or touches its directory.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
@@ -26,7 +30,7 @@ from rich.markup import escape
 from normbench.core.configtree import conf_dir
 from normbench.core.errors import ConfigError, DiskFull
 from normbench.core.identity import config_hash
-from normbench.core.runs import ERROR_LOG, RETRY_ENV, RunDir, RunLock, write_index
+from normbench.core.runs import CONFIG, ERROR_LOG, RETRY_ENV, Decision, RunDir, RunLock, write_index
 from normbench.model import extensions
 from normbench.training.display import summary_table
 
@@ -50,6 +54,9 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
 
     console = Console(stderr=True)
     main = distributed.is_main()
+    # Before the lock's file exists: a single run that turns out to be a config error leaves no directory
+    # it made.
+    new = RunDir(run_dir).holds_nothing()
     lock = RunLock(run_dir)
     if main and (holder := lock.acquire()):
         # Another process trains this very run (a second sweep on the same directory, a SLURM
@@ -59,7 +66,7 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
             sys.exit(2)
         return None
     try:
-        return _run_locked(cfg, RunDir(run_dir), multirun, console, lock)
+        return _run_locked(cfg, RunDir(run_dir), multirun, console, lock, new)
     except DiskFull as err:  # nothing more can be written: one line, and the run stays resumable
         return _fail(console, err.advice(), multirun, code=1)
     finally:
@@ -67,7 +74,7 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
 
 
 def _run_locked(
-    cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Console, lock: RunLock
+    cfg: DictConfig, run_dir_: RunDir, multirun: bool, console: Console, lock: RunLock, new: bool
 ) -> dict | None:
     from normbench.training import distributed
     from normbench.training.config import parse_config
@@ -76,6 +83,7 @@ def _run_locked(
 
     main = distributed.is_main()
     cfg_hash = config_hash(cfg)
+    decision = None
     if main:
         decision = run_dir_.decide(
             cfg_hash,
@@ -83,14 +91,8 @@ def _run_locked(
             retry=os.environ.get(RETRY_ENV) == "1",
             resume=str(cfg.train.get("resume")),
         )
-        if decision.action == "reuse":
-            console.print(
-                f"already {decision.result.get('status')} with this config: {run_dir_.path} (skipped)"
-            )
+        if settled(decision, run_dir_, console, multirun):
             return decision.result
-        if decision.action == "refuse":
-            # Refused before anything is written: the other config's run stays resumable as it was.
-            return _fail(console, decision.reason, multirun, code=2)
         lock.claim()
         run_dir_.prepare(decision)
         run_dir_.write_config(cfg)
@@ -105,9 +107,13 @@ def _run_locked(
     except DiskFull:
         raise  # nothing can be written: run_job says so in one line
     except ConfigError as err:
-        # Recorded as failed (never completed) so a sweep's index and a report show it.
-        if main:
+        if main and multirun:  # recorded as failed (never completed) so the sweep's index and report show it
             run_dir_.write_failure(f"config error: {err}", f"config error: {err}\n", cfg_hash)
+        elif main:  # a single run's config error is no run: what this command wrote goes
+            if new:
+                shutil.rmtree(run_dir_.path, ignore_errors=True)
+            elif decision.action == "fresh":
+                (run_dir_.path / CONFIG).unlink(missing_ok=True)
         # Every rank says so: an error only one rank hits (its GPU, say) must not go unseen.
         rank = "" if main else f"(rank {distributed.rank()}) "
         return _fail(console, f"{rank}{escape(str(err))}", multirun, code=2)
@@ -136,7 +142,7 @@ def _run_locked(
             )
         sys.exit(exit_code(summary["signal"]))
     if main:
-        console.print(summary_table(summary))
+        console.print(summary_table(summary, shown_path(run_dir_.path)))
     if summary["status"] == "failed":
         if main:  # the other ranks printed their traceback already
             console.print(
@@ -148,16 +154,62 @@ def _run_locked(
     return summary
 
 
+def settled(decision: Decision, run_dir: RunDir, console: Console, multirun: bool) -> bool:
+    """Whether ``decision`` settles the job without training: a result reused (said so), or a refusal (one
+    line; a single run exits 2). Either way nothing in the run directory has changed."""
+    if decision.action == "reuse":
+        again = "" if multirun else "; train.resume=never trains it again"
+        console.print(
+            f"already {decision.result.get('status')} with this config: {shown_path(run_dir.path)} "
+            f"(skipped{again})",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return True
+    if decision.action == "refuse":
+        _fail(console, decision.reason, multirun, code=2)
+        return True
+    return False
+
+
+class RunGate(Callback):
+    """``normbench train``'s checks before Hydra creates the run directory (conf/config.yaml's
+    hydra.callbacks): a config error, a result this config already has there, or a run of another config
+    there ends the command with nothing written, not even Hydra's .hydra/ (``run_job`` decides again
+    under the run's lock)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from normbench.training import distributed
+        from normbench.training.config import parse_config
+
+        console = Console(stderr=True)
+        cfg_hash = config_hash(config)
+        try:
+            parse_config(config, cfg_hash)
+        except ConfigError as err:
+            _fail(console, escape(str(err)), multirun=False, code=2)
+        if not distributed.is_main():  # the other ranks' Hydra directory is a scratch one (normbench.cli)
+            return
+        HydraConfig.instance().set_config(config)  # what hydra.run.dir may interpolate (${hydra:...})
+        run_dir = RunDir(config.hydra.run.dir)
+        if settled(run_dir.decide(cfg_hash, resume=str(config.train.get("resume"))), run_dir, console, False):
+            sys.exit(0)
+
+
+def shown_path(path: Path) -> Path:
+    """A path as a person reads it: relative to the working directory when inside it."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:  # outside the working directory
+        return path.resolve()
+
+
 def resume_command(run_dir: Path) -> str:
     """The command that resumes this single run: the same overrides, in the same run directory
     (the default one is named after the time it started, so the command alone would start afresh)."""
     from normbench.training import distributed
 
-    try:
-        shown = run_dir.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:  # outside the working directory
-        shown = run_dir.resolve()
-    where = f"hydra.run.dir={shown}"
+    where = f"hydra.run.dir={shown_path(run_dir)}"
     # torchrun's own arguments are not Hydra's to know; run_job called directly has no command line
     if distributed.launched() or not HydraConfig.initialized():
         return f"the same command with {where}"

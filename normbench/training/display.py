@@ -5,9 +5,12 @@ Kept apart from the training loop, which only hands them numbers.
 
 from __future__ import annotations
 
-from rich.console import Console
+from pathlib import Path
+
+from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 
 class TrainProgress:
@@ -46,8 +49,8 @@ class TrainProgress:
         )
 
 
-def summary_table(summary: dict) -> Table:
-    """The closing table a person reads after a run."""
+def summary_table(summary: dict, run_dir: Path | str | None = None) -> Table | Group:
+    """The closing table a person reads after a run; under it, where the run is (``run_dir``)."""
     table = Table(title=f"run {summary['status']}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -89,4 +92,7 @@ def summary_table(summary: dict) -> Table:
         table.add_row("causal leak train / eval", f"{leak['train']:.1e} / {leak['eval']:.1e}{flag}")
     if summary["error"]:
         table.add_row("error", summary["error"])
-    return table
+    if run_dir is None:
+        return table
+    # one line however long the path: a person copies it
+    return Group(table, Text(f"run directory: {run_dir}", no_wrap=True, overflow="ignore"))

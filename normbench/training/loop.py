@@ -260,6 +260,9 @@ class Run:
         self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
         self.compile_error = None
         self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
+        # The statistics steps' module: their forward hooks are registered per step, which a compiled
+        # graph never calls, so those steps run eagerly, on the very parameters the compiled module trains.
+        self.eager_model = self.step_model
         if self.tcfg.compile:
             self.step_model, self.compile_error = compile_model(
                 self.step_model, self.model, *self.val[0], self.autocast
@@ -273,7 +276,7 @@ class Run:
         if stats:
             stats.begin()
         with self.autocast:
-            logits, loss = self.step_model(x, y)
+            logits, loss = (self.eager_model if stats else self.step_model)(x, y)
         # train_loss stays the cross-entropy; the z term is kept apart for its own log entry.
         z_term = self.tcfg.z_loss * z_loss(logits) if self.tcfg.z_loss else None
         self.scaler.scale(loss if z_term is None else loss + z_term).backward()
@@ -377,6 +380,7 @@ class Loop:
             enabled=self.main,
             config_hash=state.cfg.config_hash,
             resume_at=(saved["metrics_bytes"], saved["step"]) if saved else None,
+            warn=self.warn,
         )
 
     # ------------------------------------------------------------------------- resuming and checkpoints
@@ -565,14 +569,15 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
                 loop.checkpoint(step - 1)
                 loop.step(step)
                 record = loop.log_window(step)
-                if record is None:
-                    continue
-                bar.update(record)
-                if loop.diverged:
-                    status = "diverged"
-                    break
+                if record is not None:
+                    bar.update(record)
+                    if loop.diverged:
+                        status = "diverged"
+                        break
+                # every eval_every steps whatever the log window: the two cadences are independent
                 loop.evaluate(step, due=False)
-                loop.sinks.flush()  # trackers send the window's records in one call
+                if record is not None:
+                    loop.sinks.flush()  # trackers send the window's records in one call
     except KeyboardInterrupt:
         loop.sinks.abort()
         raise
@@ -611,7 +616,7 @@ def save_result(loop: Loop, summary: dict) -> dict:
             if tcfg.save_model and summary["status"] != "failed":
                 checkpoint.save_weights(state.dir.path, state.model)
             with loop.phases("finish"):
-                # before summary.json: a tracker that fails fails the run
+                # before summary.json, which MLflow copies; a tracker that fails is a warning, never the run
                 summary = loop.sinks.finish(summary)
             summary["time_s"] = loop.phases.seconds
             state.dir.write_summary(summary)

@@ -12,7 +12,10 @@ Trackers (mlflow, wandb) name a metric ``KIND/KEY`` (``train/train_loss``,
 ``stats/layers.0.grad_norm.mlp_out``) with the record's step, buffer a log window's
 records and send them in one call at ``flush()``; ``finish(summary)`` gives them the
 summary (MLflow also the run directory's files) and ends their run. A tracker that cannot
-start or write fails the run: it is never recorded as completed.
+start is a config error, before anything trains. One that fails later (``log``, ``flush``,
+``finish``) costs its own mirror, never the run: one warning names it and what to check
+(its ``check``), it is left out from then on, and the run ends as it would have, its summary,
+checkpoints and metrics.jsonl (the source of truth) kept as for any run.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
@@ -127,6 +131,7 @@ class WandbOptions:
 
 class TensorBoardSink:
     name, Options = "tensorboard", NoOptions
+    check = "that the run directory is writable (its events.out.tfevents.* files)"
 
     def __init__(self, run_dir: Path, options: NoOptions, info: RunInfo):
         from torch.utils.tensorboard import SummaryWriter
@@ -193,6 +198,7 @@ class MlflowSink:
     files."""
 
     name, Options = "mlflow", MlflowOptions
+    check = "its tracking store (logger.mlflow.tracking_uri)"
     STATUS: ClassVar[dict[str, str]] = {"completed": "FINISHED", "diverged": "FINISHED", "failed": "FAILED"}
 
     def __init__(self, run_dir: Path, options: MlflowOptions, info: RunInfo):
@@ -283,6 +289,7 @@ class WandbSink:
     it."""
 
     name, Options = "wandb", WandbOptions
+    check = "W&B's connection and its local directory (logger.wandb.mode, logger.wandb.dir)"
     MODES = ("online", "offline", "disabled", "shared")
 
     def __init__(self, run_dir: Path, options: WandbOptions, info: RunInfo):
@@ -376,11 +383,16 @@ def run_info(run_dir: Path, run, config_hash: str | None = None, resume_step: in
     )
 
 
+def _print_warning(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 class MetricSinks:
     """Fans each record out to the JSONL file and the configured mirrors.
 
     ``run`` is the RunConfig (its ``logger`` maps each chosen logger to its options);
-    without one, only the JSONL file is written.
+    without one, only the JSONL file is written. A mirror that fails once it has started is
+    said through ``warn`` and left out from then on: a tracker never costs the run its result.
     """
 
     def __init__(
@@ -390,9 +402,11 @@ class MetricSinks:
         enabled: bool = True,
         config_hash: str | None = None,
         resume_at: tuple[int, int] | None = None,
+        warn=_print_warning,
     ):
-        """``resume_at``: (metrics.jsonl's length, step) at the checkpoint a resumed run continues from."""
-        self.jsonl, self.mirrors = None, []
+        """``resume_at``: (metrics.jsonl's length, step) at the checkpoint a resumed run continues from;
+        ``warn(message)``: says a mirror failed."""
+        self.jsonl, self.mirrors, self.warn = None, [], warn
         if not enabled:  # data-parallel ranks other than 0: one writer per run directory
             return
         loggers = getattr(run, "logger", None) or {}
@@ -416,29 +430,37 @@ class MetricSinks:
     def log(self, record: dict) -> None:
         if self.jsonl:
             self.jsonl.log(record)  # first: whatever a mirror does, the source of truth has the record
-        for sink in self.mirrors:
-            sink.log(record)
+        self._each("log", record)
 
     def flush(self) -> None:
         """The end of a log window: trackers send what they buffered, in one call each."""
-        for sink in self.mirrors:
-            sink.flush()
+        self._each("flush")
 
     def close(self) -> None:
         if self.jsonl and not self.jsonl.file.closed:
             self.jsonl.close()
-        for sink in self.mirrors:
-            sink.close()
+        self._each("close")
 
     def finish(self, summary: dict) -> dict:
-        """Hand the summary to the trackers and end their runs. Returns the summary to write:
-        marked failed, with the tracker's error, if one could not take it."""
-        for sink in self.mirrors:
-            try:
-                sink.finish(summary)
-            except Exception as err:
-                summary = {**summary, "status": "failed", "error": f"logger={sink.name}: {first_line(err)}"}
+        """Hand the summary to the trackers and end their runs. Returns the summary to write, which a
+        tracker's failure leaves as it is (a warning says so)."""
+        self._each("finish", summary)
         return summary
+
+    def _each(self, method: str, *args) -> None:
+        """Call ``method`` on every mirror; one that raises is said in one line and dropped."""
+        for sink in list(self.mirrors):
+            try:
+                getattr(sink, method)(*args)
+            except Exception as err:
+                self.mirrors.remove(sink)
+                with contextlib.suppress(Exception):  # end what it has open, if it still can
+                    sink.abort()
+                check = getattr(sink, "check", f"its options (logger.{sink.name})")
+                self.warn(
+                    f"logger={sink.name} failed ({first_line(err)}): it records nothing more of this run, "
+                    f"whose results stay in {METRICS} and {SUMMARY}; check {check}"
+                )
 
     def abort(self) -> None:
         """Interrupted: close the JSONL file and end the trackers' runs as killed."""
