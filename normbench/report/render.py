@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import html
+import os
+from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
@@ -27,9 +29,20 @@ STYLE = (
 
 AGGREGATE_NOTE = (
     "Loss mean ± std (n) over <b>completed</b> runs only; diverged and failed runs are counted in "
-    "their own columns, never averaged in. 95% CI: the mean's confidence interval; vs best: the "
-    "difference to the best configuration with its 95% CI (see the README for the method)."
+    "their own columns, never averaged in. 95% CI: the mean's confidence interval of the report's metric; "
+    "vs best: the difference to the best configuration with its 95% CI (see "
+    "<a href='{href}'>docs/reports.md</a> for the method)."
 )
+# The method's page in the source tree: linked relative to the report's folder, so that it resolves
+# for a report written inside the repository (results/report/), and absolute otherwise.
+METHOD_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reports.md"
+
+
+def method_link(out: Path) -> str:
+    try:
+        return Path(os.path.relpath(METHOD_PAGE, Path(out).resolve())).as_posix()
+    except ValueError:  # another drive (Windows): no relative path
+        return METHOD_PAGE.as_uri()
 
 
 SCALE_NOTE = (
@@ -51,8 +64,11 @@ def render_html(
     charts: list[tuple[str, bytes | None, str | None]],
     runs: pd.DataFrame | None,
     scale: tuple | None = None,
+    provenance: str | None = None,
+    out: Path = Path("."),
 ) -> str:
-    """``scale``: (key, sentences, per-size table, trend table) of the scale axis, or None."""
+    """``scale``: (key, sentences, per-size table, trend table) of the scale axis, or None;
+    ``provenance``: the runs' provenance line; ``out``: the page's folder (for its link to the method)."""
     e = html.escape
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
@@ -64,6 +80,8 @@ def render_html(
         parts.append(
             "<h2>Verdict</h2><ul class='verdict'>" + "".join(f"<li>{e(s)}</li>" for s in verdict) + "</ul>"
         )
+    if provenance:
+        parts.append(f"<p class='note'>{e(provenance)}</p>")
     if scale is not None:
         key, sentences, per_size, trend = scale
         parts += [
@@ -88,7 +106,8 @@ def render_html(
             tuned.to_html(index=False, escape=True),
         ]
     if table is not None:
-        parts += ["<h2>Aggregate</h2>", f"<p>{AGGREGATE_NOTE}</p>", table.to_html(index=False, escape=True)]
+        note = AGGREGATE_NOTE.format(href=e(method_link(out)))
+        parts += ["<h2>Aggregate</h2>", f"<p>{note}</p>", table.to_html(index=False, escape=True)]
     parts.append("<h2>Charts</h2>")
     for chart_title, png, note in charts:
         if png is None:
@@ -123,8 +142,9 @@ def summary_markdown(
     tuned: pd.DataFrame | None,
     tune_key: str | None,
     scale: tuple | None = None,
+    provenance: str | None = None,
 ) -> str:
-    parts = ["## Verdict\n", *[f"- {s}" for s in verdict], ""]
+    parts = ["## Verdict\n", *[f"- {s}" for s in verdict], "", *([provenance, ""] if provenance else [])]
     if scale is not None:
         key, sentences, per_size, trend = scale
         parts += [
