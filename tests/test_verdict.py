@@ -275,7 +275,9 @@ def test_every_run_failed_is_still_a_report(tmp_path, monkeypatch):
     assert lines == [
         "no run completed among the 2 runs (2 failed): nothing to compare; see the error column of summary.csv"
     ]
-    assert not (out / "aggregate.csv").exists() and pd.read_csv(out / "summary.csv")["status"].eq("failed").all()
+    assert (
+        not (out / "aggregate.csv").exists() and pd.read_csv(out / "summary.csv")["status"].eq("failed").all()
+    )
     md = (out / "summary.md").read_text()
     assert "no run completed among the 2 runs" in md and "group" not in md and "per configuration" not in md
 

@@ -36,7 +36,7 @@ from normbench.core.errors import ConfigError
 from normbench.report.load import ALIASES, ReportData
 from normbench.report.metrics import DEFAULT, metric
 from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, compare, mean_ci
-from normbench.report.tables import _fmt_value, config_label, default_group_keys, fmt_ci, varying_keys
+from normbench.report.tables import _fmt_value, config_label, default_group_keys, fmt_ci, ran, varying_keys
 from normbench.report.tuning import _by_seed, _values, compare_with_best
 
 # The keys a sweep scales; one of them varying alone is the scale axis without --scale.
@@ -83,7 +83,7 @@ def resolve_scale_key(scale: str | None, d: ReportData) -> tuple[str | None, boo
         if k in varying and k != d.tune and _numeric(d.runs[k])
     ]
     if scale is None:
-        sizes = [k for k in SIZE_KEYS if k in numeric]
+        sizes = [k for k in SIZE_KEYS if k in numeric and k in varying_keys(ran(d.runs), d.config_keys)]
         return (sizes[0], True) if len(sizes) == 1 else (None, False)
     if scale.strip().lower() == "none":
         return None, False

@@ -68,12 +68,17 @@ def default_group_keys(runs: pd.DataFrame, config_keys: list[str]) -> list[str]:
     return keys or ["norm", "placement"]
 
 
+def ran(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that did not fail (all of them when every one did). A run that failed (a config that
+    does not validate, a crash while building) is counted in its configuration, never the reason for
+    one: the default group keys, tuning key and size axis are the keys that vary among these."""
+    kept = runs[~runs["status"].eq("failed")]
+    return kept if len(kept) else runs
+
+
 def resolve_group_keys(group_by: list[str] | None, data: ReportData) -> list[str]:
     if not group_by:
-        # A run that failed (a config that does not validate, a crash while building) is counted in
-        # its configuration, never the reason for one: only the keys that vary among the others group.
-        ran = data.runs[~data.runs["status"].eq("failed")]
-        return default_group_keys(ran if len(ran) else data.runs, data.config_keys)
+        return default_group_keys(ran(data.runs), data.config_keys)
     allowed = ["norm", "placement", *[k for k in data.config_keys if k not in ALIASES]]
     keys = []
     for key in group_by:

@@ -34,7 +34,7 @@ from normbench.core.errors import ConfigError
 from normbench.report.load import ReportData
 from normbench.report.metrics import DEFAULT, Metric, metric
 from normbench.report.stats import NEEDS_SEEDS, compare, mean_ci
-from normbench.report.tables import config_label, default_group_keys, varying_keys
+from normbench.report.tables import config_label, default_group_keys, ran, varying_keys
 
 STAT_COLUMNS = (
     "ci_low",
@@ -53,7 +53,7 @@ def resolve_tune_key(tune: str | None, d: ReportData) -> str | None:
     """``None``: train.lr when it varies among the runs; "none": no tuning; else a key that varies."""
     varying = varying_keys(d.runs, d.config_keys)
     if tune is None:
-        return "train.lr" if "train.lr" in varying else None
+        return "train.lr" if "train.lr" in varying_keys(ran(d.runs), d.config_keys) else None
     if tune.strip().lower() == "none":
         return None
     key = tune.strip()
