@@ -69,7 +69,7 @@ def grid_root(tmp_path_factory):
 def test_the_metric_picks_each_configurations_best_lr_and_its_intervals(grid_root, monkeypatch):
     only_charts(monkeypatch)
     by_final = pd.read_csv(report([grid_root], out=grid_root / "final")[0] / "tuned.csv").set_index("config")
-    out, text = report([grid_root], metric="best_val_loss", out=grid_root / "best")
+    out, _ = report([grid_root], metric="best_val_loss", out=grid_root / "best")
     by_best = pd.read_csv(out / "tuned.csv").set_index("config")
     assert by_final["best_value"].to_dict() == {"ln": pytest.approx(1e-2), "rms": pytest.approx(1e-2)}
     assert by_best["best_value"].to_dict() == {"ln": pytest.approx(1e-3), "rms": pytest.approx(1e-3)}
@@ -229,8 +229,8 @@ def test_mixed_torch_and_norm_implementations_are_named_and_provenance_is_summar
             in where
         )
         assert (
-            "Mixed norm implementations, which configurations ran each: rms=fused-cpu (ln, rms); rms=torch (rms)."
-            in where
+            "Mixed norm implementations, which configurations ran each: rms=fused-cpu (ln, rms); "
+            "rms=torch (rms)." in where
         )
         assert "Mixed numerics" not in where
         assert (

@@ -273,7 +273,8 @@ def test_every_run_failed_is_still_a_report(tmp_path, monkeypatch):
     # one line says so; no groups, no aggregate, no "one completed seed per configuration"
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("report written")]
     assert lines == [
-        "no run completed among the 2 runs (2 failed): nothing to compare; see the error column of summary.csv"
+        "no run completed among the 2 runs (2 failed): nothing to compare; "
+        "see the error column of summary.csv"
     ]
     assert (
         not (out / "aggregate.csv").exists() and pd.read_csv(out / "summary.csv")["status"].eq("failed").all()
