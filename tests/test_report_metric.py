@@ -206,6 +206,15 @@ def test_runs_of_different_numerics_are_refused_unless_allowed(tmp_path, monkeyp
         "Mixed numerics versions (the runs are not the same computation), which configurations ran each: "
         "1 (ln); 2 (rms)." in md
     )
+    assert "numerics 1, 2; norm implementations rms=fused-cpu (2 of 4 runs recorded none)." in md
+
+
+def test_a_metric_no_completed_run_reports_is_a_one_line_error(grid_root):
+    with pytest.raises(ConfigError, match="--metric mfu: no completed run reports it") as e:
+        run_report([grid_root], out=grid_root / "mfu", metric="mfu", console=quiet())
+    assert "tokens_per_s" in e.value.allowed and "mfu" not in e.value.allowed
+    assert "final_val_bpb" not in e.value.allowed  # no run knows its bytes per token
+    assert not (grid_root / "mfu").exists()
 
 
 def test_mixed_torch_and_norm_implementations_are_named_and_provenance_is_summarised(tmp_path, monkeypatch):

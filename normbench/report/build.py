@@ -20,6 +20,7 @@ import json
 import time
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
@@ -123,6 +124,22 @@ def _check_numerics(d, allow_mixed: bool) -> None:
         )
 
 
+def _check_metric(d, metric: str) -> None:
+    """A metric no completed run reports cannot rank anything: refused, naming those that can."""
+    done = d.runs[d.runs["status"].eq("completed")]
+    if len(done) and done[metric_of(metric).source].isna().all():
+        bytes_known = (
+            "bytes_per_token" in done
+            and pd.to_numeric(done["bytes_per_token"], errors="coerce").notna().all()
+        )
+        reported = [
+            m
+            for m, spec in METRICS.items()
+            if done[spec.source].notna().any() and (m not in BITS_PER_BYTE or bytes_known)
+        ]
+        raise ConfigError(f"--metric {metric}: no completed run reports it", allowed=reported)
+
+
 def _nothing_completed(d) -> str:
     """One line for runs that all ended without completing."""
     counts = d.runs["status"].value_counts()
@@ -196,6 +213,8 @@ def run_report(
         _check_numerics(d, allow_mixed)
     if len(d.runs) and metric in BITS_PER_BYTE:
         in_bits_per_byte(d, metric)
+    if len(d.runs):
+        _check_metric(d, metric)
     if len(d.runs):  # every input check before the first file is written
         d.tune = resolve_tune_key(tune_key, d)
         d.keys = resolve_group_keys(group_by, d)
@@ -278,6 +297,7 @@ def run_report(
             scale_display,
             provenance_summary(d.runs) if len(d.runs) else None,
             out,
+            metric,
         ),
     )
     if table is None and sentences:

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from normbench.report.metrics import DEFAULT, metric
 from normbench.report.tables import LOGIT_COLUMNS
 
 STYLE = (
@@ -66,10 +67,12 @@ def render_html(
     scale: tuple | None = None,
     provenance: str | None = None,
     out: Path = Path("."),
+    metric_name: str = DEFAULT,
 ) -> str:
     """``scale``: (key, sentences, per-size table, trend table) of the scale axis, or None;
-    ``provenance``: the runs' provenance line; ``out``: the page's folder (for its link to the method)."""
-    e = html.escape
+    ``provenance``: the runs' provenance line; ``out``: the page's folder (for its link to the method);
+    ``metric_name``: the report's --metric."""
+    e, m = html.escape, metric(metric_name)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
         f"<style>{STYLE}</style></head><body>",
@@ -100,9 +103,9 @@ def render_html(
     if tuned is not None:
         parts += [
             f"<h2>Each configuration at its best {e(tune_key)}</h2>",
-            "<p>Best value: lowest mean final validation loss over completed seeds. LR sensitivity: "
+            f"<p>Best value: {m.best_word} mean {e(m.label)} over completed seeds. LR sensitivity: "
             "Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) minus the best loss "
-            "(diverged = loss at init). Written to <code>tuned.csv</code>.</p>",
+            "(diverged = loss at init), for a loss only. Written to <code>tuned.csv</code>.</p>",
             tuned.to_html(index=False, escape=True),
         ]
     if table is not None:

@@ -97,7 +97,7 @@ def _comparisons(table: pd.DataFrame, m: Metric) -> list[str]:
     out = []
     best = table[table["vs_best"].eq("best")]
     if best.empty:
-        return ["No configuration completed a run: nothing to compare."]
+        return [f"No completed run reported its {m.label} ({m.name}): nothing to compare."]
     b = best.iloc[0]
     ci = (
         f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}"
@@ -321,27 +321,36 @@ def mixed_provenance(d: ReportData) -> list[str]:
 
 
 def provenance_summary(runs: pd.DataFrame) -> str:
-    """One line: the runs' commit(s), torch, device, precision, compile, numerics, norm implementations."""
+    """One line: the runs' commit(s), torch, device, precision, compile, numerics, norm implementations
+    (a field no run recorded left out)."""
 
     def values(column: str) -> str:
-        return ", ".join(dict.fromkeys(runs[column].astype(str)))
+        return ", ".join(v for v in dict.fromkeys(runs[column].astype(str)) if v != NOT_RECORDED)
 
-    commits = [
+    commits = ", ".join(
         f"{c} (uncommitted changes)" if dirty == "True" else c
         for c, dirty in dict.fromkeys(zip(runs["provenance.commit"], runs["provenance.dirty"]))
-    ]
+        if c != NOT_RECORDED
+    )
     devices = ", ".join(
         dict.fromkeys(
             f"{dev} ({name})" if name != NOT_RECORDED else dev
             for dev, name in zip(runs["provenance.device"], runs["provenance.device_name"])
+            if dev != NOT_RECORDED
         )
     )
-    return (
-        f"Provenance: commit {', '.join(dict.fromkeys(commits))}; torch {values('provenance.torch')}; "
-        f"device {devices}; precision {values('provenance.precision')}; "
-        f"compile {values('provenance.compile')}; numerics {values(NUMERICS)}; "
-        f"norm implementations {values('provenance.norm_impl')}."
-    )
+    fields = {
+        "commit": commits,
+        "torch": values("provenance.torch"),
+        "device": devices,
+        "precision": values("provenance.precision"),
+        "compile": values("provenance.compile"),
+        "numerics": values(NUMERICS),
+        "norm implementations": values("provenance.norm_impl"),
+    }
+    recorded = runs["provenance.torch"].ne(NOT_RECORDED)
+    unrecorded = "" if recorded.all() else f" ({(~recorded).sum()} of {len(runs)} runs recorded none)"
+    return "Provenance: " + "; ".join(f"{k} {v}" for k, v in fields.items() if v) + unrecorded + "."
 
 
 def verdict(d: ReportData) -> list[str]:
