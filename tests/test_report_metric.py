@@ -159,6 +159,9 @@ def test_bits_per_byte_heads_every_table_and_sentence_and_tunes_on_bits(tmp_path
         assert "final val loss (bits/byte)" in where  # the aggregate's and the tuned table's column
         assert "final val loss (nats/token)" not in where
     assert "final val loss (nats/token)" in (tmp_path / "nats" / "summary.md").read_text()
+    d = load_runs(find_inputs([tmp_path])[0], warn=print)  # as loaded: the losses still in nats
+    (bpb,) = best_value_samples(d, "final_val_bpb").values()  # one configuration
+    assert bpb == {s: pytest.approx((2.0 + 0.01 * s) / math.log(2) / 4.0) for s in SEEDS}
 
 
 def provenance(numerics=1, torch="2.13.0+cpu", impl="fused-cpu", commit="29939de", dirty=False) -> dict:

@@ -26,13 +26,14 @@ callers (the claims registry).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from normbench.core.errors import ConfigError
 from normbench.report.load import ReportData
-from normbench.report.metrics import DEFAULT, Metric, metric
+from normbench.report.metrics import BITS_PER_BYTE, DEFAULT, Metric, metric
 from normbench.report.stats import NEEDS_SEEDS, compare, mean_ci
 from normbench.report.tables import config_label, default_group_keys, ran, varying_keys
 
@@ -167,7 +168,7 @@ def _at_init(group: pd.DataFrame, m: Metric) -> float:
 
 def _config_groups(d: ReportData, runs: pd.DataFrame, tune_key: str):
     """(label, group keys' values, runs) per configuration: the group keys without ``tune_key``."""
-    keys = [k for k in (d.keys or default_group_keys(d.runs, d.config_keys)) if k != tune_key]
+    keys = [k for k in (d.keys or default_group_keys(ran(d.runs), d.config_keys)) if k != tune_key]
     groups = runs.groupby(keys, dropna=False, sort=False) if keys else [((), runs)]
     for values, group in groups:
         values = values if isinstance(values, tuple) else (values,)
@@ -184,8 +185,12 @@ def best_value_samples(
     all). Returns {label: {seed: value}} (a plain list where seeds repeat), completed runs only;
     the best value is the one with the best mean over completed seeds (lowest, or highest for a
     metric where higher is better). Without ``tune_key`` among the runs' keys, every run counts.
+    A bits-per-byte metric over runs still in nats (as load_runs returns them) reads each run's own
+    summary field (final_val_bpb, best_val_bpb).
     """
     m = metric(metric_name)
+    if m.name in BITS_PER_BYTE and d.metric not in BITS_PER_BYTE:
+        m = replace(m, column=m.name)
     have = tune_key in d.runs
     runs = d.runs.assign(_value=pd.to_numeric(d.runs[tune_key], errors="coerce") if have else 0.0)
     out = {}
