@@ -615,6 +615,8 @@ def test_narrow_terminal_drops_the_logit_columns(tmp_path):
             charts_module.CHARTS = orig
     assert "max attn logit" in wide.file.getvalue()
     assert "max attn logit" not in narrow.file.getvalue()
+    assert "best val loss (nats/token)" in wide.file.getvalue()
+    assert "best val loss" not in narrow.file.getvalue()
 
 
 BENCH_HEADER = "norm,impl,dim,dtype,device,pass,tokens,ms,gb_per_s,copy_gb_per_s,ratio_to_ln\n"

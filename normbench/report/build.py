@@ -88,7 +88,8 @@ def _draw_charts(d, out: Path, formats, warn) -> tuple[list, list[str]]:
     for name, title, draw in charts_module.CHARTS:
         try:
             no_runs = name in charts_module.RUN_CHARTS and d.agg is None
-            result = "no run directories among the inputs" if no_runs else draw(d)
+            none = "no completed run" if len(d.runs) else "no run directories among the inputs"
+            result = none if no_runs else draw(d)
         except Exception as err:  # odd data in one chart must not cost the tables and the other charts
             warn(f"chart {name} failed: {err!r}")
             result = f"failed: {err!r}"

@@ -191,7 +191,10 @@ def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) 
     quiet = [c for c in ("diverged", "failed", "leaks future") if c in table and set(table[c]) <= {"0", "no"}]
     table = table.drop(columns=quiet)  # all-zero columns say nothing a person needs to read
     if console.width < 40 + 14 * len(table.columns):
-        table = table.drop(columns=[c for c in SECONDARY_COLUMNS if c in table])
+        # a loss column's header carries its unit: "best val loss (nats/token)"
+        table = table.drop(
+            columns=[c for c in table if c.split(" (")[0] in SECONDARY_COLUMNS or c in SECONDARY_COLUMNS]
+        )
     rich_table = Table(title=title)
     for i, col in enumerate(table.columns):
         rich_table.add_column(col, justify="left" if i < n_keys else "right")
