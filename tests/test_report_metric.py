@@ -319,4 +319,5 @@ def test_piped_tables_keep_every_number_whole(tmp_path, monkeypatch):
     assert "…" not in result.output
     assert "2.173 ± 0.071 (n=2)" in result.output  # the final loss column, whole
     narrow = CliRunner().invoke(app, ["report", str(tmp_path), "--width", "60"])
-    assert narrow.exit_code == 0 and "…" in narrow.output  # a width asked for is the width used
+    # a width asked for is the width used
+    assert narrow.exit_code == 0 and max(map(len, narrow.output.splitlines())) <= 60

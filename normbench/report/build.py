@@ -1,6 +1,7 @@
 """``run_report``: the report from start to end, one stage per module.
 
     load     read the runs (and bench CSVs) below the inputs        -> ReportData
+    metrics  the --metric the verdict is about: its label, unit, direction
     tables   group keys, the aggregate per configuration
     tuning   the tuning axis: best value, LR sensitivity, seed statistics vs the best (stats)
     scale    the scale axis: each comparison across sizes, its trend, the best value's drift
@@ -210,13 +211,11 @@ def run_report(
             f"found {len(run_dirs)} run directories under {where} but none could be read (see the warnings)"
         )
     scale = None
-    if len(d.runs):
-        _check_numerics(d, allow_mixed)
-    if len(d.runs) and metric in BITS_PER_BYTE:
-        in_bits_per_byte(d, metric)
-    if len(d.runs):
-        _check_metric(d, metric)
     if len(d.runs):  # every input check before the first file is written
+        _check_numerics(d, allow_mixed)
+        if metric in BITS_PER_BYTE:
+            in_bits_per_byte(d, metric)
+        _check_metric(d, metric)
         d.tune = resolve_tune_key(tune_key, d)
         d.keys = resolve_group_keys(group_by, d)
         scale = resolve_scale_key(scale_key, d)
@@ -232,7 +231,8 @@ def run_report(
     table = tuned_display = scale_display = None
     sentences = []
     stale = ["aggregate.csv", "tuned.csv", "scale.csv", "trend.csv", "predict.csv", "backtest.csv"]
-    if len(d.runs) and not d.runs["status"].eq("completed").any():
+    nothing = len(d.runs) and not d.runs["status"].eq("completed").any()
+    if nothing:
         sentences = [_nothing_completed(d)]  # no groups, no trends: there is nothing to compare
         write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
         write_atomic(out / "summary.md", f"## Verdict\n\n- {sentences[0]}\n")
@@ -301,7 +301,7 @@ def run_report(
             metric,
         ),
     )
-    if table is None and sentences:
+    if nothing:
         console.print(escape(sentences[0]), highlight=False, soft_wrap=True)
     if table is not None:
         print_verdict(console, sentences)
@@ -321,7 +321,7 @@ def run_report(
         print_table(console, table, title, len(d.keys))
         if tuned_display is not None:
             print_table(console, tuned_display, f"each configuration at its best {d.tune}", 1)
-    if not_drawn and table is not None:  # after the verdict and the tables: one line
+    if not_drawn and not nothing:  # after the verdict and the tables: one line
         console.print(f"[dim]charts not drawn: {escape('; '.join(not_drawn))}[/dim]", soft_wrap=True)
     console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")
     return out
