@@ -33,6 +33,7 @@ CONFIG_DIR = typer.Option(
     "--config-dir",
     help="Your config folder (conf/norm/*.yaml, conf/placement/*.yaml, ...), added to Hydra's search path.",
 )
+PIPED_WIDTH = 10_000  # normbench report piped: wide enough that no table is cut, each sized to its content
 
 
 def _groups_help(config_dir: Path | None = None) -> str:
@@ -252,7 +253,12 @@ def report(
         None, "--group-by", help="Comma-separated config keys to group by. Default: the keys that vary."
     ),
     metric: str = typer.Option(
-        "final_val_loss", "--metric", help="The summary field to rank configurations by."
+        "final_val_loss",
+        "--metric",
+        help=(
+            "The summary metric the verdict is about: ranking, best learning rate, intervals, vs best, "
+            "sensitivity (final_val_loss, final_val_bpb, best_val_loss, floor_gap, tokens_per_s, ...)."
+        ),
     ),
     formats: str = typer.Option("png", "--format", help="Chart formats, comma-separated: png, svg, pdf."),
     tune: str | None = typer.Option(
@@ -279,6 +285,17 @@ def report(
             "the largest size."
         ),
     ),
+    allow_mixed: bool = typer.Option(
+        False,
+        "--allow-mixed",
+        help="Compare runs of different numerics versions (refused otherwise: not the same computation).",
+    ),
+    width: int | None = typer.Option(
+        None,
+        "--width",
+        min=40,
+        help="Terminal width for the tables. Default: the terminal's; the tables' own width when piped.",
+    ),
     predict: str | None = typer.Option(
         None,
         "--predict",
@@ -290,9 +307,15 @@ def report(
     ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
+    import sys
+
+    from rich.console import Console
+
     from normbench.core.errors import ConfigError
     from normbench.report import run_report
 
+    # Piped, a table sized to an 80-column default would cut its numbers: size it to its content.
+    console = Console(width=width or (None if sys.stdout.isatty() else PIPED_WIDTH))
     try:
         run_report(
             paths or [Path("results")],
@@ -304,6 +327,8 @@ def report(
             scale_key=scale,
             baseline=baseline,
             predict=predict,
+            console=console,
+            allow_mixed=allow_mixed,
         )
     except ConfigError as err:
         _fail(err)

@@ -304,13 +304,18 @@ def test_absent_chart_data_gives_a_note_not_an_empty_chart(tmp_path):
     out, text = report([tmp_path], formats=("png", "svg"))
     for name in ("loss_curves", "final_loss", "throughput"):
         assert (out / f"{name}.png").exists() and (out / f"{name}.svg").exists()
+    # the charts not drawn: one line, after the verdict and the tables, each with why
+    (note,) = [line for line in text.splitlines() if "not drawn" in line]
+    assert note.startswith("charts not drawn: ") and text.index("Verdict") < text.index(note)
+    assert text.index(note) > text.index("groups, by")
     for name in ("grad_by_layer", "grad_norm", "stability", "bench"):
         assert not (out / f"{name}.png").exists() and not (out / f"{name}.svg").exists()
-        assert f"chart {name} not drawn" in " ".join(text.split())
+        assert f"{name} (" in note
+    assert "grad_by_layer (no per-layer stats records" in note
     page = (out / "report.html").read_text()
     assert "no per-layer stats records" in page and "no bench CSV among the inputs" in page
     for name in SCALE_CHARTS:  # no size compared: no scale charts, and no note about them either
-        assert not (out / f"{name}.png").exists() and f"chart {name} not drawn" not in " ".join(text.split())
+        assert not (out / f"{name}.png").exists() and name not in note
     assert "against size" not in page
 
 
@@ -590,7 +595,7 @@ def test_per_layer_and_loss_charts_draw_each_configuration_at_its_best_learning_
 def test_runs_without_logit_records_report_as_before(sweep):
     _, out, text = sweep
     assert not (out / "logits.png").exists()
-    assert "chart logits not drawn" in " ".join(text.split())
+    assert "charts not drawn: " in text and "logits (no stats record with logit diagnostics" in text
     assert "no stats record with logit diagnostics" in (out / "report.html").read_text()
     assert not any(c.startswith(("max_attn_logit", "max_log_z")) for c in pd.read_csv(out / "aggregate.csv"))
     assert "max attn logit" not in (out / "summary.md").read_text()
@@ -610,6 +615,8 @@ def test_narrow_terminal_drops_the_logit_columns(tmp_path):
             charts_module.CHARTS = orig
     assert "max attn logit" in wide.file.getvalue()
     assert "max attn logit" not in narrow.file.getvalue()
+    assert "best val loss (nats/token)" in wide.file.getvalue()
+    assert "best val loss" not in narrow.file.getvalue()
 
 
 BENCH_HEADER = "norm,impl,dim,dtype,device,pass,tokens,ms,gb_per_s,copy_gb_per_s,ratio_to_ln\n"

@@ -269,10 +269,18 @@ def test_every_run_failed_is_still_a_report(tmp_path, monkeypatch):
         run = make_run(tmp_path, f"f{seed}", seed=seed)
         (run / "metrics.jsonl").unlink()
         (run / "summary.json").write_text('{"status": "failed", "error": "boom"}')
-    out, _ = report([tmp_path])
-    assert pd.read_csv(out / "aggregate.csv")["failed"].item() == 2
+    out, text = report([tmp_path])
+    # one line says so; no groups, no aggregate, no "one completed seed per configuration"
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("report written")]
+    assert lines == [
+        "no run completed among the 2 runs (2 failed): nothing to compare; "
+        "see the error column of summary.csv"
+    ]
+    assert (
+        not (out / "aggregate.csv").exists() and pd.read_csv(out / "summary.csv")["status"].eq("failed").all()
+    )
     md = (out / "summary.md").read_text()
-    assert "No configuration completed a run: nothing to compare." in md and "Failed" in md
+    assert "no run completed among the 2 runs" in md and "group" not in md and "per configuration" not in md
 
 
 def test_an_interval_that_excludes_zero_never_prints_as_touching_it():

@@ -1,6 +1,7 @@
 """``run_report``: the report from start to end, one stage per module.
 
     load     read the runs (and bench CSVs) below the inputs        -> ReportData
+    metrics  the --metric the verdict is about: its label, unit, direction
     tables   group keys, the aggregate per configuration
     tuning   the tuning axis: best value, LR sensitivity, seed statistics vs the best (stats)
     scale    the scale axis: each comparison across sizes, its trend, the best value's drift
@@ -20,6 +21,7 @@ import json
 import time
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
@@ -27,15 +29,9 @@ from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
 from normbench.core.runs import PLAN, SUMMARY, RunLock
 from normbench.report import charts as charts_module
-from normbench.report.load import (
-    BITS_PER_BYTE,
-    HIGHER_IS_BETTER,
-    METRICS,
-    find_inputs,
-    in_bits_per_byte,
-    load_runs,
-    read_bench,
-)
+from normbench.report.load import NUMERICS, find_inputs, in_bits_per_byte, load_runs, read_bench
+from normbench.report.metrics import BITS_PER_BYTE, METRICS, loss_unit
+from normbench.report.metrics import metric as metric_of
 from normbench.report.predict import backtest, check_sizes, parse_predict, predict_sentences, prediction
 from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
 from normbench.report.scale import (
@@ -47,7 +43,7 @@ from normbench.report.scale import (
 )
 from normbench.report.tables import aggregate, config_label, display_table, resolve_group_keys, tuned_table
 from normbench.report.tuning import aggregate_statistics, resolve_tune_key, tune
-from normbench.report.verdict import verdict
+from normbench.report.verdict import provenance_summary, verdict
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 100
@@ -79,26 +75,29 @@ def _check_options(paths, metric, formats) -> None:
     if not paths:
         raise ConfigError("no input paths given", allowed=["a run or sweep directory", "a bench .csv file"])
     if metric not in METRICS:
-        raise ConfigError(f"unknown metric {metric!r}", allowed=METRICS)
+        raise ConfigError(f"unknown metric {metric!r}", allowed=list(METRICS))
     for fmt in formats:
         if fmt not in FORMATS:
             raise ConfigError(f"unknown chart format {fmt!r}", allowed=FORMATS)
 
 
-def _draw_charts(d, out: Path, formats, warn, console) -> list:
-    """Draw every registered chart; a chart left out this time is deleted from ``out``."""
-    drawn, written = [], set()
+def _draw_charts(d, out: Path, formats, warn) -> tuple[list, list[str]]:
+    """Draw every registered chart; a chart left out this time is deleted from ``out``.
+
+    Returns the charts for the page and, per chart not drawn, 'name (why)'."""
+    drawn, written, notes = [], set(), []
     for name, title, draw in charts_module.CHARTS:
         try:
             no_runs = name in charts_module.RUN_CHARTS and d.agg is None
-            result = "no run directories among the inputs" if no_runs else draw(d)
+            none = "no completed run" if len(d.runs) else "no run directories among the inputs"
+            result = none if no_runs else draw(d)
         except Exception as err:  # odd data in one chart must not cost the tables and the other charts
             warn(f"chart {name} failed: {err!r}")
             result = f"failed: {err!r}"
         if result is None:  # not for these runs
             continue
         if isinstance(result, str):
-            console.print(f"[dim]note: chart {name} not drawn: {escape(result)}[/dim]")
+            notes.append(f"{name} ({result})")
             drawn.append((title, None, result))
             continue
         for fmt in ["png", *sorted(set(formats) - {"png"})]:  # PNG always: the page embeds it
@@ -113,7 +112,44 @@ def _draw_charts(d, out: Path, formats, warn, console) -> list:
         for fmt in FORMATS:
             if f"{name}.{fmt}" not in written:
                 (out / f"{name}.{fmt}").unlink(missing_ok=True)
-    return drawn
+    return drawn, notes
+
+
+def _check_numerics(d, allow_mixed: bool) -> None:
+    """Runs of different numerics versions are different computations: compared only when asked."""
+    versions = sorted(d.runs[NUMERICS].unique())
+    if len(versions) > 1 and not allow_mixed:
+        raise ConfigError(
+            f"the runs were computed with different numerics versions ({', '.join(map(str, versions))}), "
+            "so they are not the same computation; report each version apart, or pass --allow-mixed to "
+            "compare them anyway"
+        )
+
+
+def _check_metric(d, metric: str) -> None:
+    """A metric no completed run reports cannot rank anything: refused, naming those that can."""
+    done = d.runs[d.runs["status"].eq("completed")]
+    if len(done) and done[metric_of(metric).source].isna().all():
+        bytes_known = (
+            "bytes_per_token" in done
+            and pd.to_numeric(done["bytes_per_token"], errors="coerce").notna().all()
+        )
+        reported = [
+            m
+            for m, spec in METRICS.items()
+            if done[spec.source].notna().any() and (m not in BITS_PER_BYTE or bytes_known)
+        ]
+        raise ConfigError(f"--metric {metric}: no completed run reports it", allowed=reported)
+
+
+def _nothing_completed(d) -> str:
+    """One line for runs that all ended without completing."""
+    counts = d.runs["status"].value_counts()
+    return (
+        f"no run completed among the {len(d.runs)} runs ("
+        + ", ".join(f"{n} {status}" for status, n in counts.items())
+        + "): nothing to compare; see the error column of summary.csv"
+    )
 
 
 def run_report(
@@ -127,6 +163,7 @@ def run_report(
     baseline: str | None = None,
     predict: str | None = None,
     console: Console | None = None,
+    allow_mixed: bool = False,
 ) -> Path:
     """Read every run below ``paths`` (plus any bench CSV among them), write the report, return its folder.
 
@@ -135,6 +172,8 @@ def run_report(
     ``baseline``: the configuration compared with across sizes ("norm=ln,placement=pre"; None: the best
     at the largest size); ``predict``: sizes to predict each configuration's loss and gap at
     ("1.2e6,4e6", in parameters, or tokens for a token key; normbench.report.predict).
+    ``metric`` (normbench.report.metrics) drives the ranking, the tuning, the intervals and the verdict;
+    ``allow_mixed``: compare runs of different numerics versions (refused otherwise).
     """
     start = time.perf_counter()
     console = console or Console()
@@ -166,18 +205,21 @@ def run_report(
         console.print(f"[yellow]warning:[/yellow] {escape(message)}")
 
     d = load_runs(run_dirs, warn)
-    d.bench = read_bench(bench_csvs)
+    d.bench, d.metric = read_bench(bench_csvs), metric
     if run_dirs and d.runs.empty:
         raise ConfigError(
             f"found {len(run_dirs)} run directories under {where} but none could be read (see the warnings)"
         )
     scale = None
-    if len(d.runs) and metric in BITS_PER_BYTE:
-        in_bits_per_byte(d, metric)
     if len(d.runs):  # every input check before the first file is written
+        _check_numerics(d, allow_mixed)
+        if metric in BITS_PER_BYTE:
+            in_bits_per_byte(d, metric)
+        _check_metric(d, metric)
         d.tune = resolve_tune_key(tune_key, d)
         d.keys = resolve_group_keys(group_by, d)
         scale = resolve_scale_key(scale_key, d)
+        d.size_key = scale[0]
         scale = (*scale, resolve_baseline(baseline, d, scale[0]))
         if targets:
             check_sizes(scale[0], d.runs[scale[0]])
@@ -188,12 +230,20 @@ def run_report(
 
     table = tuned_display = scale_display = None
     sentences = []
-    if len(d.runs):
+    stale = ["aggregate.csv", "tuned.csv", "scale.csv", "trend.csv", "predict.csv", "backtest.csv"]
+    nothing = len(d.runs) and not d.runs["status"].eq("completed").any()
+    if nothing:
+        sentences = [_nothing_completed(d)]  # no groups, no trends: there is nothing to compare
+        write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
+        write_atomic(out / "summary.md", f"## Verdict\n\n- {sentences[0]}\n")
+        for name in stale:  # from an earlier report in the same folder
+            (out / name).unlink(missing_ok=True)
+    elif len(d.runs):
         for key in (d.tune, scale[0]):
             if key and key not in d.keys:
                 d.keys.append(key)  # the aggregate keeps one row per value of the tuned key and per size
         d.runs.insert(1, "config", [config_label(d.keys, v) for v in d.runs[d.keys].itertuples(index=False)])
-        d.agg = aggregate(d.runs, d.keys, metric)
+        d.agg = aggregate(d.runs, d.keys, metric, scale[0])
         d.tuned = tune(d, d.tune, warn) if d.tune else None
         d.agg = d.agg.join(aggregate_statistics(d))
         d.styles = charts_module.make_styles(d.runs, d.agg)
@@ -216,7 +266,7 @@ def run_report(
             scale_display = (d.scale.key, scale_verdict(d.scale), *scale_tables(d.scale))
             write_atomic(out / "scale.csv", d.scale.table.to_csv(index=False))
             write_atomic(out / "trend.csv", d.scale.trend.to_csv(index=False))
-        for name in ("scale.csv", "trend.csv", "predict.csv", "backtest.csv"):  # from an earlier report
+        for name in stale[2:]:  # from an earlier report in the same folder
             if not (scale[0] and name in ("scale.csv", "trend.csv")):
                 (out / name).unlink(missing_ok=True)
         if targets:
@@ -227,10 +277,12 @@ def run_report(
                 write_atomic(out / "backtest.csv", d.backtest.to_csv(index=False))
         write_atomic(
             out / "summary.md",
-            summary_markdown(metric, sentences, table, tuned_display, d.tune, scale_display),
+            summary_markdown(
+                metric, sentences, table, tuned_display, d.tune, scale_display, provenance_summary(d.runs)
+            ),
         )
 
-    charts = _draw_charts(d, out, formats, warn, console)
+    charts, not_drawn = _draw_charts(d, out, formats, warn)
     write_atomic(
         out / "report.html",
         render_html(
@@ -244,20 +296,32 @@ def run_report(
             charts,
             None if d.agg is None else d.runs,
             scale_display,
+            provenance_summary(d.runs) if len(d.runs) else None,
+            out,
+            metric,
         ),
     )
+    if nothing:
+        console.print(escape(sentences[0]), highlight=False, soft_wrap=True)
     if table is not None:
         print_verdict(console, sentences)
+        console.print(f"  {escape(provenance_summary(d.runs))}", highlight=False, style="dim", soft_wrap=True)
         if scale_display is not None:
             print_verdict(console, scale_display[1], f"Trend across {scale_display[0]}")
             print_table(
                 console, scale_display[3], f"the difference to {d.scale.baseline} against {d.scale.key}", 1
             )
-        order = "descending" if metric in HIGHER_IS_BETTER else "ascending"
-        unit = ", losses in bits per byte" if metric in BITS_PER_BYTE else ""
-        title = f"{len(d.runs)} runs, {len(d.agg)} groups, by {metric} ({order}{unit})"
+        m = metric_of(metric)
+        order = "descending" if m.higher_is_better else "ascending"
+        within = f", within each {scale[0]}" if scale[0] else ""
+        title = (
+            f"{len(d.runs)} runs, {len(d.agg)} groups, by {m.label} ({m.unit + ', ' if m.unit else ''}{order}"
+            f"{within}; losses in {loss_unit(metric)})"
+        )
         print_table(console, table, title, len(d.keys))
         if tuned_display is not None:
             print_table(console, tuned_display, f"each configuration at its best {d.tune}", 1)
+    if not_drawn and not nothing:  # after the verdict and the tables: one line
+        console.print(f"[dim]charts not drawn: {escape('; '.join(not_drawn))}[/dim]", soft_wrap=True)
     console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")
     return out

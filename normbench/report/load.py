@@ -21,26 +21,10 @@ import yaml
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import leaves, read_jsonl
 from normbench.core.identity import ADDED_KEYS
+from normbench.core.provenance import numerics_of, provenance_of
+from normbench.report.metrics import BITS_PER_BYTE, METRICS
+from normbench.report.metrics import DEFAULT as DEFAULT_METRIC
 
-# Metrics a report can be sorted by; the first five are losses (lower is better).
-METRICS = (
-    "final_val_loss",
-    "best_val_loss",
-    "floor_gap",
-    "final_val_bpb",
-    "best_val_bpb",
-    "tokens_per_s",
-    "step_ms_p50",
-    "step_ms_p90",
-    "peak_mem_mb",
-    "mfu",
-    "wall_s",
-    "max_grad_norm",
-    "clip_fraction",
-)
-HIGHER_IS_BETTER = {"tokens_per_s", "mfu"}
-# Bits per byte: with one of these as --metric, the report compares every loss in bits per byte.
-BITS_PER_BYTE = ("final_val_bpb", "best_val_bpb")
 LOSS_FIELDS = ("final_val_loss", "best_val_loss", "floor_gap")
 SPEED_FIELDS = ("tokens_per_s", "step_ms_p50", "step_ms_p90", "peak_mem_mb")
 BENCH_COLUMNS = ("norm", "impl", "dim", "dtype", "device", "pass", "ms")
@@ -124,6 +108,27 @@ def load_run(run_dir: Path, warn) -> tuple[dict, dict, list[dict]] | None:
     return config, summary, records
 
 
+# The provenance columns of summary.csv, one per key of a run's provenance block (normbench.core.provenance).
+PROVENANCE = ("commit", "dirty", "torch", "device", "device_name", "precision", "compile", "norm_impl")
+NUMERICS = "provenance.numerics"
+NOT_RECORDED = "not recorded"  # a run stored before provenance
+
+
+def provenance_columns(summary: dict) -> dict:
+    """provenance.<key> for the keys of PROVENANCE, norm_impl as 'ln=torch rms=fused-cpu', and the
+    numerics version (a run without provenance counts as the legacy one)."""
+    block = provenance_of(summary)
+    impl = block.get("norm_impl")
+    if isinstance(impl, dict):
+        block["norm_impl"] = " ".join(f"{k}={v}" for k, v in sorted(impl.items()))
+    return {
+        **{
+            f"provenance.{k}": str(block[k]) if block.get(k) is not None else NOT_RECORDED for k in PROVENANCE
+        },
+        NUMERICS: numerics_of(summary),
+    }
+
+
 @dataclass
 class ReportData:
     runs: pd.DataFrame  # one row per run: summary.csv
@@ -136,6 +141,8 @@ class ReportData:
     # grad_layer (the L2 norm of all the layer's gradients together), resid_var (its output's variance)
     logits: pd.DataFrame  # run, step, LOGIT_FIELDS (stats records that carry them; finite only)
     bench: pd.DataFrame | None = None
+    metric: str = DEFAULT_METRIC  # --metric: the verdict's metric (normbench.report.metrics)
+    size_key: str | None = None  # the scale axis's key (--scale): configurations are ranked within a size
     # Filled in by the later stages of a report (normbench.report.build):
     keys: list[str] | None = None  # group keys
     agg: pd.DataFrame | None = None  # one row per group, best first: aggregate.csv
@@ -168,8 +175,11 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         norm, placement = config.get("norm"), config.get("placement")
         rows.append(
             {
-                **leaves({k: v for k, v in summary.items() if k != "status"}, lists="json"),
+                **leaves(
+                    {k: v for k, v in summary.items() if k not in ("status", "provenance")}, lists="json"
+                ),
                 **flat_config,
+                **provenance_columns(summary),
                 # last, so that no config or summary key can shadow the short columns
                 "run_dir": str(run_dir),
                 "norm": norm.get("name") if isinstance(norm, dict) else norm,

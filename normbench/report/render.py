@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import html
+import os
+from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
@@ -15,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from normbench.report.metrics import DEFAULT, metric
 from normbench.report.tables import LOGIT_COLUMNS
 
 STYLE = (
@@ -27,10 +30,20 @@ STYLE = (
 
 AGGREGATE_NOTE = (
     "Loss mean ± std (n) over <b>completed</b> runs only; diverged and failed runs are counted in "
-    "their own columns, never averaged in. 95% CI: the mean's confidence interval; vs best: the "
-    "difference to the best configuration with its 95% CI (the method: docs/reports.md in normbench's "
-    "documentation, section The verdict)."
+    "their own columns, never averaged in. 95% CI: the mean's confidence interval of the report's metric; "
+    "vs best: the difference to the best configuration with its 95% CI (see "
+    "<a href='{href}'>docs/reports.md</a> for the method)."
 )
+# The method's page in the source tree: linked relative to the report's folder, so that it resolves
+# for a report written inside the repository (results/report/), and absolute otherwise.
+METHOD_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reports.md"
+
+
+def method_link(out: Path) -> str:
+    try:
+        return Path(os.path.relpath(METHOD_PAGE, Path(out).resolve())).as_posix()
+    except ValueError:  # another drive (Windows): no relative path
+        return METHOD_PAGE.as_uri()
 
 
 SCALE_NOTE = (
@@ -52,9 +65,14 @@ def render_html(
     charts: list[tuple[str, bytes | None, str | None]],
     runs: pd.DataFrame | None,
     scale: tuple | None = None,
+    provenance: str | None = None,
+    out: Path = Path("."),
+    metric_name: str = DEFAULT,
 ) -> str:
-    """``scale``: (key, sentences, per-size table, trend table) of the scale axis, or None."""
-    e = html.escape
+    """``scale``: (key, sentences, per-size table, trend table) of the scale axis, or None;
+    ``provenance``: the runs' provenance line; ``out``: the page's folder (for its link to the method);
+    ``metric_name``: the report's --metric."""
+    e, m = html.escape, metric(metric_name)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
         f"<style>{STYLE}</style></head><body>",
@@ -65,6 +83,8 @@ def render_html(
         parts.append(
             "<h2>Verdict</h2><ul class='verdict'>" + "".join(f"<li>{e(s)}</li>" for s in verdict) + "</ul>"
         )
+    if provenance:
+        parts.append(f"<p class='note'>{e(provenance)}</p>")
     if scale is not None:
         key, sentences, per_size, trend = scale
         parts += [
@@ -83,13 +103,14 @@ def render_html(
     if tuned is not None:
         parts += [
             f"<h2>Each configuration at its best {e(tune_key)}</h2>",
-            "<p>Best value: lowest mean final validation loss over completed seeds. LR sensitivity: "
+            f"<p>Best value: {m.best_word} mean {e(m.label)} over completed seeds. LR sensitivity: "
             "Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) minus the best loss "
-            "(diverged = loss at init). Written to <code>tuned.csv</code>.</p>",
+            "(diverged = loss at init), for a loss only. Written to <code>tuned.csv</code>.</p>",
             tuned.to_html(index=False, escape=True),
         ]
     if table is not None:
-        parts += ["<h2>Aggregate</h2>", f"<p>{AGGREGATE_NOTE}</p>", table.to_html(index=False, escape=True)]
+        note = AGGREGATE_NOTE.format(href=e(method_link(out)))
+        parts += ["<h2>Aggregate</h2>", f"<p>{note}</p>", table.to_html(index=False, escape=True)]
     parts.append("<h2>Charts</h2>")
     for chart_title, png, note in charts:
         if png is None:
@@ -124,8 +145,9 @@ def summary_markdown(
     tuned: pd.DataFrame | None,
     tune_key: str | None,
     scale: tuple | None = None,
+    provenance: str | None = None,
 ) -> str:
-    parts = ["## Verdict\n", *[f"- {s}" for s in verdict], ""]
+    parts = ["## Verdict\n", *[f"- {s}" for s in verdict], "", *([provenance, ""] if provenance else [])]
     if scale is not None:
         key, sentences, per_size, trend = scale
         parts += [
@@ -169,7 +191,10 @@ def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) 
     quiet = [c for c in ("diverged", "failed", "leaks future") if c in table and set(table[c]) <= {"0", "no"}]
     table = table.drop(columns=quiet)  # all-zero columns say nothing a person needs to read
     if console.width < 40 + 14 * len(table.columns):
-        table = table.drop(columns=[c for c in SECONDARY_COLUMNS if c in table])
+        # a loss column's header carries its unit: "best val loss (nats/token)"
+        table = table.drop(
+            columns=[c for c in table if c.split(" (")[0] in SECONDARY_COLUMNS or c in SECONDARY_COLUMNS]
+        )
     rich_table = Table(title=title)
     for i, col in enumerate(table.columns):
         rich_table.add_column(col, justify="left" if i < n_keys else "right")

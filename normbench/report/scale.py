@@ -5,7 +5,7 @@ is the group keys without the tuning key and without KEY; a *size* is one value 
 each configuration at each size (scale.csv):
 
 - its tuned result as normbench.report.tuning finds it: the best value of the tuning key, the
-  mean final loss there with its 95% interval, the LR sensitivity, and the comparison with the
+  mean of the report's metric there with its 95% interval, the LR sensitivity, and the comparison with the
   best configuration of that size (the per-size verdict);
 - its parameters (summary.json) and tokens (train.steps x train.batch_size x model.block_size);
 - its difference to the baseline configuration at that size (paired by seed when both ran the
@@ -34,9 +34,10 @@ from scipy import stats
 
 from normbench.core.errors import ConfigError
 from normbench.report.load import ALIASES, ReportData
+from normbench.report.metrics import DEFAULT, metric
 from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, compare, mean_ci
-from normbench.report.tables import _fmt_value, config_label, default_group_keys, fmt_ci, varying_keys
-from normbench.report.tuning import METRIC, _by_seed, _values, compare_with_best
+from normbench.report.tables import _fmt_value, config_label, default_group_keys, fmt_ci, ran, varying_keys
+from normbench.report.tuning import _by_seed, _values, compare_with_best
 
 # The keys a sweep scales; one of them varying alone is the scale axis without --scale.
 SIZE_KEYS = (
@@ -64,7 +65,8 @@ class Scale:
     run_config: pd.Series  # per run (index of d.runs): its configuration label
     table: pd.DataFrame  # scale.csv
     trend: pd.DataFrame  # trend.csv
-    samples: dict  # (configuration, size) -> its completed final losses at its best value, by seed
+    samples: dict  # (configuration, size) -> its completed values of the metric at its best value, by seed
+    metric: str = DEFAULT  # the report's --metric (normbench.report.metrics)
 
 
 def _numeric(series: pd.Series) -> bool:
@@ -81,7 +83,7 @@ def resolve_scale_key(scale: str | None, d: ReportData) -> tuple[str | None, boo
         if k in varying and k != d.tune and _numeric(d.runs[k])
     ]
     if scale is None:
-        sizes = [k for k in SIZE_KEYS if k in numeric]
+        sizes = [k for k in SIZE_KEYS if k in numeric and k in varying_keys(ran(d.runs), d.config_keys)]
         return (sizes[0], True) if len(sizes) == 1 else (None, False)
     if scale.strip().lower() == "none":
         return None, False
@@ -235,12 +237,13 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
     ]
     runs["_tokens"] = tokens[0] * tokens[1] * tokens[2]
     runs["_params"] = pd.to_numeric(runs["params"], errors="coerce") if "params" in runs else math.nan
+    m = metric(d.metric)
     rows, samples = [], {}
     for (config, size), group in runs.groupby(["_config", "_size"], sort=False):
         label = group["_tconfig"].iloc[0]
         best = tuned.at[label, "best_value"] if tuned is not None else math.nan
         sample = samples[(config, size)] = _by_seed(
-            group[group["_value"].eq(best)] if tuned is not None else group
+            group[group["_value"].eq(best)] if tuned is not None else group, m.source
         )
         values = _values(sample)
         ci = mean_ci(values)
@@ -252,7 +255,7 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
                 "tokens": group["_tokens"].mean(),
                 "tune_key": d.tune,
                 "best_value": best,
-                f"{METRIC}_mean": np.mean(values) if values else math.nan,
+                f"{m.source}_mean": np.mean(values) if values else math.nan,
                 "n_seeds": len(values),
                 "ci_low": ci.low if ci else math.nan,
                 "ci_high": ci.high if ci else math.nan,
@@ -265,7 +268,7 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
     # the per-size verdict: each configuration against the best of its size
     at_size = pd.concat(
         [
-            compare_with_best({c: samples[(c, s)] for c in table.loc[table[key].eq(s), "config"]}).assign(
+            compare_with_best({c: samples[(c, s)] for c in table.loc[table[key].eq(s), "config"]}, m).assign(
                 **{key: s}
             )
             for s in sizes
@@ -280,8 +283,10 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
         ),
         on=["config", key],
     )
-    largest = table.dropna(subset=[f"{METRIC}_mean"])
-    largest = largest[largest[key].eq(largest[key].max())].sort_values(f"{METRIC}_mean", kind="stable")
+    largest = table.dropna(subset=[f"{m.source}_mean"])
+    largest = largest[largest[key].eq(largest[key].max())].sort_values(
+        f"{m.source}_mean", ascending=not m.higher_is_better, kind="stable"
+    )
     given = baseline is not None
     baseline = baseline if given else (largest["config"].iloc[0] if len(largest) else table["config"].iloc[0])
     # configurations: the baseline first, then best first at the largest size
@@ -324,6 +329,7 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
         table=table,
         trend=_trend(table, key, order, baseline, d.tune),
         samples=samples,
+        metric=d.metric,
     )
 
 
@@ -421,7 +427,7 @@ def _x_words(s: Scale) -> str:
 def size_verdicts(s: Scale) -> list[str]:
     """The verdict with a size axis: at each size, its configurations against the best of that size
     (never a small model against a large one); the trend section says how it moves."""
-    t, key, short = s.table, s.key, _short(s.key)
+    t, key, short, m = s.table, s.key, _short(s.key), metric(s.metric)
     out = []
     for size in sorted(t[key].unique()):
         at = t[t[key].eq(size)]
@@ -431,14 +437,17 @@ def size_verdicts(s: Scale) -> list[str]:
             continue
         b = best.iloc[0]
         where = f" at {s.table['tune_key'].iloc[0]}={b['best_value']:g}" if pd.notna(b["best_value"]) else ""
-        parts = [f"At {short}={_fmt_value(size)}: best {b['config']}{where}, {b[f'{METRIC}_mean']:.3f}"]
+        parts = [
+            f"At {short}={_fmt_value(size)}: best {b['config']}{where}, {m.label} "
+            f"{m.value(b[f'{m.source}_mean'])}"
+        ]
         for word, name in (("tied", "tied"), ("worse", "worse")):
             rows = at[at["vs_best"].eq(word)]
             if len(rows):
                 parts.append(
                     f"{name}: "
                     + ", ".join(
-                        f"{r['config']} {r['diff_vs_best']:+.3f} "
+                        f"{r['config']} {m.diff(r['diff_vs_best'])} "
                         f"{fmt_ci(r, 'diff_vs_best_ci_low', 'diff_vs_best_ci_high', '+')}"
                         for _, r in rows.iterrows()
                     )
@@ -460,7 +469,7 @@ def size_verdicts(s: Scale) -> list[str]:
 def scale_verdict(s: Scale) -> list[str]:
     """The trend section's sentences: the axis, each comparison's trend, the best value's drift
     (each size's own verdict is the report's verdict: ``size_verdicts``)."""
-    t, key = s.table.assign(_size=s.table[s.key]), s.key
+    t, key, m = s.table.assign(_size=s.table[s.key]), s.key, metric(s.metric)
     sizes = sorted(t[key].unique())
     how = "detected: the one size key that varies" if s.detected else "given with --scale"
     base = "given with --baseline" if s.baseline_given else "default: the best at the largest size"
@@ -470,8 +479,9 @@ def scale_verdict(s: Scale) -> list[str]:
     out = [
         f"Scale axis {key} ({how}): sizes {', '.join(map(_fmt_value, sizes))}. Each configuration is "
         "compared with "
-        f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in final "
-        f"validation loss (positive: worse than the baseline), and the difference is fitted against log2 of "
+        f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in "
+        f"{m.label} ({m.unit or 'no unit'}; positive: {'better' if m.higher_is_better else 'worse'} than the "
+        "baseline), and the difference is fitted against log2 of "
         f"{x} by weighted least squares (weights 1/SE², t interval on the slope)."
     ]
     for trend in s.trend.itertuples(index=False):
@@ -531,7 +541,7 @@ def scale_verdict(s: Scale) -> list[str]:
 
 def scale_tables(s: Scale) -> tuple[pd.DataFrame, pd.DataFrame]:
     """scale.csv and trend.csv as short strings, for the terminal, Markdown and HTML."""
-    t, key = s.table, s.key
+    t, key, m = s.table, s.key, metric(s.metric)
 
     def num(value, spec):
         return "–" if pd.isna(value) else format(value, spec)
@@ -548,8 +558,9 @@ def scale_tables(s: Scale) -> tuple[pd.DataFrame, pd.DataFrame]:
                 if isinstance(tune, str) and tune
                 else {}
             ),
-            "final val loss": [
-                f"{m:.3f} (n={n})" if pd.notna(m) else "–" for m, n in zip(t[f"{METRIC}_mean"], t["n_seeds"])
+            m.axis(): [
+                f"{v:{m.fmt}} (n={n})" if pd.notna(v) else "–"
+                for v, n in zip(t[f"{m.source}_mean"], t["n_seeds"])
             ],
             "95% CI": [fmt_ci(r) for _, r in t.iterrows()],
             "vs best at size": t["vs_best"].fillna("–"),

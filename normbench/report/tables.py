@@ -16,12 +16,12 @@ from normbench.core.errors import ConfigError
 from normbench.core.identity import NOT_HASHED
 from normbench.report.load import (
     ALIASES,
-    HIGHER_IS_BETTER,
     LOGIT_FIELDS,
     LOSS_FIELDS,
     SPEED_FIELDS,
     ReportData,
 )
+from normbench.report.metrics import DEFAULT, loss_unit, metric
 
 # The display names of LOGIT_FIELDS' columns (the mean over runs of each run's peak).
 LOGIT_COLUMNS = ("max attn logit", "max log Z", "max attn logit (raw)", "max log Z (raw)")
@@ -68,9 +68,17 @@ def default_group_keys(runs: pd.DataFrame, config_keys: list[str]) -> list[str]:
     return keys or ["norm", "placement"]
 
 
+def ran(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that did not fail (all of them when every one did). A run that failed (a config that
+    does not validate, a crash while building) is counted in its configuration, never the reason for
+    one: the default group keys, tuning key and size axis are the keys that vary among these."""
+    kept = runs[~runs["status"].eq("failed")]
+    return kept if len(kept) else runs
+
+
 def resolve_group_keys(group_by: list[str] | None, data: ReportData) -> list[str]:
     if not group_by:
-        return default_group_keys(data.runs, data.config_keys)
+        return default_group_keys(ran(data.runs), data.config_keys)
     allowed = ["norm", "placement", *[k for k in data.config_keys if k not in ALIASES]]
     keys = []
     for key in group_by:
@@ -102,13 +110,18 @@ def config_label(keys: list[str], values) -> str:
     return " ".join([head] * bool(head) + rest)
 
 
-def aggregate(runs: pd.DataFrame, keys: list[str], metric: str = "final_val_loss") -> pd.DataFrame:
-    """One row per configuration (the group keys), best first by ``metric``.
+def aggregate(
+    runs: pd.DataFrame, keys: list[str], metric_name: str = DEFAULT, size_key: str | None = None
+) -> pd.DataFrame:
+    """One row per configuration (the group keys), best first by the metric (within each size of
+    ``size_key``, the scale axis, smallest size first: configurations are only ranked within a size).
 
     Loss mean/std/count use completed runs only (std is the sample std, ddof=1); diverged and
     failed runs are counted separately. Throughput and memory average every run that reported
-    them: a diverged run's speed is still a real measurement.
+    them: a diverged run's speed is still a real measurement; except the report's metric, which,
+    like every statistic of the verdict, uses completed runs only.
     """
+    m = metric(metric_name)
     status = runs["status"]
     flags = runs.assign(
         runs=1,
@@ -122,9 +135,10 @@ def aggregate(runs: pd.DataFrame, keys: list[str], metric: str = "final_val_loss
     groups = flags.groupby(keys, dropna=False, sort=False)
     agg = groups[["runs", "completed", "diverged", "failed"]].sum()
     completed = runs[status.eq("completed")].groupby(keys, dropna=False, sort=False)
-    losses = completed[list(LOSS_FIELDS)].agg(["mean", "std", "count"])
+    ranked = list(dict.fromkeys((*LOSS_FIELDS, m.source)))
+    losses = completed[ranked].agg(["mean", "std", "count"])
     losses.columns = [f"{field}_{stat}" for field, stat in losses.columns]
-    speed_fields = list(dict.fromkeys(f for f in (*SPEED_FIELDS, metric) if f not in LOSS_FIELDS))
+    speed_fields = [f for f in SPEED_FIELDS if f not in ranked]
     agg = agg.join(losses).join(groups[speed_fields].mean().add_suffix("_mean"))
     # The logit peaks (max over the statistics steps): like speed, every run that logged them counts;
     # a diverged run's peak before it diverged is what shows the instability.
@@ -137,42 +151,57 @@ def aggregate(runs: pd.DataFrame, keys: list[str], metric: str = "final_val_loss
     for col in [c for c in agg.columns if c.endswith("_count")]:
         agg[col] = agg[col].fillna(0).astype(int)  # a group whose runs all diverged has no completed losses
     agg = agg.reset_index()
-    agg = agg.sort_values(
-        f"{metric}_mean", ascending=metric not in HIGHER_IS_BETTER, na_position="last", kind="stable"
-    )
+    by, ascending = [f"{m.source}_mean"], [not m.higher_is_better]
+    if size_key:
+        by, ascending = [size_key, *by], [True, *ascending]
+    agg = agg.sort_values(by, ascending=ascending, na_position="last", kind="stable")
     agg.insert(0, "config", [config_label(keys, v) for v in agg[keys].itertuples(index=False)])
     return agg.reset_index(drop=True)
 
 
-def display_table(agg: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
-    """The aggregate as short strings: one formatting for the terminal, Markdown and HTML."""
+def display_table(agg: pd.DataFrame, keys: list[str], metric_name: str) -> pd.DataFrame:
+    """The aggregate as short strings: one formatting for the terminal, Markdown and HTML.
 
-    def pm(row, field):
+    Every loss column is headed with the report's loss unit; the interval and "vs best" columns
+    follow the report's metric's own column (the final loss unless --metric says otherwise)."""
+    m, unit = metric(metric_name), loss_unit(metric_name)
+
+    def pm(row, field, spec=".3f"):
         mean, std, n = row[f"{field}_mean"], row[f"{field}_std"], row[f"{field}_count"]
         if pd.isna(mean):
             return "–"
-        return f"{mean:.3f}" + (f" ± {std:.3f}" if n > 1 else "") + f" (n={n})"
+        return f"{mean:{spec}}" + (f" ± {std:{spec}}" if n > 1 else "") + f" (n={n})"
 
     def num(value, spec):
         return "–" if pd.isna(value) else format(value, spec)
 
+    columns = {
+        ("final_val_loss", f"final val loss ({unit})"): [pm(r, "final_val_loss") for _, r in agg.iterrows()],
+        ("best_val_loss", f"best val loss ({unit})"): [pm(r, "best_val_loss") for _, r in agg.iterrows()],
+        ("floor_gap", f"gap to floor ({unit})"): agg["floor_gap_mean"].map(lambda v: num(v, ".3f")),
+        ("tokens_per_s", "tokens/s"): agg["tokens_per_s_mean"].map(lambda v: num(v, ",.0f")),
+        ("step_ms_p50", "step ms (p50)"): agg["step_ms_p50_mean"].map(lambda v: num(v, ".1f")),
+        ("peak_mem_mb", "peak MB"): agg["peak_mem_mb_mean"].map(lambda v: num(v, ",.0f")),
+    }
+    if m.source not in {field for field, _ in columns}:
+        columns[(m.source, m.axis())] = [pm(r, m.source, m.fmt) for _, r in agg.iterrows()]
+    elif m.source in SPEED_FIELDS:  # the report's metric: over completed runs, with its spread
+        columns = {
+            k: ([pm(r, m.source, m.fmt) for _, r in agg.iterrows()] if k[0] == m.source else v)
+            for k, v in columns.items()
+        }
     table = pd.DataFrame({k: agg[k].map(_fmt_value) for k in keys})
     table["runs"] = agg["runs"].astype(str)
-    table["final val loss"] = [pm(r, "final_val_loss") for _, r in agg.iterrows()]
-    if "ci_low" in agg:
-        table["95% CI"] = [fmt_ci(r) for _, r in agg.iterrows()]
-        table["vs best"] = [fmt_vs_best(r) for _, r in agg.iterrows()]
-    table["best val loss"] = [pm(r, "best_val_loss") for _, r in agg.iterrows()]
-    table["gap to floor"] = agg["floor_gap_mean"].map(lambda v: num(v, ".3f"))
-    table["tokens/s"] = agg["tokens_per_s_mean"].map(lambda v: num(v, ",.0f"))
-    table["step ms (p50)"] = agg["step_ms_p50_mean"].map(lambda v: num(v, ".1f"))
-    table["peak MB"] = agg["peak_mem_mb_mean"].map(lambda v: num(v, ",.0f"))
+    # the report's metric first, then its interval and its comparison with the best
+    for field, name in sorted(columns, key=lambda c: c[0] != m.source):
+        table[name] = list(columns[(field, name)])
+        if field == m.source and "ci_low" in agg:
+            table["95% CI"] = [fmt_ci(r) for _, r in agg.iterrows()]
+            table["vs best"] = [fmt_vs_best(r) for _, r in agg.iterrows()]
     for field, name in zip(LOGIT_FIELDS, LOGIT_COLUMNS):
         if f"{field}_mean" in agg:
             # 3 significant digits, without the exponent a peak of 1,340 would get from ".3g"
             table[name] = agg[f"{field}_mean"].map(lambda v: num(v, ",.0f" if abs(v) >= 100 else ".3g"))
-    if f"{metric}_std" not in agg and metric not in SPEED_FIELDS:
-        table[metric] = agg[f"{metric}_mean"].map(lambda v: num(v, ".4g"))
     table["diverged"] = agg["diverged"].astype(str)
     table["failed"] = agg["failed"].astype(str)
     if agg["leaks_future"].notna().any():
@@ -210,7 +239,7 @@ def fmt_vs_best(row) -> str:
 
 def tuned_table(tuned: pd.DataFrame) -> pd.DataFrame:
     """tuned.csv as short strings, for the terminal, Markdown and HTML."""
-    key = tuned["tune_key"].iloc[0]
+    key, m = tuned["tune_key"].iloc[0], metric(tuned["metric"].iloc[0])
 
     def num(value, spec):
         return "–" if pd.isna(value) else format(value, spec)
@@ -219,9 +248,9 @@ def tuned_table(tuned: pd.DataFrame) -> pd.DataFrame:
         {
             "configuration": tuned["config"],
             f"best {key}": tuned["best_value"].map(lambda v: num(v, "g")),
-            "final val loss": [
-                f"{m:.3f} (n={n})" if pd.notna(m) else "–"
-                for m, n in zip(tuned["final_val_loss_mean"], tuned["n_seeds"])
+            m.axis(): [
+                f"{v:{m.fmt}} (n={n})" if pd.notna(v) else "–"
+                for v, n in zip(tuned[f"{m.source}_mean"], tuned["n_seeds"])
             ],
             "95% CI": [fmt_ci(r) for _, r in tuned.iterrows()],
             "vs best": [fmt_vs_best(r) for _, r in tuned.iterrows()],

@@ -1,35 +1,42 @@
 """The tuning axis: each configuration at its best value of one key (the learning rate), its LR
 sensitivity, and how the configurations compare with the best one over seeds.
 
-A *configuration* is a combination of the group keys without the tuning key. For each one:
+Everything here is about the report's metric (``--metric``, normbench.report.metrics; the final
+validation loss by default). A *configuration* is a combination of the group keys without the
+tuning key. For each one:
 
-- its best value: the value whose completed seeds have the lowest mean final validation loss;
+- its best value: the value whose completed seeds have the best mean metric (the lowest; the
+  highest for a metric where higher is better);
 - its LR sensitivity, as Wortsman et al. (2023, "Small-scale proxies for large-scale Transformer
   training instabilities", §2.2) define it: the mean over the swept values η of
-  ``min(loss(η), loss_init) - loss*``, where ``loss(η)`` is the mean final validation loss over
-  the seeds at η, ``loss_init`` the validation loss at step 0 and ``loss*`` the lowest
-  ``loss(η)``. A seed that diverged or failed at η counts as ``loss_init`` (it learned nothing),
-  and the min is taken per seed, before the mean. It depends on the grid: sensitivities over
-  different grids are not comparable;
+  ``min(loss(η), loss_init) - loss*``, where ``loss(η)`` is the mean metric over the seeds at η,
+  ``loss_init`` its value at step 0 and ``loss*`` the lowest ``loss(η)``. A seed that diverged or
+  failed at η counts as ``loss_init`` (it learned nothing), and the min is taken per seed, before
+  the mean. It depends on the grid: sensitivities over different grids are not comparable. It is
+  defined for a loss only (a throughput has no value at init);
 - the seed statistics of normbench.report.stats at its best value: the mean's 95% interval, and
-  the difference to the best configuration with its interval and p-value.
+  the difference to the best configuration (of the same size, with a scale axis) with its
+  interval and p-value.
 
-The same comparison without a tuning key (``seed_statistics``) fills aggregate.csv.
+The same comparison without a tuning key (``seed_statistics``) fills aggregate.csv;
+``best_value_samples`` gives each configuration's per-seed values at its best value to other
+callers (the claims registry).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from normbench.core.errors import ConfigError
 from normbench.report.load import ReportData
+from normbench.report.metrics import BITS_PER_BYTE, DEFAULT, Metric, metric
 from normbench.report.stats import NEEDS_SEEDS, compare, mean_ci
-from normbench.report.tables import config_label, default_group_keys, varying_keys
+from normbench.report.tables import config_label, default_group_keys, ran, varying_keys
 
-METRIC = "final_val_loss"  # the statistics, the tuning and the sensitivity are all about it
 STAT_COLUMNS = (
     "ci_low",
     "ci_high",
@@ -47,7 +54,7 @@ def resolve_tune_key(tune: str | None, d: ReportData) -> str | None:
     """``None``: train.lr when it varies among the runs; "none": no tuning; else a key that varies."""
     varying = varying_keys(d.runs, d.config_keys)
     if tune is None:
-        return "train.lr" if "train.lr" in varying else None
+        return "train.lr" if "train.lr" in varying_keys(ran(d.runs), d.config_keys) else None
     if tune.strip().lower() == "none":
         return None
     key = tune.strip()
@@ -68,41 +75,52 @@ def resolve_tune_key(tune: str | None, d: ReportData) -> str | None:
     return key
 
 
-def _by_seed(runs: pd.DataFrame) -> dict | list:
-    """Completed final losses as {seed: loss} when the seeds are distinct, else a plain list."""
-    done = runs[runs["status"].eq("completed") & runs[METRIC].notna()]
+def _by_seed(runs: pd.DataFrame, column: str) -> dict | list:
+    """Completed runs' ``column`` as {seed: value} when the seeds are distinct, else a plain list."""
+    done = runs[runs["status"].eq("completed") & runs[column].notna()]
     seeds = done["seed"].tolist()
     if len(set(seeds)) == len(seeds) and not done["seed"].isna().any():
-        return dict(zip(seeds, done[METRIC]))
-    return done[METRIC].tolist()
+        return dict(zip(seeds, done[column]))
+    return done[column].tolist()
 
 
 def _values(sample) -> list:
     return list(sample.values()) if isinstance(sample, dict) else list(sample)
 
 
-def compare_with_best(samples: dict) -> pd.DataFrame:
-    """Per label: the mean's 95% interval and the comparison with the label of lowest mean.
+def compare_with_best(samples: dict, m: Metric, sizes: dict | None = None) -> pd.DataFrame:
+    """Per label: the mean's 95% interval and the comparison with the best label (of its size).
 
-    ``samples`` maps a label to {seed: loss} (or a list of losses), in display order.
+    ``samples`` maps a label to {seed: value} (or a list of values) of the metric ``m``, in display
+    order; the best has the lowest mean, or the highest for a metric where higher is better.
+    ``sizes`` maps each label to its size on the scale axis: a label is only ever compared with
+    the best of its own size.
     """
+    sizes = sizes or {}
     means = {label: np.mean(_values(s)) if _values(s) else math.nan for label, s in samples.items()}
-    finite = {k: v for k, v in means.items() if math.isfinite(v)}
-    best = min(finite, key=finite.get) if finite else None
+    best = {}
+    for label, mean in means.items():
+        size, current = sizes.get(label), best.get(sizes.get(label))
+        if math.isfinite(mean) and (
+            current is None or (mean > means[current] if m.higher_is_better else mean < means[current])
+        ):
+            best[size] = label
     rows = []
     for label, sample in samples.items():
         ci = mean_ci(_values(sample))
+        top = best.get(sizes.get(label))
         row = {
             "ci_low": ci.low if ci else math.nan,
             "ci_high": ci.high if ci else math.nan,
             "ci_method": ci.method if ci else (NEEDS_SEEDS if _values(sample) else "no completed run"),
         }
-        if label == best:
+        if label == top:
             row.update(diff_vs_best=0.0, vs_best="best")
-        elif not math.isfinite(means[label]) or best is None:
+        elif not math.isfinite(means[label]) or top is None:
             row.update(vs_best="no completed run")
         else:
-            c = compare(sample, samples[best])
+            c = compare(sample, samples[top])
+            worse = c.ci is not None and (c.ci.high < 0 if m.higher_is_better else c.ci.low > 0)
             row.update(
                 diff_vs_best=c.diff,
                 diff_ci_low=c.ci.low if c.ci else math.nan,
@@ -111,16 +129,78 @@ def compare_with_best(samples: dict) -> pd.DataFrame:
                 test=c.method,
                 vs_best=NEEDS_SEEDS
                 if c.ci is None
-                else ("tied" if c.tied else ("worse" if c.ci.low > 0 else "better")),
+                else ("tied" if c.tied else ("worse" if worse else "better")),
             )
         rows.append(row)
     return pd.DataFrame(rows, index=list(samples), columns=list(STAT_COLUMNS))
 
 
-def seed_statistics(runs: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
-    """compare_with_best over the groups of ``runs["config"]``, in the order of ``labels``."""
-    groups = dict(list(runs.groupby("config", sort=False)))
-    return compare_with_best({label: _by_seed(groups[label]) if label in groups else [] for label in labels})
+def _sizes(d: ReportData, frame: pd.DataFrame) -> dict | None:
+    """config -> size on the scale axis for the rows of ``frame`` (None without a scale axis)."""
+    return dict(zip(frame["config"], frame[d.size_key])) if d.size_key else None
+
+
+def seed_statistics(d: ReportData, labels: list[str]) -> pd.DataFrame:
+    """compare_with_best over the groups of ``d.runs["config"]``, in the order of ``labels``."""
+    m = metric(d.metric)
+    groups = dict(list(d.runs.groupby("config", sort=False)))
+    samples = {label: _by_seed(groups[label], m.source) if label in groups else [] for label in labels}
+    sizes = _sizes(d, d.agg) if d.size_key else None
+    return compare_with_best(samples, m, sizes)
+
+
+def _best(means: pd.Series, m: Metric) -> float:
+    """The value of the tuned key with the best mean (NaN when none completed)."""
+    if not means.notna().any():
+        return math.nan
+    return means.idxmax() if m.higher_is_better else means.idxmin()
+
+
+def _at_init(group: pd.DataFrame, m: Metric) -> float:
+    """The metric at step 0 (the same init for every value of the tuned key), for a loss only."""
+    if not m.loss:
+        return math.nan
+    init = pd.to_numeric(group["init_val_loss"], errors="coerce")
+    if m.source == "floor_gap":
+        init = init - pd.to_numeric(group["floor_loss"], errors="coerce")
+    return init.mean()
+
+
+def _config_groups(d: ReportData, runs: pd.DataFrame, tune_key: str):
+    """(label, group keys' values, runs) per configuration: the group keys without ``tune_key``."""
+    keys = [k for k in (d.keys or default_group_keys(ran(d.runs), d.config_keys)) if k != tune_key]
+    groups = runs.groupby(keys, dropna=False, sort=False) if keys else [((), runs)]
+    for values, group in groups:
+        values = values if isinstance(values, tuple) else (values,)
+        yield config_label(keys, values) or "all runs", dict(zip(keys, values)), group
+
+
+def best_value_samples(
+    d: ReportData, metric_name: str = DEFAULT, configs=None, tune_key: str = "train.lr"
+) -> dict[str, dict | list]:
+    """Each configuration's per-seed values of ``metric_name`` at its own best value of ``tune_key``.
+
+    ``d``: loaded runs (normbench.report.load_runs); configurations are named as the report names
+    them (the group keys without ``tune_key``, e.g. "rms/pre"); ``configs``: the labels wanted (None:
+    all). Returns {label: {seed: value}} (a plain list where seeds repeat), completed runs only;
+    the best value is the one with the best mean over completed seeds (lowest, or highest for a
+    metric where higher is better). Without ``tune_key`` among the runs' keys, every run counts.
+    A bits-per-byte metric over runs still in nats (as load_runs returns them) reads each run's own
+    summary field (final_val_bpb, best_val_bpb).
+    """
+    m = metric(metric_name)
+    if m.name in BITS_PER_BYTE and d.metric not in BITS_PER_BYTE:
+        m = replace(m, column=m.name)
+    have = tune_key in d.runs
+    runs = d.runs.assign(_value=pd.to_numeric(d.runs[tune_key], errors="coerce") if have else 0.0)
+    out = {}
+    for label, _, group in _config_groups(d, runs, tune_key):
+        if configs is not None and label not in configs:
+            continue
+        done = group["status"].eq("completed") & group[m.source].notna()
+        best = _best(group[done].groupby("_value")[m.source].mean(), m)
+        out[label] = _by_seed(group[group["_value"].eq(best)], m.source)
+    return out
 
 
 def _fmt_grid(values) -> str:
@@ -128,24 +208,22 @@ def _fmt_grid(values) -> str:
 
 
 def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
-    """tuned.csv: one row per configuration, best first."""
-    keys = [k for k in d.keys if k != tune_key]
+    """tuned.csv: one row per configuration, best first (within each size, with a scale axis)."""
+    m = metric(d.metric)
+    mean_col = f"{m.source}_mean"
     runs = d.runs.assign(_value=pd.to_numeric(d.runs[tune_key], errors="coerce"))
-    groups = runs.groupby(keys, dropna=False, sort=False) if keys else [((), runs)]
     rows, samples, no_init = [], {}, []
-    for values, group in groups:
-        values = values if isinstance(values, tuple) else (values,)
-        label = config_label(keys, values) or "all runs"
+    for label, key_values, group in _config_groups(d, runs, tune_key):
         grid = sorted(group["_value"].dropna().unique())
-        done = group["status"].eq("completed") & group[METRIC].notna()
-        means = group[done].groupby("_value")[METRIC].mean().reindex(grid)
-        best = means.idxmin() if means.notna().any() else math.nan
-        loss_init = group["init_val_loss"].mean()  # independent of the value: the same init for every η
-        if len(grid) < 2:
-            sensitivity = math.nan  # 0 by definition over one value, which says nothing
-        elif math.isfinite(loss_init):
-            # per seed: min(loss, loss_init), a diverged or failed seed counting as loss_init
-            capped = group[METRIC].where(done, loss_init).clip(upper=loss_init)
+        done = group["status"].eq("completed") & group[m.source].notna()
+        means = group[done].groupby("_value")[m.source].mean().reindex(grid)
+        best = _best(means, m)
+        at_init = _at_init(group, m)
+        if len(grid) < 2 or not m.loss:
+            sensitivity = math.nan  # 0 by definition over one value; without a value at init, undefined
+        elif math.isfinite(at_init):
+            # per seed: min(value, value at init), a diverged or failed seed counting as the value at init
+            capped = group[m.source].where(done, at_init).clip(upper=at_init)
             per_value = capped.groupby(group["_value"]).mean().reindex(grid)
             sensitivity = float((per_value - per_value.min()).mean())
         else:
@@ -157,16 +235,20 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
         failed = status.agg(lambda s: int(s.eq("failed").sum()))
         size = status.size()
         at_best = group[group["_value"].eq(best)]
-        samples[label] = _by_seed(at_best)
+        samples[label] = _by_seed(at_best, m.source)
+        final = at_best.loc[at_best["status"].eq("completed"), "final_val_loss"]
         rows.append(
             {
                 "config": label,
-                **dict(zip(keys, values)),
+                **key_values,
                 "tune_key": tune_key,
+                "metric": m.name,
                 "best_value": best,
-                f"{METRIC}_mean": means.min() if means.notna().any() else math.nan,
+                mean_col: means.get(best, math.nan) if pd.notna(best) else math.nan,
+                # the charts draw the final loss at each configuration's best value, whatever the metric
+                **({"final_val_loss_mean": final.mean()} if mean_col != "final_val_loss_mean" else {}),
                 "n_seeds": len(_values(samples[label])),
-                "loss_init": loss_init,
+                "loss_init": at_init,
                 "lr_sensitivity": sensitivity,
                 "grid": _fmt_grid(grid),
                 "values": len(grid),
@@ -183,8 +265,10 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
             "(runs from an older normbench)"
         )
     tuned = pd.DataFrame(rows).set_index("config")
-    tuned = tuned.join(compare_with_best(samples))
-    tuned = tuned.sort_values(f"{METRIC}_mean", na_position="last", kind="stable").reset_index()
+    tuned = tuned.join(compare_with_best(samples, m, _sizes(d, tuned.reset_index())))
+    tuned = tuned.sort_values(
+        mean_col, ascending=not m.higher_is_better, na_position="last", kind="stable"
+    ).reset_index()
     return tuned
 
 
@@ -194,7 +278,7 @@ def aggregate_statistics(d: ReportData) -> pd.DataFrame:
     When tuning, a configuration is compared at its best value only: that row's comparison is
     the one in tuned.csv, and the configuration's other rows have none.
     """
-    stats = seed_statistics(d.runs, list(d.agg["config"])).reset_index(drop=True)
+    stats = seed_statistics(d, list(d.agg["config"])).reset_index(drop=True)
     if d.tune:
         keys = [k for k in d.keys if k != d.tune]
         tuned = d.tuned.set_index("config")

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from normbench.report.cost import implementation_note
-from normbench.report.load import ReportData, layer_skip
+from normbench.report.load import NOT_RECORDED, NUMERICS, ReportData, layer_skip
+from normbench.report.metrics import Metric, metric
 from normbench.report.scale import size_verdicts
 from normbench.report.stats import NEEDS_SEEDS, compare
 from normbench.report.tables import config_label, fmt_ci
@@ -28,10 +29,10 @@ def _p(p: float) -> str:
     return ", p<0.001" if p < 1e-3 else f", p={p:.2g}"
 
 
-def _diff(row) -> str:
+def _diff(row, m: Metric) -> str:
     """'+0.310 [+0.290, +0.330] (paired by seed, t, p<0.001)'"""
     return (
-        f"{row['diff_vs_best']:+.3f} {fmt_ci(row, 'diff_ci_low', 'diff_ci_high', '+')} "
+        f"{m.diff(row['diff_vs_best'])} {fmt_ci(row, 'diff_ci_low', 'diff_ci_high', '+')} "
         f"({row['test']}{_p(row['p_value'])})"
     )
 
@@ -42,15 +43,16 @@ def _list(items: list[str]) -> str:
 
 def _configurations(d: ReportData) -> pd.DataFrame:
     """One row per configuration as compared: config, at, mean, n, the interval and vs-best columns."""
+    source = metric(d.metric).source
     if d.tune:
         t = d.tuned
         return t.assign(
             at=[f" at {d.tune}={v:g}" if pd.notna(v) else "" for v in t["best_value"]],
-            mean=t["final_val_loss_mean"],
+            mean=t[f"{source}_mean"],
             n=t["n_seeds"],
         )
     a = d.agg
-    return a.assign(at="", mean=a["final_val_loss_mean"], n=a["final_val_loss_count"])
+    return a.assign(at="", mean=a[f"{source}_mean"], n=a[f"{source}_count"])
 
 
 def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
@@ -91,21 +93,21 @@ def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
     return out
 
 
-def _comparisons(table: pd.DataFrame) -> list[str]:
+def _comparisons(table: pd.DataFrame, m: Metric) -> list[str]:
     out = []
     best = table[table["vs_best"].eq("best")]
     if best.empty:
-        return ["No configuration completed a run: nothing to compare."]
+        return [f"No completed run reported its {m.label} ({m.name}): nothing to compare."]
     b = best.iloc[0]
     ci = (
         f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}"
         if pd.notna(b["ci_low"])
         else f"n={b['n']}, {NEEDS_SEEDS} for an interval"
     )
-    out.append(f"Best: {b['config']}{b['at']}, final validation loss {b['mean']:.3f} ({ci}).")
-    tied = [f"{r['config']}{r['at']} {_diff(r)}" for _, r in table[table["vs_best"].eq("tied")].iterrows()]
+    out.append(f"Best: {b['config']}{b['at']}, {m.label} {m.value(b['mean'])} ({ci}).")
+    tied = [f"{r['config']}{r['at']} {_diff(r, m)}" for _, r in table[table["vs_best"].eq("tied")].iterrows()]
     worse = [
-        f"{r['config']}{r['at']} by {_diff(r)}" for _, r in table[table["vs_best"].eq("worse")].iterrows()
+        f"{r['config']}{r['at']} by {_diff(r, m)}" for _, r in table[table["vs_best"].eq("worse")].iterrows()
     ]
     other = table[~table["vs_best"].isin(["best", "tied", "worse", "no completed run", NEEDS_SEEDS])]
     thin = table[table["vs_best"].eq(NEEDS_SEEDS)]
@@ -115,7 +117,7 @@ def _comparisons(table: pd.DataFrame) -> list[str]:
     if worse:
         out.append(f"Worse than the best (the 95% CI of the difference excludes 0): {_list(worse)}.")
     for _, r in other.iterrows():
-        out.append(f"{r['config']}{r['at']}: {r['vs_best']} than the best, {_diff(r)}.")
+        out.append(f"{r['config']}{r['at']}: {r['vs_best']} than the best, {_diff(r, m)}.")
     if len(thin) and table["n"].max() >= 2:
         out.append(
             "Not compared ("
@@ -155,6 +157,12 @@ def _failures(d: ReportData) -> list[str]:
 def _sensitivity(d: ReportData) -> list[str]:
     if not d.tune:
         return []
+    m = metric(d.metric)
+    if not m.loss:
+        return [
+            f"{d.tune} sensitivity not computed: it measures a loss against its value at init, and "
+            f"{m.label} is not a loss."
+        ]
     t = d.tuned.dropna(subset=["lr_sensitivity"]).sort_values("lr_sensitivity", kind="stable")
     one_value = list(d.tuned.loc[d.tuned["values"] < 2, "config"])
     out = [f"{d.tune} sensitivity not computed for {_list(one_value)}: one value swept."] if one_value else []
@@ -163,10 +171,10 @@ def _sensitivity(d: ReportData) -> list[str]:
     grids = t["grid"].unique()
     values = _list([f"{r.config} {r.lr_sensitivity:.3f}" for r in t.itertuples(index=False)])
     text = (
-        f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the final loss over each "
+        f"{d.tune} sensitivity (Wortsman et al. 2023: mean excess of the {m.label} over each "
         "configuration's "
-        f"best across the grid, a diverged value counting as the loss at init; lower = more robust; "
-        f"a point value, no interval): {values}."
+        f"best across the grid, a diverged value counting as the value at init, in {m.unit}; lower = more "
+        f"robust; a point value, no interval): {values}."
     )
     if len(grids) == 1:
         text += f" Grid: {grids[0]}."
@@ -285,13 +293,74 @@ def _depth(d: ReportData) -> list[str]:
     return out
 
 
+def _labels(d: ReportData) -> pd.Series:
+    """Each run's configuration as the verdict names it (without the tuned key)."""
+    return tuned_configs(d) if d.tune else d.runs["config"]
+
+
+def _mixed(d: ReportData, column: str, what: str) -> list[str]:
+    """'Mixed {what}: v1 (configs); v2 (configs).' when the runs' ``column`` takes more than one value."""
+    values = d.runs[column].astype(str)
+    if values.nunique() < 2:
+        return []
+    labels = _labels(d)
+    parts = [
+        f"{value} ({', '.join(dict.fromkeys(labels[values.eq(value)]))})" for value in sorted(values.unique())
+    ]
+    return [f"Mixed {what}, which configurations ran each: {_list(parts)}."]
+
+
+def mixed_provenance(d: ReportData) -> list[str]:
+    """One sentence per kind of mix among the runs: numerics versions (different computations, compared
+    only with --allow-mixed), torch versions, norm implementations."""
+    return [
+        *_mixed(d, NUMERICS, "numerics versions (the runs are not the same computation)"),
+        *_mixed(d, "provenance.torch", "torch versions"),
+        *_mixed(d, "provenance.norm_impl", "norm implementations"),
+    ]
+
+
+def provenance_summary(runs: pd.DataFrame) -> str:
+    """One line: the runs' commit(s), torch, device, precision, compile, numerics, norm implementations
+    (a field no run recorded left out)."""
+
+    def values(column: str) -> str:
+        return ", ".join(v for v in dict.fromkeys(runs[column].astype(str)) if v != NOT_RECORDED)
+
+    commits = ", ".join(
+        f"{c} (uncommitted changes)" if dirty == "True" else c
+        for c, dirty in dict.fromkeys(zip(runs["provenance.commit"], runs["provenance.dirty"]))
+        if c != NOT_RECORDED
+    )
+    devices = ", ".join(
+        dict.fromkeys(
+            f"{dev} ({name})" if name != NOT_RECORDED else dev
+            for dev, name in zip(runs["provenance.device"], runs["provenance.device_name"])
+            if dev != NOT_RECORDED
+        )
+    )
+    fields = {
+        "commit": commits,
+        "torch": values("provenance.torch"),
+        "device": devices,
+        "precision": values("provenance.precision"),
+        "compile": values("provenance.compile"),
+        "numerics": values(NUMERICS),
+        "norm implementations": values("provenance.norm_impl"),
+    }
+    recorded = runs["provenance.torch"].ne(NOT_RECORDED)
+    unrecorded = "" if recorded.all() else f" ({(~recorded).sum()} of {len(runs)} runs recorded none)"
+    return "Provenance: " + "; ".join(f"{k} {v}" for k, v in fields.items() if v) + unrecorded + "."
+
+
 def verdict(d: ReportData) -> list[str]:
     """The report's verdict, one sentence (or a short list) per item."""
     table = _configurations(d)
     return [
         *_evidence(d, table),
-        *(size_verdicts(d.scale) if d.scale is not None else _comparisons(table)),
+        *(size_verdicts(d.scale) if d.scale is not None else _comparisons(table, metric(d.metric))),
         *_failures(d),
+        *mixed_provenance(d),
         *_sensitivity(d),
         *_leaks(d),
         *_throughput(d),
