@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 
 class TrainProgress:
@@ -88,5 +89,5 @@ def summary_table(summary: dict) -> Table:
         flag = " [red](leaks the future in train mode)[/red]" if summary["leaks_future"] else ""
         table.add_row("causal leak train / eval", f"{leak['train']:.1e} / {leak['eval']:.1e}{flag}")
     if summary["error"]:
-        table.add_row("error", summary["error"])
+        table.add_row("error", Text(summary["error"]))  # the error's own words, never markup
     return table
