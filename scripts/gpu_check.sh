@@ -7,8 +7,10 @@
 # Each stage has its own time limit, so one that hangs costs its limit and the next one runs.
 # Logs, CSV and run directories go to ${OUT:-/tmp/gpu_check}. Exit code 1 if any stage failed.
 #
-#   scripts/gpu_check.sh                 # python3 from PATH, which needs torch (CUDA), hydra-core,
-#   PYTHON=.venv/bin/python scripts/gpu_check.sh   # typer, rich, pandas, scipy, tokenizers, pytest
+#   scripts/gpu_check.sh                            # python3 from PATH
+#   PYTHON=.venv/bin/python scripts/gpu_check.sh
+# The python needs torch (CUDA) and normbench's dependencies (hydra-core, omegaconf, typer, rich,
+# pandas, scipy, tokenizers) with pytest and hypothesis; missing ones can come as wheels (WHEELS).
 set -u
 
 cd "$(dirname "$0")/.."
@@ -24,6 +26,21 @@ LOGS=${OUT:-/tmp/gpu_check}
 mkdir -p "$LOGS"
 export NORMBENCH_CACHE_DIR="$LOGS/cache"  # a measured MFU peak stays with this check
 FAILED=()
+
+# Python packages the machine lacks travel as wheels in $WHEELS (default .whl/): installed from
+# there alone (--no-index), into the logs folder, never from the network.
+WHEELS=${WHEELS:-.whl}
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$LOGS/site" "$WHEELS"/*.whl || { echo "gpu_check: the wheels in $WHEELS did not install"; exit 1; }
+    export PYTHONPATH="$PYTHONPATH:$LOGS/site"
+fi
+MISSING=$("$PY" -c 'import importlib.util as u; print(*[m for m in ("hydra", "omegaconf", "yaml", "antlr4",
+    "typer", "rich", "pandas", "scipy", "tokenizers", "pytest", "hypothesis") if u.find_spec(m) is None])')
+if [ -n "$MISSING" ]; then
+    echo "gpu_check: python modules missing: $MISSING (put their wheels in $WHEELS/)"
+    exit 1
+fi
 
 # stage NAME SECONDS COMMAND...: run COMMAND under a time limit, its output in $LOGS/NAME.log.
 stage() {
@@ -43,19 +60,19 @@ stage() {
 
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "on", torch.cuda.get_device_name())'
 
-stage tests 180 "$PY" -m pytest -q -m "not slow" -k cuda -p no:cacheprovider \
+stage tests 130 "$PY" -m pytest -q -m "not slow" -k cuda -p no:cacheprovider \
     tests/test_cuda.py tests/test_norms.py tests/test_bench.py
 
-stage bench 90 "$PY" -m normbench bench --device cuda --dtype fp32,bf16 --dims 1024,4096 \
+stage bench 60 "$PY" -m normbench bench --device cuda --dtype fp32,bf16 --dims 1024,4096 \
     --tokens 16384 --no-compile --repeats 10 --out "$LOGS/bench.csv"
 
 TRAIN=(model=small train.device=cuda train.precision=bf16 train.steps=200 train.eval_every=100
     train.log_every=20 train.progress=false train.resume=never)
-stage train_eager 120 "$PY" -m normbench train "${TRAIN[@]}" "hydra.run.dir=$LOGS/runs/eager"
-stage train_compiled 180 "$PY" -m normbench train "${TRAIN[@]}" train.compile=true \
+stage train_eager 70 "$PY" -m normbench train "${TRAIN[@]}" "hydra.run.dir=$LOGS/runs/eager"
+stage train_compiled 130 "$PY" -m normbench train "${TRAIN[@]}" train.compile=true \
     "hydra.run.dir=$LOGS/runs/compiled"
 
-stage table 30 "$PY" - "$LOGS" <<'EOF'
+stage table 15 "$PY" - "$LOGS" <<'EOF'
 """The check's figures in one table: training throughput and MFU, then the norms' bandwidth."""
 import json
 import sys
