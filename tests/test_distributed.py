@@ -44,14 +44,19 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def torchrun(tmp_path: Path, *overrides: str, nproc: int = 2) -> tuple[str, Path]:
-    """Train under torchrun in an empty working directory; return (console output, that directory)."""
+def start_torchrun(
+    tmp_path: Path, *overrides: str, nproc: int = 2, pythonpath: tuple[Path, ...] = ()
+) -> tuple[str, Path, int, float]:
+    """Train under torchrun in an empty working directory; return (console output, that directory,
+    torchrun's exit code, seconds it took)."""
     cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
     cwd.mkdir()
     tmp.mkdir()
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO), *map(str, pythonpath), os.environ.get("PYTHONPATH")])
+        ),
         "PYTHONUNBUFFERED": "1",
         "TMPDIR": str(tmp),
     }
@@ -69,6 +74,7 @@ def torchrun(tmp_path: Path, *overrides: str, nproc: int = 2) -> tuple[str, Path
         "train.threads=1",
         *overrides,
     ]
+    started = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -84,8 +90,14 @@ def torchrun(tmp_path: Path, *overrides: str, nproc: int = 2) -> tuple[str, Path
                 except ProcessLookupError:
                     pass
             proc.wait()
-    assert proc.returncode == 0, out
-    assert not list(tmp.glob("normbench-*")), "a rank's scratch directory was left behind"
+    return out, cwd, proc.returncode, time.monotonic() - started
+
+
+def torchrun(tmp_path: Path, *overrides: str, nproc: int = 2) -> tuple[str, Path]:
+    """A run under torchrun that must succeed; return (console output, its working directory)."""
+    out, cwd, code, _ = start_torchrun(tmp_path, *overrides, nproc=nproc)
+    assert code == 0, out
+    assert not list((tmp_path / "tmp").glob("normbench-*")), "a rank's scratch directory was left behind"
     return out, cwd
 
 
@@ -242,3 +254,45 @@ def test_two_ranks_stopped_by_sigterm_resume_exactly(tmp_path):
     assert strip(run_dir) == strip(tmp_path / "ref" / "run")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_at"] and summary["world_size"] == 2
+
+
+# A user's norm that fails on rank 1 only, after the first evaluation (its training forward of step 1).
+FAILS_ON_RANK_1 = """
+import os
+import torch
+from torch import nn
+
+
+class FailsOnRank1(nn.Module):
+    statistics = "token"
+
+    def __init__(self, dim, *, eps: float = 1e-5, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        if self.training and os.environ["RANK"] == "1":
+            raise RuntimeError("planted failure on rank 1")
+        return nn.functional.rms_norm(x, x.shape[-1:], self.weight)
+"""
+
+
+@pytest.mark.slow  # torchrun
+def test_a_failure_on_one_rank_ends_every_rank_at_once(tmp_path):
+    """The failing rank exits at once with its error; torchrun stops the other rank, which would
+    otherwise wait in the gradient all-reduce rank 1 never joins (under NCCL, until its timeout)."""
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "nb_fails.py").write_text(FAILS_ON_RANK_1)
+    out, _, code, seconds = start_torchrun(
+        tmp_path,
+        "train.steps=200",
+        "norm.name=fails",
+        "+norm._target_=nb_fails.FailsOnRank1",
+        pythonpath=(tmp_path / "user",),
+    )
+    assert code != 0, out
+    assert seconds < 120, out  # far below any collective timeout (gloo's: 30 minutes)
+    assert "planted failure on rank 1" in out
+    # Whichever rank reports, it reports in its own words: an error naming a path in brackets is no
+    # markup to choke on.
+    assert "MarkupError" not in out and "Error executing job" not in out, out

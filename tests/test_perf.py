@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -57,45 +58,105 @@ def test_summary_performance_fields(tmp_path):
     assert (summary["peak_flops"], summary["peak_flops_source"]) == (1e12, "train.peak_flops")
 
 
-def test_peak_flops_on_a_listed_gpu_is_its_datasheet_figure(monkeypatch):
-    """No GPU needed: the name decides, and nothing is measured."""
+@pytest.mark.parametrize(
+    ("name", "dtype", "tf32", "peak", "source"),
+    [
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, True, 989.4e12, "datasheet H100 SXM bf16 dense"),
+        ("NVIDIA H100 80GB HBM3", torch.float16, False, 989.4e12, "datasheet H100 SXM fp16 dense"),
+        # fp32 matmuls run on tensor cores only with TF32 allowed
+        ("NVIDIA H100 80GB HBM3", torch.float32, True, 494.7e12, "datasheet H100 SXM tf32 dense"),
+        ("NVIDIA H100 80GB HBM3", torch.float32, False, 66.9e12, "datasheet H100 SXM fp32 dense"),
+        ("NVIDIA H100 PCIe", torch.bfloat16, False, 756.5e12, "datasheet H100 PCIe bf16 dense"),
+        ("NVIDIA H200", torch.bfloat16, False, 989.4e12, "datasheet H200 SXM bf16 dense"),
+        ("NVIDIA A100-SXM4-40GB", torch.float32, True, 156e12, "datasheet A100 SXM tf32 dense"),
+        ("NVIDIA L4", torch.bfloat16, False, 121e12, "datasheet L4 bf16 dense"),
+        ("NVIDIA GeForce RTX 4090", torch.float32, False, 82.6e12, "datasheet GeForce RTX 4090 fp32 dense"),
+        ("Tesla V100-SXM2-32GB", torch.float16, False, 125e12, "datasheet V100 SXM2 fp16 dense"),
+    ],
+)
+def test_datasheet_peaks_by_gpu_name_and_precision(name, dtype, tf32, peak, source):
+    from normbench.training.perf import datasheet_peak, matmul_kind
+
+    kind = matmul_kind(torch.device("cuda"), dtype, tf32)
+    assert datasheet_peak(name, kind) == (peak, source)
+
+
+def test_precisions_a_gpu_lacks_and_unknown_gpus_have_no_datasheet_peak():
+    from normbench.training.perf import datasheet_peak
+
+    assert datasheet_peak("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 tensor cores: measured
+    assert datasheet_peak("NVIDIA H100 NVL", "bf16") is None  # not in the table: measured
+    assert datasheet_peak("cpu", "fp32") is None
+
+
+def test_the_cpu_has_no_tf32():
+    from normbench.training.perf import matmul_kind
+
+    assert matmul_kind(torch.device("cpu"), torch.float32, tf32=True) == "fp32"
+    assert matmul_kind(torch.device("cpu"), torch.bfloat16, tf32=True) == "bf16"
+
+
+def test_peak_flops_setting_wins():
     import normbench.training.perf as perf
 
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(
-        perf, "_measure_matmul_flops", lambda *a, **k: pytest.fail("a listed GPU is not measured")
-    )
-    cuda = torch.device("cuda")
-    assert perf.peak_flops(cuda, torch.bfloat16) == (989.4e12, "datasheet bf16: NVIDIA H100 80GB HBM3")
-    assert perf.peak_flops(cuda, torch.float16)[0] == 989.4e12
-    precision = torch.get_float32_matmul_precision()  # what allow_tf32 sets (not monkeypatch-able)
-    try:
-        for tf32, peak in ((True, 494.7e12), (False, 66.9e12)):  # fp32 matmuls on tensor cores only with TF32
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            assert perf.peak_flops(cuda, torch.float32)[0] == peak
-    finally:
-        torch.set_float32_matmul_precision(precision)
-    assert perf.peak_flops(cuda, torch.bfloat16, setting=5e14) == (5e14, "train.peak_flops")
+    assert perf.peak_flops(torch.device("cpu"), torch.bfloat16, setting=5e14) == (5e14, "train.peak_flops")
 
 
-def test_measured_peak_keeps_the_highest_figure(monkeypatch, tmp_path):
-    """A measurement on a busy machine is a lower bound: a slower one never replaces a faster one."""
+@pytest.fixture
+def peak_cache(monkeypatch, tmp_path):
+    """A fresh cache directory and process, and a matmul 'measurement' that hands out ``readings``."""
     import normbench.training.perf as perf
 
     monkeypatch.setenv("NORMBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(perf, "_MEASURED_HERE", {})
-    readings = iter([5e9, 3e9, 7e9])
-    monkeypatch.setattr(perf, "_measure_matmul_flops", lambda *a, **k: next(readings))
+    readings: list[float] = []
+    monkeypatch.setattr(perf, "_measure_matmul_flops", lambda *a, **k: readings.pop(0))
+    return readings, tmp_path / perf.PEAK_CACHE
+
+
+def test_measured_peak_is_kept_with_its_date_and_reused(peak_cache):
+    import normbench.training.perf as perf
+
+    readings, path = peak_cache
+    readings += [5e9]
     cpu = torch.device("cpu")
-    # A process measures once, for its first run (a sweep worker's later runs reuse it) ...
-    assert [perf.peak_flops(cpu, torch.float32) for _ in range(3)] == [(5e9, "measured matmul")] * 3
-    # ... and each new process measures again: the cache keeps the highest figure.
-    peaks = []
-    for _ in range(2):
-        perf._MEASURED_HERE.clear()
-        peaks.append(perf.peak_flops(cpu, torch.float32))
-    assert peaks == [(5e9, "measured matmul"), (7e9, "measured matmul")]
-    assert (tmp_path / "peak_flops.json").exists()
+    today = f"measured {date.today().isoformat()}"
+    # Measured once, then reused by this process and by the next one (from the cache file).
+    assert [perf.peak_flops(cpu, torch.float32) for _ in range(2)] == [(5e9, today)] * 2
+    perf._MEASURED_HERE.clear()
+    assert perf.peak_flops(cpu, torch.float32) == (5e9, today)
+    (entry,) = json.loads(path.read_text()).values()
+    assert entry == {"flops": 5e9, "date": date.today().isoformat(), "torch": torch.__version__}
+
+
+def test_a_new_measurement_replaces_the_old_figure_even_when_slower(peak_cache):
+    import normbench.training.perf as perf
+
+    readings, path = peak_cache
+    cpu = torch.device("cpu")
+    key = f"cpu|fp32|{torch.get_num_threads()} threads"
+    path.write_text(json.dumps({key: {"flops": 9e9, "date": "2020-01-01", "torch": "0.0-other"}}))
+    readings += [4e9]
+    # A figure from another PyTorch is measured again, and the new figure replaces it (no max).
+    assert perf.peak_flops(cpu, torch.float32) == (4e9, f"measured {date.today().isoformat()}")
+    assert json.loads(path.read_text())[key]["flops"] == 4e9
+
+
+def test_measured_peaks_are_kept_per_precision_and_tf32_setting(peak_cache, monkeypatch):
+    import normbench.training.perf as perf
+
+    readings, path = peak_cache
+    readings += [1e9, 2e9]
+    cpu = torch.device("cpu")
+    assert perf.peak_flops(cpu, torch.float32)[0] == 1e9
+    assert perf.peak_flops(cpu, torch.bfloat16)[0] == 2e9  # its own key: measured, not fp32's figure
+    # A GPU's fp32 peak with TF32 on and off are two keys (their rates differ 7-fold on an H100).
+    monkeypatch.setattr(perf, "device_name", lambda device: "Some GPU")
+    readings += [3e12, 4e13]
+    cuda = torch.device("cuda")
+    assert perf.measured_peak(cuda, torch.float32, "fp32")[0] == 3e12
+    assert perf.measured_peak(cuda, torch.float32, "tf32")[0] == 4e13
+    assert set(json.loads(path.read_text())) >= {"Some GPU|fp32", "Some GPU|tf32"}
 
 
 LINUX_RSS = Path("/proc/self/clear_refs").exists()
@@ -244,3 +305,47 @@ def test_threads_are_set_every_run(tmp_path):
         torch.set_num_threads(default)
     assert first["env"]["threads"] == other
     assert second["env"]["threads"] == default
+
+
+class FakeDevice:
+    """A clock and a device sync, in order: the device still has ``queued`` seconds of work when the
+    host reaches the end of a window (a GPU runs what the host queued after the host moved on)."""
+
+    def __init__(self, queued: float):
+        self.now, self.queued, self.calls = 0.0, queued, []
+
+    def clock(self) -> float:
+        self.calls.append("clock")
+        return self.now
+
+    def sync(self) -> None:
+        self.calls.append("sync")
+        self.now += self.queued
+        self.queued = 0.0
+
+
+def test_a_window_ends_when_the_device_has_run_it():
+    device = FakeDevice(queued=0.9)
+    timer = StepTimer(warmup_steps=0, sync=device.sync, clock=device.clock)
+    for _ in range(3):  # the host queues a step every 10 ms
+        device.now += 0.01
+        timer.tick()
+    device.calls.clear()
+    assert timer.end_window(3) == pytest.approx(0.93)
+    assert device.calls == ["sync", "clock"]  # the window's end is read after the device is done
+    # Each step gets the window's mean: the host's 10 ms per step is not what the device took.
+    assert timer.times == pytest.approx([0.31] * 3)
+    assert timer.summary(tokens_per_step=100)["tokens_per_s"] == pytest.approx(100 / 0.31)
+
+
+def test_a_checkpoint_inside_a_window_counts_the_device_wait_but_not_its_own_time():
+    device = FakeDevice(queued=0.5)
+    timer = StepTimer(warmup_steps=0, sync=device.sync, clock=device.clock)
+    device.now += 0.1
+    timer.tick()
+    timer.settle()  # before the checkpoint: the queued 0.5 s belongs to the step
+    device.now += 7.0  # writing the checkpoint
+    timer.resume()
+    device.now += 0.2
+    timer.tick()
+    assert timer.end_window(2) == pytest.approx(0.8)

@@ -416,3 +416,43 @@ def test_a_failing_tracker_is_one_warning_and_the_run_keeps_its_result(
     ]  # every record, the same numbers but the timings
     names = {p.name for p in (tmp_path / "plain").iterdir()}
     assert names == {p.name for p in (tmp_path / "tracked").iterdir()} and "model.pt" in names
+
+
+def test_steps_the_gradient_scaler_skips_are_no_steps_of_the_lr_schedule(tmp_path):
+    """fp16's scaler skips an update whose gradients overflowed: the schedule must not advance then."""
+    from normbench.training.loop import Run
+
+    state = Run(parse_config(compose_cfg(tiny("train.warmup_steps=5"))), tmp_path)
+    state.scaler = torch.amp.GradScaler("cpu")  # the CPU's scaler does what CUDA's does
+    planted = {1, 2, 5}  # the steps whose gradients overflow
+    overflow = [False]
+    weight = next(state.model.parameters())
+    weight.register_hook(lambda grad: grad * math.inf if overflow[0] else grad)
+    taken = []
+    for step in range(8):
+        overflow[0] = step in planted
+        before = [p.detach().clone() for p in state.model.parameters()]
+        state.train_step()
+        taken.append(any(not torch.equal(b, p) for b, p in zip(before, state.model.parameters())))
+    assert taken == [step not in planted for step in range(8)]
+    assert state.scheduler.last_epoch == 5
+    assert state.scheduler.get_last_lr()[0] == pytest.approx(state.tcfg.lr * lr_factor(5, state.tcfg))
+
+
+def test_the_compile_trial_runs_on_the_batch_the_first_step_trains_on(tmp_path, monkeypatch):
+    """Its shapes are training's (this rank's share of the global batch, not a validation batch),
+    and the batch stream is left where it was."""
+    from normbench.training import loop
+
+    trial = []
+
+    def record(step_model, model, x, y, autocast):
+        trial.append((x, y))
+        return step_model, None
+
+    monkeypatch.setattr(loop, "compile_model", record)
+    cfg = parse_config(compose_cfg(tiny("train.compile=true")))
+    state = loop.Run(cfg, tmp_path)
+    x, y = state.data.train_batch(cfg.train.batch_size, torch.Generator().manual_seed(cfg.seed))
+    assert torch.equal(trial[0][0], x) and torch.equal(trial[0][1], y)
+    assert torch.equal(state.train_batch(state.batch_gen)[0], x)  # the first step draws that same batch

@@ -41,6 +41,19 @@ def resolve_device(name: str, key: str = "train.device") -> torch.device:
     return device
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until ``device`` has run everything queued on it (CUDA's kernels are asynchronous; the CPU
+    runs in line, so there is nothing to wait for). The device is named: a bare
+    ``torch.cuda.synchronize()`` waits on the current device, not necessarily this one."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name as CUDA reports it (``NVIDIA H100 80GB HBM3``); ``cpu`` off a GPU."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def available_cpus() -> int:
     """The CPUs this process may use (cgroups, taskset, SLURM), not the machine's count."""
     try:

@@ -124,7 +124,7 @@ def _run_locked(
             run_dir_.write_failure(f"{type(err).__name__}: {err}", traceback.format_exc(), cfg_hash)
         return _fail(
             console,
-            f"{type(err).__name__}: {err} (traceback in {run_dir_.path / ERROR_LOG})",
+            f"{type(err).__name__}: {escape(str(err))} (traceback in {run_dir_.path / ERROR_LOG})",
             multirun,
             code=1,
             label="run failed",
@@ -146,7 +146,7 @@ def _run_locked(
     if summary["status"] == "failed":
         if main:  # the other ranks printed their traceback already
             console.print(
-                f"[bold red]run failed:[/bold red] {summary['error']} (traceback in "
+                f"[bold red]run failed:[/bold red] {escape(summary['error'])} (traceback in "
                 f"{run_dir_.path / ERROR_LOG})"
             )
         if not multirun:
@@ -270,6 +270,16 @@ def task(cfg: DictConfig) -> None:
         sys.exit(2)
     try:
         run_job(cfg, hc.runtime.output_dir, multirun=multirun)
+    except BaseException as err:
+        code = err.code if isinstance(err, SystemExit) else 1
+        # A failure under torchrun (an exit with 1 or 2, or an exception): this rank's peers may wait
+        # in a collective it will never join, so it ends at once and torchrun stops the others. A
+        # stop every rank agreed on (a signal: 128 + its number) leaves the group in order below.
+        if distributed.world_size() > 1 and code and (not isinstance(code, int) or code < 128):
+            if not isinstance(err, SystemExit):
+                traceback.print_exc()
+            distributed.abandon(code if isinstance(code, int) else 1)
+        raise
     finally:
         distributed.teardown()
         if multirun:

@@ -91,7 +91,7 @@ def summary_table(summary: dict, run_dir: Path | str | None = None) -> Table | G
         flag = " [red](leaks the future in train mode)[/red]" if summary["leaks_future"] else ""
         table.add_row("causal leak train / eval", f"{leak['train']:.1e} / {leak['eval']:.1e}{flag}")
     if summary["error"]:
-        table.add_row("error", summary["error"])
+        table.add_row("error", Text(summary["error"]))  # the error's own words, never markup
     if run_dir is None:
         return table
     # one line however long the path: a person copies it

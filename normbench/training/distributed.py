@@ -6,8 +6,9 @@ This module owns everything that reads those variables: joining the group (gloo 
 the CPU, NCCL on CUDA, one GPU per process: cuda:LOCAL_RANK), wrapping the model in
 DistributedDataParallel (BatchNorm made synchronous first, unless ``norm.sync=false``),
 slicing each rank's share out of the global batch, averaging metrics across ranks,
-and leaving the group. Outside torchrun every function is the single-process no-op,
-so the training loop reads the same either way.
+and leaving the group (in order, or at once when the run failed: ``abandon``). Outside
+torchrun every function is the single-process no-op, so the training loop reads the same
+either way.
 
 The rule that makes a run independent of its world size: every rank draws the whole
 global batch (``train.batch_size``) from the same seeded generator and keeps its own
@@ -19,6 +20,8 @@ the global batch's loss.
 from __future__ import annotations
 
 import os
+import sys
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -89,6 +92,21 @@ def setup(device: torch.device) -> torch.device:
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def abandon(code: int) -> NoReturn:
+    """End this rank of a failed run now, with ``code``, without leaving the group in order.
+
+    A rank that failed may never join the collective its peers wait in (the gradient all-reduce of
+    the step it failed in), and leaving in order would wait for them: ``destroy_process_group``
+    first lets NCCL's pending work finish. Exiting at once instead lets torchrun see the failure
+    and stop the other ranks (a gloo peer sees the closed connection even sooner), so a failure on
+    one rank ends the run in seconds, not at the collective timeout. Python's exit handlers and
+    finalizers are skipped: what the run writes is written and closed before this.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def local_batch_size(batch_size: int) -> int:

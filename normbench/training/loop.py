@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from normbench.core.devices import PRECISIONS, resolve_device
+from normbench.core.devices import PRECISIONS, resolve_device, synchronize
 from normbench.core.errors import ConfigError, DiskFull, first_line
 from normbench.core.runs import METRICS, RunDir
 from normbench.data.corpus import build_dataset, forget_other_corpora
@@ -264,15 +264,23 @@ class Run:
         # graph never calls, so those steps run eagerly, on the very parameters the compiled module trains.
         self.eager_model = self.step_model
         if self.tcfg.compile:
+            # Compiled on the batch the first step trains on (drawn from a copy of the stream, which
+            # stays where it is): this rank's share, the shapes every step has, so training never
+            # recompiles for a shape the trial alone had.
+            first = torch.Generator().set_state(self.batch_gen.get_state())
             self.step_model, self.compile_error = compile_model(
-                self.step_model, self.model, *self.val[0], self.autocast
+                self.step_model, self.model, *self.train_batch(first), self.autocast
             )
+
+    def train_batch(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of the next global training batch, on the device."""
+        x, y = self.data.train_batch(self.tcfg.batch_size, generator)  # the global batch, on every rank
+        x, y = distributed.shard(x), distributed.shard(y)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def train_step(self, stats: LayerStats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One update; returns (loss, global grad norm before clipping), both still on the device."""
-        x, y = self.data.train_batch(self.tcfg.batch_size, self.batch_gen)  # the global batch, on every rank
-        x, y = distributed.shard(x), distributed.shard(y)
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        x, y = self.train_batch(self.batch_gen)
         if stats:
             stats.begin()
         with self.autocast:
@@ -289,13 +297,17 @@ class Run:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.tcfg.grad_clip)
         else:
             grad_norm = global_grad_norm(params)
+        scale = self.scaler.get_scale()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.model.after_step()
         if stats:
             stats.after_update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        # The scaler skips an update whose gradients overflowed, and then lowers its scale: such a
+        # step is no step of the schedule. (get_scale waits for the device: fp16 runs only.)
+        if self.scaler.get_scale() >= scale:
+            self.scheduler.step()
         return loss.detach(), grad_norm.detach()
 
     @torch.no_grad()
@@ -362,7 +374,10 @@ class Loop:
         self.phases = phases
         self.main = distributed.is_main()
         self.stats = LayerStats(state.model) if self.tcfg.stats_every else None
-        self.timer = StepTimer(warmup_steps=min(self.tcfg.log_every, self.tcfg.steps // 5))
+        self.timer = StepTimer(
+            warmup_steps=min(self.tcfg.log_every, self.tcfg.steps // 5),
+            sync=functools.partial(synchronize, state.device),
+        )
         self.tokens_per_step = self.tcfg.batch_size * state.cfg.model.block_size
         self.val_losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -448,6 +463,7 @@ class Loop:
         every = self.tcfg.eval_every if self.tcfg.checkpoint_every is None else self.tcfg.checkpoint_every
         if not (now or (every and done > self.start and done % every == 0)):
             return
+        self.timer.settle()
         with self.phases("checkpoints"):
             self._save_checkpoint(done)
         self.timer.resume()
@@ -504,10 +520,10 @@ class Loop:
             return self._log_window(step)
 
     def _log_window(self, step: int) -> dict:
+        window_s = self.timer.end_window(len(self.pending))
         window = distributed.all_mean(torch.stack([torch.stack(p) for p in self.pending]).float())
         losses, norms, *z_terms = window.T.tolist()
         self.grad_norms += norms
-        window_s = sum(self.timer.times[-len(self.pending) :])
         record = {
             "kind": "train",
             "step": step,
@@ -661,7 +677,7 @@ def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dic
     model_flops = flops_per_token(state.model)
     mfu = peak = peak_source = None
     if speed["tokens_per_s"]:
-        peak, peak_source = peak_flops(state.device, PRECISIONS[tcfg.precision], tcfg.peak_flops)
+        peak, peak_source = peak_flops(state.device, PRECISIONS[tcfg.precision], tcfg.peak_flops, tcfg.tf32)
         # tokens_per_s counts the global batch, which every rank's device shares.
         mfu = model_flops * speed["tokens_per_s"] / (peak * distributed.world_size())
     grad_norms = loop.grad_norms

@@ -4,7 +4,8 @@ MFU follows PaLM (Chowdhery et al. 2022, appendix B) as nanoGPT does: model FLOP
 = 6 N + 12 L d T (N parameters without position embeddings; the second term is attention),
 times tokens per second, over a peak. The peak is ``train.peak_flops`` when given; else, on a
 GPU in ``DATASHEET_PEAKS``, its datasheet figure (what MFU is conventionally quoted against);
-else the best matrix-multiply rate measured on the device, kept per device, dtype and thread count.
+else the matrix-multiply rate measured on the device, kept per device, precision (TF32 on or
+off) and CPU thread count with the date it was measured.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import statistics
 import sys
 import time
 import weakref
+from datetime import date
 from pathlib import Path
 
 import torch
 
+from normbench.core.devices import device_name, synchronize
 from normbench.core.fileio import write_atomic
 
 
@@ -41,83 +44,119 @@ def _measure_matmul_flops(
 ) -> float:
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
-    sync()
+    synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
-        sync()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2 * size**3 / min(times)
 
 
-# Dense (no sparsity) peaks from NVIDIA's datasheets, FLOP/s, by torch.cuda.get_device_name.
-# "tf32" is the tensor-core rate an fp32 matmul gets when TF32 is allowed, "fp32" the rate without.
-_H100_SXM = {"bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}
-_A100 = {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
-DATASHEET_PEAKS = {
-    "NVIDIA H100 80GB HBM3": _H100_SXM,
-    "NVIDIA H100 PCIe": {"bf16": 756e12, "tf32": 378e12, "fp32": 51.2e12},
-    "NVIDIA H200": _H100_SXM,  # the SXM H200: H100 SXM's compute, more memory
-    "NVIDIA A100-SXM4-80GB": _A100,
-    "NVIDIA A100-SXM4-40GB": _A100,
-    "NVIDIA A100 80GB PCIe": _A100,
-    "NVIDIA A100-PCIE-40GB": _A100,
+def matmul_kind(device: torch.device, dtype: torch.dtype, tf32: bool) -> str:
+    """Which matmul rate a run's precision gets: bf16, fp16, tf32 (an fp32 run with TF32 on a GPU) or
+    fp32. TF32 is a CUDA setting (``train.tf32``); the CPU multiplies fp32 as fp32."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return "bf16" if dtype == torch.bfloat16 else "fp16"
+    return "tf32" if tf32 and device.type == "cuda" else "fp32"
+
+
+# Dense (no sparsity) peaks from NVIDIA's datasheets, FLOP/s, by the name CUDA gives the GPU
+# (torch.cuda.get_device_name), with the model's name as the datasheet gives it. "tf32" is the
+# tensor-core rate an fp32 matmul gets when TF32 is allowed, "fp32" the rate without; fp16/bf16 are
+# the tensor-core rates with fp32 accumulation (PyTorch's). A GPU without a precision in hardware
+# (V100: no bf16, no TF32) lists none for it: its fp32 rate stands for TF32, bf16 is measured.
+_H100_SXM = {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}
+_H100_PCIE = {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378e12, "fp32": 51.2e12}
+_A100 = {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
+_V100_SXM2 = {"fp16": 125e12, "tf32": 15.7e12, "fp32": 15.7e12}
+_V100_PCIE = {"fp16": 112e12, "tf32": 14e12, "fp32": 14e12}
+DATASHEET_PEAKS: dict[str, tuple[str, dict[str, float]]] = {
+    "NVIDIA H100 80GB HBM3": ("H100 SXM", _H100_SXM),
+    "NVIDIA H100 PCIe": ("H100 PCIe", _H100_PCIE),
+    "NVIDIA H200": ("H200 SXM", _H100_SXM),  # H100 SXM's compute, more and faster memory
+    "NVIDIA A100-SXM4-80GB": ("A100 SXM", _A100),
+    "NVIDIA A100-SXM4-40GB": ("A100 SXM", _A100),
+    "NVIDIA A100 80GB PCIe": ("A100 PCIe", _A100),
+    "NVIDIA A100-PCIE-40GB": ("A100 PCIe", _A100),
+    "Tesla V100-SXM2-16GB": ("V100 SXM2", _V100_SXM2),
+    "Tesla V100-SXM2-32GB": ("V100 SXM2", _V100_SXM2),
+    "Tesla V100-PCIE-16GB": ("V100 PCIe", _V100_PCIE),
+    "Tesla V100-PCIE-32GB": ("V100 PCIe", _V100_PCIE),
+    "NVIDIA L4": ("L4", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12}),
+    "NVIDIA A10": ("A10", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12}),
+    "NVIDIA L40S": ("L40S", {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12}),
+    "NVIDIA GeForce RTX 4090": (
+        "GeForce RTX 4090",
+        {"bf16": 165.2e12, "fp16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12},
+    ),
 }
 
 
-def datasheet_peak(device: torch.device, dtype: torch.dtype) -> tuple[float, str] | None:
-    """The datasheet peak for this GPU and dtype, with its name; None off a listed GPU."""
-    if device.type != "cuda":
+def datasheet_peak(name: str, kind: str) -> tuple[float, str] | None:
+    """The datasheet peak of the GPU CUDA calls ``name`` for a ``matmul_kind``, with its source
+    (``datasheet H100 SXM bf16 dense``); None for a GPU or a precision the table does not list."""
+    model, peaks = DATASHEET_PEAKS.get(name, (None, {}))
+    if kind not in peaks:
         return None
-    name = torch.cuda.get_device_name(device)
-    if name not in DATASHEET_PEAKS:
-        return None
-    if dtype in (torch.bfloat16, torch.float16):
-        kind = "bf16"
-    else:
-        kind = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
-    return DATASHEET_PEAKS[name][kind], f"datasheet {kind}: {name}"
+    return peaks[kind], f"datasheet {model} {kind} dense"
 
 
-_MEASURED_HERE: dict[str, float] = {}  # what this process measured, by device, dtype, threads and torch
+PEAK_CACHE = "peak_flops.json"
+_MEASURED_HERE: dict[str, dict] = {}  # this process's reading of the cache, by key
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype, setting: float | None = None) -> tuple[float, str]:
-    """FLOP/s that count as 100% MFU, and where the figure comes from.
+def measured_peak(device: torch.device, dtype: torch.dtype, kind: str) -> tuple[float, str]:
+    """The matrix-multiply rate measured on this device for ``kind``, and its source (``measured DATE``).
 
-    The setting, else the datasheet peak of a listed GPU, else the best matmul rate ever
-    measured here: a peak is a maximum, and a measurement on a busy machine is only a lower
-    bound, so each process measures once (a fraction of a second: not again for every run of
-    a sweep's worker) and the cache file keeps the highest figure seen.
+    One figure per device name, kind (TF32 on and off apart) and, on the CPU, thread count, kept
+    in the cache file with the date and PyTorch version it was measured with: a sweep's runs reuse
+    it, and a measurement under another PyTorch replaces it (a new figure replaces the old one, a
+    faster one or not: the figure is what this software gets from this device).
     """
+    name = device_name(device)
+    threads = f"|{torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    key = f"{name}|{kind}{threads}"
+    path = cache_dir() / PEAK_CACHE
+    entry = _MEASURED_HERE.get(key)
+    if entry is None:
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+        entry = cache.get(key)
+        if not (isinstance(entry, dict) and entry.get("torch") == torch.__version__ and "flops" in entry):
+            flops = _measure_matmul_flops(device, dtype, size=4096 if device.type == "cuda" else 1024)
+            entry = cache[key] = {
+                "flops": flops,
+                "date": date.today().isoformat(),
+                "torch": torch.__version__,
+            }
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, json.dumps(cache, indent=1))
+            except OSError:
+                pass  # a read-only home: measured again in the next process
+        _MEASURED_HERE[key] = entry
+    return float(entry["flops"]), f"measured {entry['date']}"
+
+
+def peak_flops(
+    device: torch.device, dtype: torch.dtype, setting: float | None = None, tf32: bool = False
+) -> tuple[float, str]:
+    """FLOP/s that count as 100% MFU, and where the figure comes from (summary.json's
+    ``peak_flops_source``): ``train.peak_flops`` when set, else the datasheet peak of a listed
+    GPU (what MFU is conventionally quoted against), else a measured matmul rate (``measured_peak``).
+    ``tf32``: an fp32 run's matmuls may use TF32 (``train.tf32``)."""
     if setting:
         return float(setting), "train.peak_flops"
-    if (listed := datasheet_peak(device, dtype)) is not None:
+    kind = matmul_kind(device, dtype, tf32)
+    if device.type == "cuda" and (listed := datasheet_peak(device_name(device), kind)) is not None:
         return listed
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    key = f"{name}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
-    path = cache_dir() / "peak_flops.json"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if key in _MEASURED_HERE:
-        return max(cache.get(key, 0.0), _MEASURED_HERE[key]), "measured matmul"
-    measured = _MEASURED_HERE[key] = _measure_matmul_flops(
-        device, dtype, size=4096 if device.type == "cuda" else 1024
-    )
-    if measured > cache.get(key, 0.0):
-        cache[key] = measured
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps(cache, indent=1))
-        except OSError:
-            pass  # a read-only home only loses the best figure for next time
-    return cache[key], "measured matmul"
+    return measured_peak(device, dtype, kind)
 
 
 # /proc/self/clear_refs: writing "5" resets the process's peak resident set (VmHWM in
@@ -231,26 +270,47 @@ class Phases:
 
 
 class StepTimer:
-    """Per-step wall times from host timestamps: no device sync of its own.
+    """Per-step wall times, from host timestamps and one device sync per log window.
 
-    On a GPU the host runs ahead until the launch queue fills, after which each
-    host step lasts as long as a device step; the steady-state figures exclude warm-up.
+    A GPU runs the steps the host queued after the host has moved on, so a host timestamp
+    says when a step was queued, not when it ran: a window that fits in the launch queue would
+    look as fast as the host can queue. ``end_window`` therefore waits for the device
+    (``sync``) before it reads the clock, which puts the device's time into the window, and
+    gives each of the window's steps the window's mean time (the host's split of it is not the
+    device's). The steady-state figures exclude warm-up.
     """
 
-    def __init__(self, warmup_steps: int):
+    def __init__(self, warmup_steps: int, sync=lambda: None, clock=time.perf_counter):
         self.warmup = warmup_steps
+        self.sync, self.clock = sync, clock
         self.times: list[float] = []
-        self.last = time.perf_counter()
+        self.last = clock()
 
     def tick(self) -> float:
-        now = time.perf_counter()
+        now = self.clock()
         self.times.append(now - self.last)
         self.last = now
         return self.times[-1]
 
+    def settle(self) -> None:
+        """Wait for the device to run the steps ticked so far and count the wait as the last step's
+        (before a checkpoint, whose own time is no step's)."""
+        self.sync()
+        now = self.clock()  # read after the sync: the wait for the device belongs to the steps
+        if self.times:
+            self.times[-1] += now - self.last
+        self.last = now
+
+    def end_window(self, steps: int) -> float:
+        """Close a window of the last ``steps`` ticks once the device has run them; its seconds."""
+        self.settle()
+        seconds = sum(self.times[-steps:])
+        self.times[-steps:] = [seconds / steps] * steps
+        return seconds
+
     def resume(self) -> None:
         """Start the next step's clock now, so time spent evaluating is not counted as a step."""
-        self.last = time.perf_counter()
+        self.last = self.clock()
 
     def steady(self) -> list[float]:
         return self.times[self.warmup :] or self.times
