@@ -203,15 +203,13 @@ def _draw_lines(ax, styles: dict, lines: dict, log: bool = False, note: bool = T
         )
     shared = [[labels[i] for i in range(len(labels)) if group[i] == g] for g in dict.fromkeys(group)]
     shared = [names for names in shared if len(names) > 1]
-    if shared and note:
-        ax.text(
-            0.01,
-            0.01,
-            _plain("\n".join("on one curve (thick to thin): " + ", ".join(names) for names in shared)),
-            transform=ax.transAxes,
-            fontsize="x-small",
-            va="bottom",
-            bbox=dict(facecolor="white", alpha=0.8, linewidth=0),
+    if shared and note:  # a legend of text only: loc="best" puts it where it covers the fewest points
+        ax.legend(
+            handles=[],
+            title=_plain("\n".join("on one curve (thick to thin): " + ", ".join(names) for names in shared)),
+            title_fontsize="x-small",
+            loc="best",
+            framealpha=0.8,
         )
 
 
@@ -389,6 +387,7 @@ def chart_loss_curves(d: ReportData):
         _floor(ax, done)
         ax.set(title=title, xlabel=xlabel, ylabel="loss (nats/token)")
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter())  # 150k, not 150000 against 160000
     for ax, (c, (since, ylim), title, xlabel) in zip(axes[len(panels) :], zooms):
         _bands(ax, d, c, since)
         _floor(ax, done)
