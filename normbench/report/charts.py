@@ -100,15 +100,17 @@ def chart(name: str, title: str, needs_runs: bool = True):
     return register
 
 
-def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
+def make_styles(runs: pd.DataFrame, agg: pd.DataFrame, tune: str | None = None) -> dict:
     """One style per configuration: its own colour, a line style (and bar hatch) per placement and a
     marker per norm, so configurations whose curves coincide are still told apart by two of the three.
 
     Colours go to the configurations in a fixed order (the registered norms', then placements', then
     the other keys' values), not in the order of their results: ln/pre has the same colour in every
-    report of the same configurations. When every configuration has the same norm, the marker goes
-    to the other group keys' values instead ("n_layer=2", "warmup_steps=50"). No two configurations
-    share all three of colour, line style and marker.
+    report of the same configurations. The rows of one configuration at several values of the tuned
+    key ``tune`` share its colour (the charts at each one's best value match the tuning chart's), and
+    tell each other apart by the marker. When every configuration has the same norm, the marker goes
+    to the other group keys' values instead ("n_layer=2", "warmup_steps=50"). No two rows share all
+    three of colour, line style and marker.
     """
     # norm/placement need not be group keys: a config mixing several gets the "mixed" style.
     names = (
@@ -116,7 +118,11 @@ def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
         .agg(lambda s: s.iloc[0] if s.nunique(dropna=False) == 1 else "mixed")
         .reindex(agg["config"])
     )
-    rests = [" ".join(t for t in str(label).split(" ") if "=" in t) for label in agg["config"]]
+    tuned = () if tune is None else (tune + "=", tune.rsplit(".", 1)[-1] + "=")
+    rests = [
+        " ".join(t for t in str(label).split(" ") if "=" in t and not t.startswith(tuned))
+        for label in agg["config"]
+    ]
     one_norm = names["norm"].nunique(dropna=False) == 1
     by_rest = sorted(set(rests))
     norm_order, placement_order = list(NORM_MARKERS), list(PLACEMENT_STYLES)
@@ -132,12 +138,14 @@ def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
         )
 
     rows = sorted(zip(agg["config"], names["norm"], names["placement"], rests), key=lambda r: rank(*r))
+    families = list(dict.fromkeys((str(norm), str(placement), rest) for _, norm, placement, rest in rows))
     styles, used = {}, set()
-    for i, (label, norm, placement, rest) in enumerate(rows):
+    for label, norm, placement, rest in rows:
         linestyle, hatch = placement_style(placement)
         marker = MARKERS[by_rest.index(rest) % len(MARKERS)] if one_norm else norm_marker(norm)
-        color = PALETTE[i % len(PALETTE)]
-        # beyond the palette a colour comes round again: the marker keeps the triple unique
+        color = PALETTE[families.index((str(norm), str(placement), rest)) % len(PALETTE)]
+        # a tuned configuration's other values, or a colour come round again: the marker keeps the
+        # triple unique
         for _ in range(len(MARKERS)):
             if (color, str(linestyle), marker) not in used:
                 break
@@ -190,12 +198,17 @@ def coinciding(lines: list[pd.Series], log: bool = False) -> list[int]:
     return group
 
 
+def _places(lines: list[pd.Series], log: bool = False) -> list[tuple[int, int]]:
+    """Per line: (its place k among the lines it coincides with, their number n), for line_style."""
+    group = coinciding(lines, log)
+    return [(group[:i].count(g), group.count(g)) for i, g in enumerate(group)]
+
+
 def _draw_lines(ax, styles: dict, lines: dict, log: bool = False, note: bool = True, **kwargs) -> None:
     """One line per configuration (label -> y against x) in the one mapping; coinciding ones drawn
     thick to thin and named in a note in the panel's corner, so a reader knows why they look as one."""
     group, labels = coinciding(list(lines.values()), log), list(lines)
-    for i, (label, y) in enumerate(lines.items()):
-        k, n = group[:i].count(group[i]), group.count(group[i])
+    for (label, y), (k, n) in zip(lines.items(), _places(list(lines.values()), log)):
         ax.plot(
             y.index,
             y.to_numpy(),
@@ -204,9 +217,20 @@ def _draw_lines(ax, styles: dict, lines: dict, log: bool = False, note: bool = T
     shared = [[labels[i] for i in range(len(labels)) if group[i] == g] for g in dict.fromkeys(group)]
     shared = [names for names in shared if len(names) > 1]
     if shared and note:  # a legend of text only: loc="best" puts it where it covers the fewest points
+        text = (
+            [f"all {len(labels)} configurations on one curve"]
+            if len(shared[0]) == len(labels) > 2
+            else [
+                "on one curve (thick to thin): "
+                + ", ".join(names[:4])
+                + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                for names in shared[:3]
+            ]
+            + ([f"and {len(shared) - 3} more groups of coinciding curves"] if len(shared) > 3 else [])
+        )
         ax.legend(
             handles=[],
-            title=_plain("\n".join("on one curve (thick to thin): " + ", ".join(names) for names in shared)),
+            title=_plain("\n".join(textwrap.fill(line, 60) for line in text)),
             title_fontsize="x-small",
             loc="best",
             framealpha=0.8,
@@ -257,7 +281,7 @@ def _legend(fig, axes) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     if handles:  # as many columns as it takes for the legend to fit the figure's height
-        ncols = math.ceil(len(handles) / max(4, int(fig.get_figheight() * 72 / 15)))
+        ncols = math.ceil(len(handles) / max(4, int(fig.get_figheight() * 72 / 18)))  # ~18 pt a row
         # _figure keeps room for one column; each further one widens the figure rather than
         # squeezing the panels under the legend
         fig.set_figwidth(fig.get_figwidth() + 2.2 * (ncols - 1))
@@ -582,9 +606,11 @@ def chart_tuning(d: ReportData):
     # matter, those near the best, are one line: a second panel zooms in on them.
     zoom = (best.min() - 0.05, best.min() + 0.35) if len(best) and top - best.min() > 1.0 else None
     fig, axes = _figure(2 if zoom else 1, width=7.0 if zoom else 8.5, height=5.0, ncols=2)
+    rows = list(d.tuned.itertuples(index=False))
+    places = _places([_tuning_line(curves[row.config]) for row in rows])
     for ax in axes:
-        for row in d.tuned.itertuples(index=False):
-            _tuning_curve(ax, row, curves[row.config], styles[row.config])
+        for row, place in zip(rows, places):
+            _tuning_curve(ax, row, curves[row.config], styles[row.config], place)
         # markers after every line: the legend lists configs first
         for row in d.tuned.itertuples(index=False):
             _tuning_marks(ax, row, curves[row.config], styles[row.config])
@@ -616,19 +642,16 @@ def _tuning_points(group: pd.DataFrame, mean_ci) -> list[tuple]:
     return points
 
 
-def _tuning_curve(ax, row, points: list[tuple], style: dict) -> None:
+def _tuning_line(points: list[tuple]) -> pd.Series:
+    return pd.Series([p[1] for p in points], index=[p[0] for p in points], dtype=float)
+
+
+def _tuning_curve(ax, row, points: list[tuple], style: dict, place: tuple[int, int] = (0, 1)) -> None:
+    """``place``: the curve's (k, n) among those it coincides with (``line_style``)."""
     xs = [p[0] for p in points]
     ys = np.array([p[1] for p in points], float)
     sens = "" if pd.isna(row.lr_sensitivity) else f"  (sensitivity {row.lr_sensitivity:.3f})"
-    ax.plot(
-        xs,
-        ys,
-        color=style["color"],
-        linestyle=style["linestyle"],
-        marker=style["marker"] or "o",
-        markersize=4,
-        label=_plain(row.config + sens),
-    )
+    ax.plot(xs, ys, label=_plain(row.config + sens), **line_style(style, *place))
     if any(p[2] is not None for p in points):
         ax.fill_between(
             xs,
