@@ -453,14 +453,22 @@ def chart_final_loss(d: ReportData):
     width = max(5.0, 0.45 * len(table) + 2)
     fig, axes = _figure(1 + diffs, width=width, height=5.0, ncols=2)
     at = {label: i for i, label in enumerate(table["config"])}
-    _seed_points(axes[0], table, runs, done, at, styles)
+    # runs of one seed at different sizes are no pair: joined only without a size axis
+    _seed_points(axes[0], runs, done, at, styles, join=d.scale is None)
+    joined = "grey lines join the runs of one seed;\n" if d.scale is None else ""
     axes[0].set(
         title=_plain(
-            f"{d.metric_label.capitalize()} of each run{_at_best_note(d)}\n(grey lines join the runs of one "
-            "seed;\nbar = mean over completed seeds)"
+            f"{d.metric_label.capitalize()} of each run{_at_best_note(d)}\n"
+            f"({joined}bar = mean over completed seeds)"
         ),
         ylabel=metric_label(d),
     )
+    if d.scale is not None:
+        _note(
+            fig,
+            "With a size axis the verdict compares the configurations within each size: their paired "
+            "differences are in the chart of the difference to the baseline against size.",
+        )
     if diffs:
         _differences(axes[1], d, table, styles)
     for ax in axes:
@@ -472,13 +480,13 @@ def chart_final_loss(d: ReportData):
     return fig
 
 
-def _seed_points(ax, table: pd.DataFrame, runs: pd.DataFrame, done: pd.DataFrame, at: dict, styles) -> None:
-    """Each completed run's final loss at its configuration, the runs of one seed joined by a grey
-    line (the pairs the verdict's paired test compares), a bar at each configuration's mean, and a
-    red × with the count where runs diverged or failed."""
+def _seed_points(ax, runs: pd.DataFrame, done: pd.DataFrame, at: dict, styles, join: bool) -> None:
+    """Each completed run's final loss at its configuration (``join``: the runs of one seed joined by
+    a grey line, the pairs the verdict's paired test compares), a bar at each configuration's mean,
+    and a red × with the count where runs diverged or failed."""
     x = done["_label"].map(at)
     for i, (_, seed) in enumerate(done.assign(_x=x).sort_values("_x").groupby("seed", sort=True)):
-        if len(seed) > 1:
+        if len(seed) > 1 and join:
             ax.plot(
                 seed["_x"],
                 seed["final_val_loss"],
@@ -822,9 +830,9 @@ def chart_predict(d: ReportData):
         style, part = styles[config], s.table[s.table["config"].eq(config)]
         rows = pred[pred["config"].eq(config)]
         law = rows.iloc[0]
-        # configurations side by side at each size (a few % apart on the log axis), each marker edged,
+        # configurations side by side at each size (8% apart on the log axis), each marker edged,
         # so points of equal loss do not hide one another
-        shift = 1.04 ** (k - (len(s.configs) - 1) / 2)
+        shift = 1.08 ** (k - (len(s.configs) - 1) / 2)
         marks = dict(
             color=style["color"], marker=style["marker"], markeredgecolor="black", markeredgewidth=0.6
         )
@@ -897,7 +905,7 @@ def chart_predict(d: ReportData):
         ax.grid(alpha=0.3)
     failed = [c for c in s.configs if c not in fitted]
     lines = [
-        "dots: measured mean at each size (95% CI), configurations side by side",
+        "filled markers: measured mean at each size (95% CI), configurations side by side",
         "lines: L = E + A x^-alpha fitted per configuration" if fitted else "",
         f"no power law converged for {', '.join(failed)}: no fitted line" if failed else "",
         "open diamonds: the prediction with its bootstrap 95% interval" if drawn else "",
