@@ -213,3 +213,27 @@ def test_predict_title_names_the_fitted_lines_when_the_fit_converged(tmp_path, m
         "lines: L = E + A x^-alpha fitted" in fig.get_suptitle() and "no power law" not in fig.get_suptitle()
     )
     assert "fitted law" in fig.axes[0].get_title()
+
+
+def test_styles_are_unique_and_a_tuned_configuration_keeps_its_colour():
+    """24 rows (4 norms x 2 placements x 3 learning rates): no two share colour, line style and
+    marker; the rows of one configuration share its colour, whatever their results' order."""
+    import pandas as pd
+
+    from normbench.report.charts import make_styles
+
+    rows = [
+        (f"{n}/{p} lr={lr}", n, p)
+        for n in ("ln", "rms", "dyt", "bn")
+        for p in ("pre", "post")
+        for lr in (0.001, 0.01, 0.1)
+    ]
+    runs = pd.DataFrame(rows, columns=["config", "norm", "placement"])
+    styles = make_styles(runs, runs[["config"]].iloc[::-1], "train.lr")  # results order: reversed
+    triples = {(s["color"], str(s["linestyle"]), s["marker"]) for s in styles.values()}
+    assert len(styles) == len(triples) == 24
+    for n in ("ln", "rms", "dyt", "bn"):
+        for p in ("pre", "post"):
+            assert len({styles[f"{n}/{p} lr={lr}"]["color"] for lr in (0.001, 0.01, 0.1)}) == 1
+    assert len({styles[f"{n}/{p} lr=0.01"]["color"] for n, p in {(r[1], r[2]) for r in rows}}) == 8
+    assert styles["ln/pre lr=0.01"]["marker"] != styles["rms/pre lr=0.01"]["marker"]  # a marker per norm

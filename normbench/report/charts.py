@@ -198,9 +198,9 @@ def coinciding(lines: list[pd.Series], log: bool = False) -> list[int]:
     return group
 
 
-def _places(lines: list[pd.Series], log: bool = False) -> list[tuple[int, int]]:
-    """Per line: (its place k among the lines it coincides with, their number n), for line_style."""
-    group = coinciding(lines, log)
+def _places(group: list[int]) -> list[tuple[int, int]]:
+    """Per line of ``coinciding``'s groups: (its place k among the lines it coincides with, their
+    number n), for line_style."""
     return [(group[:i].count(g), group.count(g)) for i, g in enumerate(group)]
 
 
@@ -208,7 +208,7 @@ def _draw_lines(ax, styles: dict, lines: dict, log: bool = False, note: bool = T
     """One line per configuration (label -> y against x) in the one mapping; coinciding ones drawn
     thick to thin and named in a note in the panel's corner, so a reader knows why they look as one."""
     group, labels = coinciding(list(lines.values()), log), list(lines)
-    for (label, y), (k, n) in zip(lines.items(), _places(list(lines.values()), log)):
+    for (label, y), (k, n) in zip(lines.items(), _places(group)):
         ax.plot(
             y.index,
             y.to_numpy(),
@@ -615,7 +615,7 @@ def chart_tuning(d: ReportData):
     zoom = (best.min() - 0.05, best.min() + 0.35) if len(best) and top - best.min() > 1.0 else None
     fig, axes = _figure(2 if zoom else 1, width=7.0 if zoom else 8.5, height=5.0, ncols=2)
     rows = list(d.tuned.itertuples(index=False))
-    places = _places([_tuning_line(curves[row.config]) for row in rows])
+    places = _places(coinciding([_tuning_line(curves[row.config]) for row in rows]))
     for ax in axes:
         for row, place in zip(rows, places):
             _tuning_curve(ax, row, curves[row.config], styles[row.config], place)
