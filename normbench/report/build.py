@@ -246,7 +246,7 @@ def run_report(
         d.agg = aggregate(d.runs, d.keys, metric, scale[0])
         d.tuned = tune(d, d.tune, warn) if d.tune else None
         d.agg = d.agg.join(aggregate_statistics(d))
-        d.styles = charts_module.make_styles(d.runs, d.agg)
+        d.styles = charts_module.make_styles(d.runs, d.agg, d.tune)
         table = display_table(d.agg, d.keys, metric)
         if scale[0]:  # before the verdict, which compares the configurations within each size
             d.scale = scale_axis(d, *scale)

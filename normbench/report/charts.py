@@ -4,11 +4,12 @@ A chart function takes the ``ReportData`` and returns a matplotlib ``Figure``, a
 saying why it was not drawn (its data is missing), or None when it belongs to an analysis these
 runs were not asked for (the scale charts without a scale axis); ``run_report`` saves each as ``NAME.png``
 (plus the other formats asked for) and embeds it in report.html. Adding a chart is one
-decorated function here. Every chart uses one visual mapping: colour = norm, line style /
-bar hatch = placement, and a marker to tell apart configurations that share both (when the
-runs all have one norm, colour tells apart the other group keys' values instead). With a size
-axis (--scale) each size is a shade of its configuration's colour, darker as it grows, with a
-marker per size.
+decorated function here. Every chart uses one visual mapping: a colour per configuration, line
+style / bar hatch = placement, marker = norm (when the runs all have one norm, the marker tells
+apart the other group keys' values instead), and lines drawn so that coinciding curves stay
+visible (``line_style``). With a size axis (--scale) each size is a shade of its configuration's
+colour, darker as it grows, with a marker per size. The norm micro-benchmark, which has no
+configurations, colours by norm.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from normbench.report.load import ReportData, layer_skip
 from normbench.report.tables import _fmt_value
 from normbench.report.tuning import at_best, tuned_configs
 
-# The one visual mapping every chart uses: colour = norm, line style / hatch = placement.
-# Fixed colours for the registered norms so a norm looks the same in every report.
+# Fixed colours for the registered norms (the micro-benchmark's lines) and, in this order, the
+# registered norms' markers.
 NORM_COLORS = {
     "ln": "C0",
     "rms": "C1",
@@ -66,6 +67,14 @@ EXTRA_STYLES = (((0, (8, 2, 1, 2)), "||"), ((0, (2, 2, 6, 2)), "**"), ((0, (4, 1
 MIXED_STYLE = ((0, (3, 1, 1, 1)), "oo")  # a configuration whose runs mix placements
 IMPL_LINESTYLES = {"normbench": "-", "native": "--", "compiled": ":"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# A fixed marker per registered norm, so a norm is marked the same in every chart and report.
+NORM_MARKERS = dict(zip(NORM_COLORS, MARKERS))
+# The configurations' colours, in order: tab10 (grey last: it reads as a reference line), then more.
+PALETTE = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9", *EXTRA_COLORS[2:], "C7")
+
+
+def norm_marker(norm) -> str:
+    return NORM_MARKERS.get(str(norm), MARKERS[zlib.crc32(str(norm).encode()) % len(MARKERS)])
 
 
 def norm_color(norm) -> str:
@@ -91,11 +100,17 @@ def chart(name: str, title: str, needs_runs: bool = True):
     return register
 
 
-def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
-    """Colour by norm, line style by placement; a marker tells apart configs sharing both.
+def make_styles(runs: pd.DataFrame, agg: pd.DataFrame, tune: str | None = None) -> dict:
+    """One style per configuration: its own colour, a line style (and bar hatch) per placement and a
+    marker per norm, so configurations whose curves coincide are still told apart by two of the three.
 
-    When every configuration has the same norm, colour would say nothing: it goes to the
-    other group keys' values instead ("n_layer=2", "warmup_steps=50"), one colour each.
+    Colours go to the configurations in a fixed order (the registered norms', then placements', then
+    the other keys' values), not in the order of their results: ln/pre has the same colour in every
+    report of the same configurations. The rows of one configuration at several values of the tuned
+    key ``tune`` share its colour (the charts at each one's best value match the tuning chart's), and
+    tell each other apart by the marker. When every configuration has the same norm, the marker goes
+    to the other group keys' values instead ("n_layer=2", "warmup_steps=50"). No two rows share all
+    three of colour, line style and marker.
     """
     # norm/placement need not be group keys: a config mixing several gets the "mixed" style.
     names = (
@@ -103,22 +118,123 @@ def make_styles(runs: pd.DataFrame, agg: pd.DataFrame) -> dict:
         .agg(lambda s: s.iloc[0] if s.nunique(dropna=False) == 1 else "mixed")
         .reindex(agg["config"])
     )
-    rests = [" ".join(t for t in str(label).split(" ") if "=" in t) for label in agg["config"]]
-    by_rest = sorted(set(rests)) if names["norm"].nunique(dropna=False) == 1 and len(set(rests)) > 1 else None
-    styles, seen = {}, {}
-    shared = names.groupby(["norm", "placement"], dropna=False)["norm"].transform("size")
-    for label, norm, placement, n, rest in zip(
-        agg["config"], names["norm"], names["placement"], shared, rests
-    ):
-        i = seen[(norm, placement)] = seen.get((norm, placement), -1) + 1
-        linestyle, hatch = placement_style(placement)
-        if by_rest:  # the colour's value also picks the marker, the same in every placement
-            i = by_rest.index(rest)
-        color = f"C{i % 10}" if by_rest else norm_color(norm)
-        styles[label] = dict(
-            color=color, linestyle=linestyle, hatch=hatch, marker=MARKERS[i % len(MARKERS)] if n > 1 else None
+    tuned = () if tune is None else (tune + "=", tune.rsplit(".", 1)[-1] + "=")
+    rests = [
+        " ".join(t for t in str(label).split(" ") if "=" in t and not t.startswith(tuned))
+        for label in agg["config"]
+    ]
+    one_norm = names["norm"].nunique(dropna=False) == 1
+    by_rest = sorted(set(rests))
+    norm_order, placement_order = list(NORM_MARKERS), list(PLACEMENT_STYLES)
+
+    def rank(label, norm, placement, rest):
+        return (
+            norm_order.index(norm) if norm in norm_order else len(norm_order),
+            str(norm),
+            placement_order.index(placement) if placement in placement_order else len(placement_order),
+            str(placement),
+            rest,
+            str(label),
         )
+
+    rows = sorted(zip(agg["config"], names["norm"], names["placement"], rests), key=lambda r: rank(*r))
+    families = list(dict.fromkeys((str(norm), str(placement), rest) for _, norm, placement, rest in rows))
+    styles, used = {}, set()
+    for label, norm, placement, rest in rows:
+        linestyle, hatch = placement_style(placement)
+        marker = MARKERS[by_rest.index(rest) % len(MARKERS)] if one_norm else norm_marker(norm)
+        color = PALETTE[families.index((str(norm), str(placement), rest)) % len(PALETTE)]
+        # a tuned configuration's other values, or a colour come round again: the marker keeps the
+        # triple unique
+        for _ in range(len(MARKERS)):
+            if (color, str(linestyle), marker) not in used:
+                break
+            marker = MARKERS[(MARKERS.index(marker) + 1) % len(MARKERS)]
+        used.add((color, str(linestyle), marker))
+        styles[label] = dict(color=color, linestyle=linestyle, hatch=hatch, marker=marker)
     return styles
+
+
+def line_style(style: dict, k: int = 0, n: int = 1, points: int = 0) -> dict:
+    """``ax.plot`` keywords for a configuration's line, the ``k``-th drawn of ``n`` that coincide.
+
+    Coinciding curves must not hide each other: the first is drawn thick and each later one thinner,
+    with smaller markers, so every colour shows (a thin line inside a thick one); with ``points``
+    (a long curve) the markers sit every few points, each configuration's at its own ones.
+    """
+    share = k / max(1, n - 1)
+    # a marker every `every` points, one slot per coinciding configuration; too few points for that: all
+    every = max(n, points // 8) if points >= 2 * n else 1
+    return dict(
+        color=style["color"],
+        linestyle=style["linestyle"],
+        linewidth=3.6 - 2.4 * share if n > 1 else 1.8,
+        marker=style["marker"],
+        markersize=8.5 - 4.0 * share if n > 1 else 6.0,
+        markevery=(k % every, every) if points else None,
+    )
+
+
+COINCIDE = 0.02  # curves closer than this share of the axis' span over most points read as one
+
+
+def coinciding(lines: list[pd.Series], log: bool = False) -> list[int]:
+    """Per line (y against x, in drawing order): the first line it coincides with (itself when none),
+    so equal numbers mark one group. On a log axis the distance is in decades."""
+    values = [np.log10(y.where(y > 0)) if log else y for y in lines]
+    finite = pd.concat(values).replace([np.inf, -np.inf], np.nan).dropna() if values else pd.Series()
+    span = finite.max() - finite.min() if len(finite) else 0.0
+
+    def close(a: pd.Series, b: pd.Series) -> bool:
+        common = a.index.intersection(b.index)
+        if not len(common) or len(common) < 0.8 * max(len(a), len(b)):
+            return False
+        gap = (a[common] - b[common]).abs().dropna()
+        return len(gap) > 0 and gap.quantile(0.9) <= COINCIDE * span
+
+    group = []
+    for i, v in enumerate(values):
+        group.append(next((j for j in range(i) if group[j] == j and close(v, values[j])), i))
+    return group
+
+
+def _places(group: list[int]) -> list[tuple[int, int]]:
+    """Per line of ``coinciding``'s groups: (its place k among the lines it coincides with, their
+    number n), for line_style."""
+    return [(group[:i].count(g), group.count(g)) for i, g in enumerate(group)]
+
+
+def _draw_lines(ax, styles: dict, lines: dict, log: bool = False, note: bool = True, **kwargs) -> None:
+    """One line per configuration (label -> y against x) in the one mapping; coinciding ones drawn
+    thick to thin and named in a note in the panel's corner, so a reader knows why they look as one."""
+    group, labels = coinciding(list(lines.values()), log), list(lines)
+    for (label, y), (k, n) in zip(lines.items(), _places(group)):
+        ax.plot(
+            y.index,
+            y.to_numpy(),
+            **{"label": _plain(label), **line_style(styles[label], k, n, len(y)), **kwargs},
+        )
+    shared = [[labels[i] for i in range(len(labels)) if group[i] == g] for g in dict.fromkeys(group)]
+    shared = [names for names in shared if len(names) > 1]
+    if shared and note:  # a legend of text only: loc="best" puts it where it covers the fewest points
+        text = (
+            [f"all {len(labels)} configurations on one curve"]
+            if len(shared[0]) == len(labels) > 2
+            else [
+                "on one curve (thick to thin): "
+                + ", ".join(names[:4])
+                + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                for names in shared[:3]
+            ]
+            + ([f"and {len(shared) - 3} more groups of coinciding curves"] if len(shared) > 3 else [])
+        )
+        ax.legend(
+            handles=[],
+            title=_plain("\n".join(textwrap.fill(line, 60) for line in text)),
+            title_fontsize="x-small",
+            loc="best",
+            framealpha=0.8,
+        )
 
 
 def size_styles(d: ReportData) -> dict:
@@ -165,7 +281,7 @@ def _legend(fig, axes) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     if handles:  # as many columns as it takes for the legend to fit the figure's height
-        ncols = math.ceil(len(handles) / max(4, int(fig.get_figheight() * 72 / 15)))
+        ncols = math.ceil(len(handles) / max(4, int(fig.get_figheight() * 72 / 18)))  # ~18 pt a row
         # _figure keeps room for one column; each further one widens the figure rather than
         # squeezing the panels under the legend
         fig.set_figwidth(fig.get_figwidth() + 2.2 * (ncols - 1))
@@ -193,28 +309,48 @@ def _plain(text) -> str:
     return str(text).replace("$", r"\$")
 
 
-def _bands(ax, d: ReportData, frame: pd.DataFrame, x: str, y: str) -> None:
-    """Per configuration, best first: the mean over seeds as a line, min–max over seeds as a band."""
+def _curves(d: ReportData, frame: pd.DataFrame, x: str, y: str) -> dict:
+    """Per configuration present, best first: its mean over seeds against ``x`` with the min and max
+    (columns mean, min, max) and its number of seeds."""
     frame = frame.dropna(subset=[x, y])
     frame = frame.assign(config=frame["run"].map(d.runs["config"]))
     stats = frame.groupby(["config", x])[y].agg(["mean", "min", "max"])  # one groupby for all configs
     seeds = frame.groupby("config")["run"].nunique()
-    for label in d.agg["config"]:
-        if label not in seeds.index:
-            continue
-        s, style = stats.loc[label], d.styles[label]
-        ax.plot(
-            s.index,
-            s["mean"],
-            label=_plain(label),
-            color=style["color"],
-            linestyle=style["linestyle"],
-            marker=style["marker"],
-            markevery=max(1, len(s) // 8),
-            markersize=4,
-        )
-        if seeds[label] > 1:
-            ax.fill_between(s.index, s["min"], s["max"], color=style["color"], alpha=0.15, linewidth=0)
+    return {label: (stats.loc[label], seeds[label]) for label in d.agg["config"] if label in seeds.index}
+
+
+def _bands(ax, d: ReportData, curves: dict, since: float | None = None, log: bool = False) -> None:
+    """Per configuration: the mean over seeds as a line, min–max over seeds as a band (from ``since``
+    on, when given)."""
+    curves = {
+        label: (s if since is None else s[s.index >= since], seeds) for label, (s, seeds) in curves.items()
+    }
+    _draw_lines(ax, d.styles, {label: s["mean"] for label, (s, _) in curves.items()}, log)
+    for label, (s, seeds) in curves.items():
+        if seeds > 1:
+            ax.fill_between(
+                s.index, s["min"], s["max"], color=d.styles[label]["color"], alpha=0.15, linewidth=0
+            )
+
+
+ZOOM_SHARE = 0.3  # the zoom panel shows the last 30% of the x axis
+
+
+def zoom_window(curves: dict) -> tuple[float, tuple[float, float]] | None:
+    """Where the curves end within a tenth of the range they span, the mean lines would read as one:
+    the start of the last ZOOM_SHARE of the x axis and the y limits of the means there; else None."""
+    if len(curves) < 2:
+        return None
+    means = [s["mean"] for s, _ in curves.values()]
+    ends = [m.iloc[-1] for m in means]
+    span = max(m.max() for m in means) - min(m.min() for m in means)
+    if not span > 0 or max(ends) - min(ends) >= 0.1 * span:
+        return None
+    lo, hi = min(m.index.min() for m in means), max(m.index.max() for m in means)
+    since = hi - ZOOM_SHARE * (hi - lo)
+    tail = pd.concat([m[m.index >= since] for m in means])
+    pad = 0.1 * (tail.max() - tail.min()) or 0.01 * abs(tail.max()) or 0.01
+    return since, (tail.min() - pad, tail.max() + pad)
 
 
 def _floor(ax, runs: pd.DataFrame) -> None:
@@ -261,37 +397,125 @@ def chart_loss_curves(d: ReportData):
     panels = [p for p in panels if p[0][[p[1], p[2]]].notna().all(axis=1).any()]
     if not panels:
         return "no completed run logged train or eval losses in metrics.jsonl"
-    fig, axes = _figure(len(panels))
-    for ax, (frame, x, y, title, xlabel) in zip(axes, panels):
-        _bands(ax, d, frame, x, y)
-        _floor(ax, d.runs[d.runs["status"].eq("completed")])
+    curves = [_curves(d, frame, x, y) for frame, x, y, _, _ in panels]
+    # curves that end close together, relative to how far they fell, get a zoom on their last part
+    zooms = [
+        (c, window, title, xlabel)
+        for c, window, (_, x, _, title, xlabel) in zip(curves, map(zoom_window, curves), panels)
+        if window and x == "step"
+    ]
+    fig, axes = _figure(len(panels) + len(zooms))
+    done = d.runs[d.runs["status"].eq("completed")]
+    for ax, c, (_, _, _, title, xlabel) in zip(axes, curves, panels):
+        _bands(ax, d, c)
+        _floor(ax, done)
         ax.set(title=title, xlabel=xlabel, ylabel="loss (nats/token)")
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter())  # 150k, not 150000 against 160000
+    for ax, (c, (since, ylim), title, xlabel) in zip(axes[len(panels) :], zooms):
+        _bands(ax, d, c, since)
+        _floor(ax, done)
+        ax.set(
+            title=f"{title}, the last {ZOOM_SHARE:.0%} zoomed\n(the ends lie within a tenth of the range)",
+            xlabel=xlabel,
+            ylabel="loss (nats/token)",
+            ylim=ylim,
+        )
         ax.grid(alpha=0.3)
     fig.suptitle(f"Loss curves: mean over seeds, band = min–max (completed runs only{_at_best_note(d)})")
     _legend(fig, axes)
     return fig
 
 
+def metric_label(d: ReportData) -> str:
+    """The compared metric as an axis label: 'final val loss (nats/token)'."""
+    return f"{d.metric_label} ({d.metric_unit})"
+
+
+def _compared(d: ReportData) -> tuple[pd.DataFrame, pd.Series, dict]:
+    """What the verdict compares: its table (tuned.csv's rows when tuning, else aggregate.csv's), each
+    run's label in it (NaN: a run at another value of the tuned key), and the labels' styles."""
+    if d.tune is None or d.tuned is None:
+        return d.agg, d.runs["config"], d.styles
+    labels = tuned_configs(d).where(d.runs.index.isin(at_best(d, d.runs.assign(run=d.runs.index))["run"]))
+    return d.tuned, labels, make_styles(d.runs.assign(config=tuned_configs(d)), d.tuned)
+
+
 @chart("final_loss", "Final validation loss per configuration")
 def chart_final_loss(d: ReportData):
-    agg = d.agg
-    mean, bad = agg["final_val_loss_mean"], agg["diverged"] + agg["failed"]
-    if mean.isna().all() and bad.sum() == 0:
+    table, labels, styles = _compared(d)
+    runs = d.runs.assign(_label=labels).dropna(subset=["_label"])
+    done = runs[runs["status"].eq("completed")].dropna(subset=["final_val_loss"])
+    if done.empty and not runs["status"].isin(["diverged", "failed"]).any():
         return "no run reported final_val_loss"
-    # The error bar is the mean's 95% interval (none with a single seed).
-    low, high = agg["ci_low"].fillna(mean), agg["ci_high"].fillna(mean)
-    fig, (ax,) = _figure(1, width=max(5.0, 0.45 * len(agg) + 2), height=5.0)
-    _bars(ax, d, mean, [[[max(0.0, m - lo)], [max(0.0, hi - m)]] for m, lo, hi in zip(mean, low, high)])
-    _floor(ax, d.runs)
-    # Losses differ in the second decimal: a zero baseline would flatten every bar to the same height.
-    lows = pd.concat([low, pd.to_numeric(d.runs["floor_loss"], errors="coerce")]).dropna()
-    highs = high.dropna()
-    if len(highs):
-        span = max(highs.max() - lows.min(), 0.05 * abs(highs.max()), 1e-3)
-        ax.set_ylim(max(0.0, lows.min() - span), highs.max() + 0.6 * span)
-    for i, (n_bad, n, value) in enumerate(zip(bad, agg["runs"], mean)):
-        if n_bad:
-            if pd.isna(value):  # nothing completed: a hatched slot, so it is not read as missing data
+    # With a size axis the verdict compares within each size (the scale_gap chart), not across the rows.
+    diffs = d.scale is None and table["diff_ci_low"].notna().any()
+    width = max(5.0, 0.45 * len(table) + 2)
+    fig, axes = _figure(1 + diffs, width=width, height=5.0, ncols=2)
+    at = {label: i for i, label in enumerate(table["config"])}
+    # runs of one seed at different sizes are no pair: joined only without a size axis
+    _seed_points(axes[0], runs, done, at, styles, join=d.scale is None)
+    joined = "grey lines join the runs of one seed;\n" if d.scale is None else ""
+    axes[0].set(
+        title=_plain(
+            f"{d.metric_label.capitalize()} of each run{_at_best_note(d)}\n"
+            f"({joined}bar = mean over completed seeds)"
+        ),
+        ylabel=metric_label(d),
+    )
+    if d.scale is not None:
+        _note(
+            fig,
+            "With a size axis the verdict compares the configurations within each size: their paired "
+            "differences are in the chart of the difference to the baseline against size.",
+        )
+    if diffs:
+        _differences(axes[1], d, table, styles)
+    for ax in axes:
+        ax.set_xticks(
+            range(len(table)), table["config"].map(_plain), rotation=35, ha="right", fontsize="small"
+        )
+        ax.grid(axis="y", alpha=0.3)
+    _legend(fig, axes)
+    return fig
+
+
+def _seed_points(ax, runs: pd.DataFrame, done: pd.DataFrame, at: dict, styles, join: bool) -> None:
+    """Each completed run's final loss at its configuration (``join``: the runs of one seed joined by
+    a grey line, the pairs the verdict's paired test compares), a bar at each configuration's mean,
+    and a red × with the count where runs diverged or failed."""
+    x = done["_label"].map(at)
+    for i, (_, seed) in enumerate(done.assign(_x=x).sort_values("_x").groupby("seed", sort=True)):
+        if len(seed) > 1 and join:
+            ax.plot(
+                seed["_x"],
+                seed["final_val_loss"],
+                color="grey",
+                linewidth=0.8,
+                alpha=0.6,
+                label="runs of one seed" if i == 0 else None,
+                zorder=1,
+            )
+    for label, i in at.items():
+        part, style = done[done["_label"].eq(label)], styles[label]
+        # the seeds side by side: points with the same loss stay apart
+        offsets = np.linspace(-0.12, 0.12, len(part)) if len(part) > 1 else [0.0]
+        ax.plot(
+            i + np.asarray(offsets),
+            part.sort_values("seed")["final_val_loss"],
+            linestyle="none",
+            marker=style["marker"],
+            markersize=7,
+            color=style["color"],
+            markeredgecolor="black",
+            markeredgewidth=0.5,
+            zorder=3,
+        )
+        if len(part):
+            ax.hlines(part["final_val_loss"].mean(), i - 0.3, i + 0.3, color="black", linewidth=1.5, zorder=2)
+        bad = runs["_label"].eq(label) & runs["status"].isin(["diverged", "failed"])
+        if bad.any():
+            if part.empty:  # nothing completed: a hatched slot, so it is not read as missing data
                 ax.axvspan(i - 0.4, i + 0.4, fill=False, hatch="xx", edgecolor="red", linewidth=0.5)
             ax.plot(
                 i,
@@ -304,7 +528,7 @@ def chart_final_loss(d: ReportData):
                 label="diverged/failed runs (not averaged)",
             )
             ax.annotate(
-                f"{n_bad}/{n}",
+                f"{bad.sum()}/{runs['_label'].eq(label).sum()}",
                 (i, 0.91),
                 xycoords=ax.get_xaxis_transform(),
                 ha="center",
@@ -313,13 +537,57 @@ def chart_final_loss(d: ReportData):
                 fontsize="small",
                 backgroundcolor="white",
             )
+    if len(done):  # room above for the diverged marks
+        low, high = done["final_val_loss"].min(), done["final_val_loss"].max()
+        span = max(high - low, 0.05 * abs(high), 1e-3)
+        ax.set_ylim(low - 0.15 * span, high + 0.5 * span)
+
+
+def _differences(ax, d: ReportData, table: pd.DataFrame, styles) -> None:
+    """Each configuration's difference to the best with the 95% interval the verdict states (the
+    columns compare_with_best wrote: paired by seed where both ran the same seeds, else Welch)."""
+    best = table.loc[table["vs_best"].eq("best"), "config"]
+    ax.axhline(0.0, color="black", linewidth=1)
+    for i, row in enumerate(table.itertuples(index=False)):
+        style = styles[row.config]
+        if pd.isna(row.diff_vs_best):
+            continue
+        has_ci = pd.notna(row.diff_ci_low)
+        ax.errorbar(
+            [i],
+            [row.diff_vs_best],
+            yerr=[[row.diff_vs_best - row.diff_ci_low], [row.diff_ci_high - row.diff_vs_best]]
+            if has_ci
+            else None,
+            color=style["color"],
+            marker="*" if row.vs_best == "best" else style["marker"],
+            markersize=12 if row.vs_best == "best" else 7,
+            markeredgecolor="black",
+            markeredgewidth=0.5,
+            capsize=5,
+            linewidth=2,
+            linestyle="none",
+        )
+        p = "" if pd.isna(row.p_value) else (", p<0.001" if row.p_value < 1e-3 else f", p={row.p_value:.2g}")
+        ax.annotate(
+            _plain(f"{row.vs_best}{p}"),
+            (i, row.diff_ci_high if has_ci else row.diff_vs_best),
+            xytext=(0, 6),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize="x-small",
+        )
+    tests = table["test"].dropna().unique()
+    how = tests[0] if len(tests) == 1 else "paired by seed where the seeds match, else Welch"
     ax.set(
-        title="Final validation loss per configuration\n(mean over completed seeds, bar = 95% CI)",
-        ylabel="final val loss (nats/token)",
+        title=_plain(
+            f"Difference to the best, {best.iloc[0] if len(best) else '–'},\nas the verdict tests it "
+            f"(bar = 95% CI\nof the difference: {how})"
+        ),
+        ylabel=_plain(f"{d.metric_label} − the best's ({d.metric_unit})"),
     )
-    ax.grid(axis="y", alpha=0.3)
-    _legend(fig, [ax])
-    return fig
+    ax.margins(y=0.15)
 
 
 @chart("tuning", "Final loss against the tuned key (LR sensitivity)")
@@ -346,9 +614,11 @@ def chart_tuning(d: ReportData):
     # matter, those near the best, are one line: a second panel zooms in on them.
     zoom = (best.min() - 0.05, best.min() + 0.35) if len(best) and top - best.min() > 1.0 else None
     fig, axes = _figure(2 if zoom else 1, width=7.0 if zoom else 8.5, height=5.0, ncols=2)
+    rows = list(d.tuned.itertuples(index=False))
+    places = _places(coinciding([_tuning_line(curves[row.config]) for row in rows]))
     for ax in axes:
-        for row in d.tuned.itertuples(index=False):
-            _tuning_curve(ax, row, curves[row.config], styles[row.config])
+        for row, place in zip(rows, places):
+            _tuning_curve(ax, row, curves[row.config], styles[row.config], place)
         # markers after every line: the legend lists configs first
         for row in d.tuned.itertuples(index=False):
             _tuning_marks(ax, row, curves[row.config], styles[row.config])
@@ -358,7 +628,7 @@ def chart_tuning(d: ReportData):
         values = runs["_value"].dropna()
         if len(values) and (values > 0).all() and values.max() / values.min() >= 10:
             ax.set_xscale("log")
-        ax.set(xlabel=key, ylabel="final val loss (nats/token)")
+        ax.set(xlabel=key, ylabel=metric_label(d))
         ax.grid(alpha=0.3, which="both")
     axes[0].set_title(
         f"Final validation loss against {key}\n(mean over completed seeds, band = 95% CI; × = diverged)"
@@ -380,19 +650,16 @@ def _tuning_points(group: pd.DataFrame, mean_ci) -> list[tuple]:
     return points
 
 
-def _tuning_curve(ax, row, points: list[tuple], style: dict) -> None:
+def _tuning_line(points: list[tuple]) -> pd.Series:
+    return pd.Series([p[1] for p in points], index=[p[0] for p in points], dtype=float)
+
+
+def _tuning_curve(ax, row, points: list[tuple], style: dict, place: tuple[int, int] = (0, 1)) -> None:
+    """``place``: the curve's (k, n) among those it coincides with (``line_style``)."""
     xs = [p[0] for p in points]
     ys = np.array([p[1] for p in points], float)
     sens = "" if pd.isna(row.lr_sensitivity) else f"  (sensitivity {row.lr_sensitivity:.3f})"
-    ax.plot(
-        xs,
-        ys,
-        color=style["color"],
-        linestyle=style["linestyle"],
-        marker=style["marker"] or "o",
-        markersize=4,
-        label=_plain(row.config + sens),
-    )
+    ax.plot(xs, ys, label=_plain(row.config + sens), **line_style(style, *place))
     if any(p[2] is not None for p in points):
         ax.fill_between(
             xs,
@@ -558,21 +825,29 @@ def chart_predict(d: ReportData):
     fig, axes = _figure(2, width=6.0, height=4.6, ncols=2)
     targets = sorted(pred["target"].unique())
     grid = np.geomspace(s.table["x"].min(), max(targets[-1], s.table["x"].max()), 200)
-    for config in s.configs:
+    fitted, drawn = [], set()
+    for k, config in enumerate(s.configs):
         style, part = styles[config], s.table[s.table["config"].eq(config)]
         rows = pred[pred["config"].eq(config)]
         law = rows.iloc[0]
+        # configurations side by side at each size (8% apart on the log axis), each marker edged,
+        # so points of equal loss do not hide one another
+        shift = 1.08 ** (k - (len(s.configs) - 1) / 2)
+        marks = dict(
+            color=style["color"], marker=style["marker"], markeredgecolor="black", markeredgewidth=0.6
+        )
         mean = part["final_val_loss_mean"]
         axes[0].errorbar(
-            part["x"],
+            part["x"] * shift,
             mean,
             yerr=[(mean - part["ci_low"]).fillna(0), (part["ci_high"] - mean).fillna(0)],
-            color=style["color"],
-            marker=style["marker"] or "o",
             linestyle="none",
             capsize=3,
+            label=_plain(config),
+            **marks,
         )
         if np.isfinite(law["alpha"]):
+            fitted.append(config)
             axes[0].plot(
                 grid,
                 law["E"] + law["A"] * grid ** -law["alpha"],
@@ -585,27 +860,24 @@ def chart_predict(d: ReportData):
             (axes[1], "gap_pred", "gap_ci_low", "gap_ci_high", "gap"),
         ):
             shown = rows.dropna(subset=[y, low])
-            if config == s.baseline and what == "gap":
+            if (config == s.baseline and what == "gap") or shown.empty:
                 continue
+            drawn.add(what)
             ax.errorbar(
-                shown["target"],
+                shown["target"] * shift,
                 shown[y],
                 yerr=[shown[y] - shown[low], shown[high] - shown[y]],
                 color=style["color"],
                 marker="D",
                 markerfacecolor="white",
+                markeredgecolor=style["color"],
                 linestyle="none",
                 capsize=4,
             )
         if config != s.baseline:
             measured = part.dropna(subset=["diff_vs_baseline"])
             axes[1].plot(
-                measured["x"],
-                measured["diff_vs_baseline"],
-                color=style["color"],
-                linestyle=style["linestyle"],
-                marker=style["marker"] or "o",
-                label=None if np.isfinite(law["alpha"]) else _plain(config),
+                measured["x"] * shift, measured["diff_vs_baseline"], linestyle=style["linestyle"], **marks
             )
             band = measured.dropna(subset=["diff_ci_low"])
             axes[1].fill_between(
@@ -615,18 +887,30 @@ def chart_predict(d: ReportData):
     largest = s.table["x"].max()
     unit = {"params": "parameters", "tokens": "training tokens"}.get(s.x, s.key)
     for ax, ylabel, title in (
-        (axes[0], "final val loss (at each best value)", "Measured loss, fitted law, prediction"),
-        (axes[1], f"final val loss - {s.baseline}'s", f"Gap to {s.baseline}: measured, predicted"),
+        (
+            axes[0],
+            f"{metric_label(d)} at each best value",
+            "Measured loss" + ", fitted law" * bool(fitted) + ", prediction" * ("loss" in drawn),
+        ),
+        (
+            axes[1],
+            f"{d.metric_label} - {s.baseline}'s",
+            f"Gap to {s.baseline}: measured" + ", predicted" * ("gap" in drawn),
+        ),
     ):
         ax.axvline(largest, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log")
         ax.set(xlabel=_plain(f"{unit} (dotted: the largest size measured)"), ylabel=_plain(ylabel))
         ax.set_title(_plain(title))
         ax.grid(alpha=0.3)
-    fig.suptitle(
-        "L = E + A x^-alpha per configuration (lines; dots: measured, 95% CI)\n"
-        "open diamonds: the prediction with its bootstrap 95% interval"
-    )
+    failed = [c for c in s.configs if c not in fitted]
+    lines = [
+        "filled markers: measured mean at each size (95% CI), configurations side by side",
+        "lines: L = E + A x^-alpha fitted per configuration" if fitted else "",
+        f"no power law converged for {', '.join(failed)}: no fitted line" if failed else "",
+        "open diamonds: the prediction with its bootstrap 95% interval" if drawn else "",
+    ]
+    fig.suptitle(_plain("\n".join(line for line in lines if line)))
     _legend(fig, axes)
     return fig
 
@@ -683,7 +967,7 @@ def chart_scale_tuning(d: ReportData):
         ax.set(
             title=_plain(f"{s.key}={_fmt_value(size)}"),
             xlabel=_plain(d.tune),
-            ylabel="final val loss (nats/token)",
+            ylabel=metric_label(d),
         )
         if notes:
             ax.text(
@@ -750,7 +1034,7 @@ def _layer_panels(d: ReportData, panels: list[tuple], title: str):
         return None
     fig, axes = _figure(len(panels))
     for ax, (frame, y, panel_title, ylabel, logy) in zip(axes, panels):
-        _bands(ax, d, frame, "layer", y)
+        _bands(ax, d, _curves(d, frame, "layer", y), log=logy)
         ax.set(title=panel_title, xlabel="layer (block index, input → output)", ylabel=ylabel)
         ax.set_yscale("log" if logy else "linear")
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -805,19 +1089,18 @@ def chart_grad_profile(d: ReportData):
             frame = part[part["when"].eq(when)]
             frame = frame if when == "first" else _completed(d, frame)
             means = frame.assign(config=frame["run"].map(d.runs["config"])).groupby(["config", "layer"])
-            for config, s in means["grad_layer"].mean().groupby(level=0):
-                style = d.styles[config]
-                ax.plot(
-                    s.index.get_level_values(1),
-                    s.to_numpy(),
-                    color=style["color"],
-                    linestyle=style["linestyle"],
-                    marker=style["marker"] or "o",
-                    markersize=4,
-                    alpha=alpha,
-                    # one legend entry per configuration: the faint init line is said in the title
-                    label=_plain(config) if when == "last" else "_nolegend_",
-                )
+            profiles = means["grad_layer"].mean()
+            order = [c for c in d.agg["config"] if c in profiles.index.get_level_values(0)]
+            _draw_lines(
+                ax,
+                d.styles,
+                {config: profiles.loc[config] for config in order},
+                log=True,
+                note=when == "last",
+                alpha=alpha,
+                # one legend entry per configuration: the faint init line is said in the title
+                **({} if when == "last" else {"label": "_nolegend_"}),
+            )
         ax.set(title=_plain(f"placement={placement}"), xlabel="layer (input → output)", yscale="log")
         ax.set_ylabel("grad norm of the layer (L2, all its weights)")
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -837,7 +1120,7 @@ def chart_grad_norm(d: ReportData):
     if not grads["grad_norm"].notna().any():
         return "no completed run logged stats records with grad_norm"
     fig, (ax,) = _figure(1, width=8)
-    _bands(ax, d, grads, "step", "grad_norm")
+    _bands(ax, d, _curves(d, grads, "step", "grad_norm"), log=True)
     ax.set(
         title=f"Global gradient norm over training\n(completed runs{_at_best_note(d)})",
         xlabel="step",
@@ -909,7 +1192,7 @@ def chart_logits(d: ReportData):
         )
     fig, axes = _figure(len(panels), width=6.0, height=4.2)
     for ax, (y, title, ylabel, scale) in zip(axes, panels):
-        _bands(ax, d, d.logits, "step", y)
+        _bands(ax, d, _curves(d, d.logits, "step", y), log=scale == "log")
         ax.set(title=title, xlabel="step", ylabel=ylabel, yscale=scale)
         ax.grid(alpha=0.3, which="both")
     fig.suptitle(
