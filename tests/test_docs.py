@@ -250,11 +250,13 @@ def test_reference_checkers_find_what_is_missing():
 
     from normbench.cli import app
 
-    pages = [
+    root = typer.main.get_command(app)
+    pages = [" ".join(o for p in root.params for o in p.opts)] + [
         f"## `normbench {name}`\n\n" + " ".join(o for p in cmd.params for o in [*p.opts, *p.secondary_opts])
-        for name, cmd in typer.main.get_command(app).commands.items()
+        for name, cmd in root.commands.items()
     ]
     assert missing_cli_options("\n".join(pages)) == []
+    assert missing_cli_options("\n".join(pages).replace("--version", "--xx")) == ["normbench --version"]
     assert missing_cli_options("\n".join(pages).replace("--tune", "--xx")) == ["normbench report --tune"]
 
 
