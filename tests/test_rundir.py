@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import compose_cfg, read_metrics, tiny, train_tiny
 
+from normbench.core import provenance
 from normbench.core.runs import RunDir, RunLock, write_index
 from normbench.sweeps.job import run_job
 from normbench.training import sinks
@@ -61,6 +62,23 @@ def test_decide_answers_reuse_resume_fresh_or_refuse(tmp_path, held, sweep, retr
     assert decision.action == action
     if action == "refuse":
         assert "another config" in decision.reason and "train.resume=never" in decision.reason
+
+
+@pytest.mark.parametrize("sweep", [True, False])
+def test_a_result_of_other_numerics_is_trained_again_not_reused(tmp_path, monkeypatch, sweep):
+    """A stored result is reused only when the code computes what it computed: its numerics agree."""
+    monkeypatch.setattr(provenance, "NUMERICS", 2)
+    for numerics, action in ((2, "reuse" if sweep else "fresh"), (1, "fresh"), (3, "fresh")):
+        path = tmp_path / str(numerics)
+        path.mkdir()
+        held = _dir(path, {"status": "completed", "provenance": {"numerics": numerics}}, HASH)
+        decision = held.decide(HASH, sweep=sweep)
+        assert decision.action == action
+        assert decision.stale == (None if numerics == 2 else numerics)
+    # a summary stored before results carried provenance counts as the oldest numerics
+    (tmp_path / "legacy").mkdir()
+    legacy = _dir(tmp_path / "legacy", {"status": "completed"}, HASH).decide(HASH, sweep=sweep)
+    assert (legacy.action, legacy.stale) == ("fresh", provenance.LEGACY_NUMERICS)
 
 
 def test_prepare_keeps_what_a_resume_needs_and_clears_the_rest(tmp_path):

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
+from normbench.core import provenance
 from normbench.core.configtree import conf_dir
 from normbench.core.errors import ConfigError, DiskFull
 from normbench.core.identity import config_hash
@@ -88,6 +89,13 @@ def _run_locked(
                 f"already {decision.result.get('status')} with this config: {run_dir_.path} (skipped)"
             )
             return decision.result
+        if decision.stale is not None and not multirun:  # a sweep says it once for all its runs
+            console.print(
+                f"{run_dir_.path}: its result was computed by other code (numerics {decision.stale}, now "
+                f"{provenance.NUMERICS}): training it again",
+                soft_wrap=True,
+                highlight=False,
+            )
         if decision.action == "refuse":
             # Refused before anything is written: the other config's run stays resumable as it was.
             return _fail(console, decision.reason, multirun, code=2)
