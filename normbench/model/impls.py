@@ -59,7 +59,7 @@ def implements(kind: str, *, fused_cpu: str | None = None, compiled: Callable | 
 def use(mode: str) -> None:
     """Set ``norm.impl`` for this process (a run sets it every time: one process may train several)."""
     if mode not in MODES:
-        raise ConfigError(f"norm.impl={mode!r} is not an implementation choice", allowed=list(MODES))
+        raise ConfigError(f"unknown norm.impl '{mode}'", allowed=list(MODES))
     _mode["impl"] = mode
 
 
@@ -147,6 +147,12 @@ def _compiled(fn: Callable, x: torch.Tensor, args: tuple) -> Callable | None:
 # ----------------------------------------------------------------------------- what a model runs
 
 
+def builds_kernels(mode: str, device: torch.device) -> bool:
+    """Whether a run in ``mode`` on ``device`` would build the C++ kernels when its norms first run:
+    the caller builds them first, outside the run's timed phases."""
+    return mode != "eager" and device.type == "cpu" and kernels.will_build()
+
+
 def chosen(kind: str, device: torch.device) -> str:
     """The implementation ``kind`` runs on ``device`` now (building or compiling what it needs first)."""
     impls = TABLE.get(kind)
@@ -179,9 +185,17 @@ def resolve(model: nn.Module, device: torch.device, names: dict[type, str]) -> d
     if _mode["impl"] == "fused":
         unfused = sorted(kind for kind, how in impl.items() if how == EAGER)
         if unfused:
-            reason = kernels.why() if device.type == "cpu" and kernels.why() else "no fused implementation"
             raise ConfigError(
-                f"norm.impl=fused: {', '.join(unfused)} cannot run fused on {device.type} ({reason})",
+                f"norm.impl=fused: {', '.join(unfused)} cannot run fused on {device.type} "
+                f"({_why_not_fused(TABLE[unfused[0]], device)})",
                 allowed=["norm.impl=auto", "norm.impl=eager"],
             )
     return impl
+
+
+def _why_not_fused(impls: Implementations, device: torch.device) -> str:
+    if device.type == "cpu" and impls.fused_cpu is not None:
+        return kernels.why() or "the kernels did not load"
+    if device.type == "cuda" and impls.compiled is not None:
+        return "torch.compile failed"
+    return "no fused implementation"

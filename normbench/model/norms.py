@@ -54,6 +54,12 @@ def _params_for(x: torch.Tensor, *params: torch.Tensor | None) -> tuple:
     return tuple(None if p is None else p.to(x.dtype) for p in params)
 
 
+def implementations(model: nn.Module, device: torch.device) -> dict[str, str]:
+    """Each norm in ``model`` (by its registered name) -> the implementation it runs on ``device``
+    (normbench.model.impls.resolve: under norm.impl=fused, a ConfigError where one can't)."""
+    return impls.resolve(model, device, {cls: name for name, cls in NORMS.items()})
+
+
 def register_norm(name: str):
     """Class decorator: make a norm available as ``norm=name``.
 

@@ -87,6 +87,16 @@ def is_built() -> bool:
     return (build_dir() / f"{build_name()}.so").is_file()
 
 
+def will_build() -> bool:
+    """Whether ``available()`` would compile now: not yet asked, allowed, a compiler there, nothing built."""
+    return (
+        "ok" not in _state
+        and os.environ.get("NORMBENCH_KERNELS", "1") != "0"
+        and _missing_tools() is None
+        and not is_built()
+    )
+
+
 def _missing_tools() -> str | None:
     """Why a build can't start (no compiler, no ninja), or None."""
     from torch.utils import cpp_extension
