@@ -154,9 +154,11 @@ def builds_kernels(mode: str, device: torch.device) -> bool:
 
 
 def chosen(kind: str, device: torch.device) -> str:
-    """The implementation ``kind`` runs on ``device`` now (building or compiling what it needs first)."""
+    """The implementation the norm ``kind`` runs on ``device`` now (building the kernels first if need be)."""
     impls = TABLE.get(kind)
-    if impls is None or _mode["impl"] == "eager":
+    if impls is None:  # a user's norm runs itself: its own name says which
+        return kind
+    if _mode["impl"] == "eager":
         return EAGER
     if device.type == "cpu" and impls.fused_cpu is not None:
         return FUSED_CPU if _kernels() else EAGER
@@ -181,7 +183,7 @@ def resolve(model: nn.Module, device: torch.device, names: dict[type, str]) -> d
             if kind in TABLE and TABLE[kind].compiled is not None:
                 dim = next((p.shape[-1] for p in module.parameters() if p.dim()), 8)
                 module(torch.randn(2, dim, device=device))
-    impl = {kind: chosen(kind, device) if kind in TABLE else kind for kind in kinds}
+    impl = {kind: chosen(kind, device) for kind in kinds}
     if _mode["impl"] == "fused":
         unfused = sorted(kind for kind, how in impl.items() if how == EAGER)
         if unfused:
