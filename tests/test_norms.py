@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -473,6 +474,27 @@ def test_another_checkout_of_the_same_source_builds_nothing(tmp_path, fused_kern
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["True", "None"]  # loaded, and nothing built
     assert "building" not in result.stderr
+
+
+@pytest.mark.slow  # a kernel build (about half a minute) and two CLI trainings
+def test_a_runs_kernel_build_is_its_own_phase_and_happens_once(tmp_path, fused_kernels):
+    """The first run on a machine builds the kernels before its timed phases (time_s.kernel_build, one
+    line saying so); the next run builds nothing."""
+    from conftest import run_cli, tiny
+
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}  # a machine that has built nothing yet
+    times = []
+    for run in ("first", "second"):
+        args = tiny("norm=rms", "train.steps=2", f"hydra.run.dir={tmp_path / run}")
+        result = run_cli("train", *args, env=env, timeout=900)
+        assert result.returncode == 0, result.stderr[-2000:]
+        summary = json.loads((tmp_path / run / "summary.json").read_text())
+        assert summary["provenance"]["norm_impl"] == {"rms": "fused-cpu"}
+        times.append((summary["time_s"], result.stderr.count("building the fused CPU norm kernels")))
+    (first, said_first), (second, said_second) = times
+    assert first["kernel_build"] > 1 and said_first == 1
+    assert first["setup"] < first["kernel_build"]  # the build is not in the set-up's time
+    assert "kernel_build" not in second and said_second == 0
 
 
 @pytest.mark.slow  # the CLI in a subprocess
