@@ -566,6 +566,37 @@ def test_norm_on_cuda_matches_float64(name, dtype):
         )
 
 
+@needs_cuda
+def test_gpu_norms_run_compiled_and_an_out_of_memory_error_propagates():
+    """On a GPU, scale, dyt and derf run their torch.compile'd math (said before training); a call that
+    runs out of memory raises it, and the norm stays compiled: a call's error never turns the process
+    eager."""
+    cuda = torch.device("cuda")
+    model = nn.ModuleList([build_norm(name, 1024) for name in ("dyt", "scale", "derf", "rms")]).to(cuda)
+    assert norms.implementations(model, cuda) == {
+        "dyt": "compiled",
+        "scale": "compiled",
+        "derf": "compiled",
+        "rms": "eager",
+    }
+    dyt = model[0]
+    small = torch.randn(8, 1024, device=cuda)
+    expected = dyt(small)
+    # Room for the input (1 GiB, under 2**31 elements: no recompile for 64-bit indexing) but not its output.
+    total = torch.cuda.get_device_properties(cuda).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved() + 1.5 * 2**30) / total))
+    try:
+        big = torch.empty(2**18, 1024, device=cuda)
+        with pytest.raises(torch.OutOfMemoryError):
+            dyt(big)
+        del big
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert impls.chosen("dyt", cuda) == "compiled"
+    torch.testing.assert_close(dyt(small), expected, rtol=0, atol=0)
+
+
 def test_layer_and_group_norm_params_follow_x_off_the_cpu():
     """CUDA's layer_norm and group_norm want gains in x's dtype; the CPU's take float32 ones as they
     are. A meta tensor stands in for a GPU one (neither is on the CPU)."""
