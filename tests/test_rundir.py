@@ -81,6 +81,22 @@ def test_a_result_of_other_numerics_is_trained_again_not_reused(tmp_path, monkey
     assert (legacy.action, legacy.stale) == ("fresh", provenance.LEGACY_NUMERICS)
 
 
+def test_train_into_a_result_older_code_computed_trains_it_again_and_says_so(tmp_path, monkeypatch, capsys):
+    cfg = compose_cfg(tiny("train.steps=2"))
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.write_config(cfg)
+    run_dir.write_summary({"status": "completed", "final_val_loss": 9.0, "provenance": {"numerics": 1}})
+    monkeypatch.setattr(provenance, "NUMERICS", 2)
+    run_job(cfg, str(run_dir.path), multirun=False)
+    assert (
+        f"{run_dir.path}: its result was computed by other code (numerics 1, now 2): training it again"
+        in (" ".join(capsys.readouterr().err.split()))
+    )
+    summary = run_dir.read_summary()
+    assert summary["status"] == "completed" and summary["provenance"]["numerics"] == 2
+    assert summary["final_val_loss"] != 9.0
+
+
 def test_prepare_keeps_what_a_resume_needs_and_clears_the_rest(tmp_path):
     for action, kept in (("resume", {"metrics.jsonl", "checkpoint.pt"}), ("fresh", set())):
         path = tmp_path / action

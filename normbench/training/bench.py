@@ -257,6 +257,7 @@ def _check(device, dtypes, dims, tokens, norms, repeats, threads) -> torch.devic
     for name in norms:  # a width a norm can't take (gn's groups) fails now, not ten minutes in
         for dim in dims:
             build_norm(name, dim)
+        chosen(name, dev)  # the fused CPU kernels built now (once per machine), never inside a timing
     return dev
 
 
