@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, first_line
 from normbench.model import kernels
 
 MODES = ("auto", "eager", "fused")
@@ -61,10 +61,6 @@ def use(mode: str) -> None:
     if mode not in MODES:
         raise ConfigError(f"unknown norm.impl '{mode}'", allowed=list(MODES))
     _mode["impl"] = mode
-
-
-def mode() -> str:
-    return _mode["impl"]
 
 
 def run(kind: str, x: torch.Tensor, *args):
@@ -137,8 +133,7 @@ def _compiled(fn: Callable, x: torch.Tensor, args: tuple) -> Callable | None:
         except Exception as err:  # the trial: compiling failed; eager is slower, not wrong
             _COMPILED[fn] = None
             print(
-                f"normbench: torch.compile of {fn.__name__} failed ({type(err).__name__}: "
-                f"{str(err).strip().splitlines()[0][:120] if str(err).strip() else ''}); eager on the GPU",
+                f"normbench: torch.compile of {fn.__name__} failed ({first_line(err, 160)}); eager on GPU",
                 file=sys.stderr,
             )
     return _COMPILED[fn]
