@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
+from omegaconf import open_dict
 
 import normbench
 from normbench.core import provenance
@@ -276,8 +277,8 @@ def test_the_summary_says_which_code_and_implementation_computed_it(tmp_path):
 
 def test_bit_for_bit_under_the_same_implementation_and_threads(tmp_path):
     """Two runs of one config with the same norm implementation and thread count give the same metrics bit
-    for bit; norm.impl=eager is another implementation of the same math: the same run directory identity,
-    close figures, and a provenance that tells it apart."""
+    for bit; norm.impl=eager is another implementation of the same math: close figures, and a provenance
+    that tells it apart."""
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_ms")} for r in rs]
     args = ("norm=rms", "train.threads=1", "train.steps=6", "train.log_every=1")
     runs = {
@@ -288,8 +289,18 @@ def test_bit_for_bit_under_the_same_implementation_and_threads(tmp_path):
     assert runs["a"]["provenance"]["norm_impl"] == runs["b"]["provenance"]["norm_impl"]
     assert a == b
     assert runs["eager"]["provenance"]["norm_impl"] == {"rms": "eager"}
-    assert runs["eager"]["config_hash"] == runs["a"]["config_hash"]
     assert runs["eager"]["final_val_loss"] == pytest.approx(runs["a"]["final_val_loss"], rel=1e-4)
+
+
+def test_norm_impl_other_than_auto_is_its_own_config_and_auto_keeps_stored_identities():
+    """auto computes what a config computed before norm.impl existed (the same hash); eager or fused are
+    asked for by name, so their speed is never a reused result of the other implementation."""
+    hashes = {impl: parse_config(compose_cfg(tiny(f"norm.impl={impl}"))).config_hash for impl in impls.MODES}
+    before = compose_cfg(tiny())
+    with open_dict(before):
+        del before.norm["impl"]
+    assert hashes["auto"] == parse_config(before).config_hash
+    assert len(set(hashes.values())) == 3
 
 
 def test_norm_impl_fused_where_a_norm_has_none_is_an_error_before_training(tmp_path):
