@@ -10,6 +10,7 @@ DDP (normbench.training.distributed); rank 0 alone writes the run directory.
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import time
