@@ -17,5 +17,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         "$py" -m pip install -q "${torch_args[@]}"
     fi
     "$py" -m pip install -q -e ".${extras:+[$extras]}"
+    # The fused CPU norm kernels, built now (once per machine, about 30 s) rather than in a first run;
+    # without a compiler this says why, and the norms run eager.
+    "$py" -m normbench.model.kernels || true
     touch "$stamp"
 fi

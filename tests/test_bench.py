@@ -9,8 +9,10 @@ import pytest
 import torch
 from rich.console import Console
 
+from normbench.core import provenance
 from normbench.core.benchgoals import GOALS, LIMIT
 from normbench.core.errors import ConfigError
+from normbench.model import kernels
 from normbench.model.norms import NORMS
 from normbench.training.bench import COLUMNS, goals, run_bench, time_ms
 
@@ -70,6 +72,21 @@ def test_times_and_ratios(bench):
     factor = 2 if row["pass"] == "fwd" else 4
     bytes_ = factor * row.tokens * row.dim * (4 if row["dtype"] == "fp32" else 2)
     assert row.gb_per_s == pytest.approx(bytes_ / (row.ms * 1e-3) / 1e9)
+
+
+def test_every_row_says_what_measured_it(bench):
+    """The provenance fields of a run's summary, per row: the code, the device by name, the bench's
+    threads, the precision and the implementation each row ran."""
+    _, out, _ = bench
+    back = pd.read_csv(out)
+    assert (back.numerics == provenance.NUMERICS).all() and (back.threads == 1).all()
+    assert (back.torch == torch.__version__).all() and (back.device_name == provenance.cpu_name()).all()
+    assert (back.precision == back.dtype).all() and (back.compile == "off").all()
+    assert (back[back.impl == "native"].norm_impl == "eager").all()
+    ours = back[back.impl == "normbench"].set_index("norm").norm_impl
+    fused = "fused-cpu" if kernels.available() else "eager"
+    assert set(ours["rms"]) == set(ours["gn"]) == set(ours["dyt"]) == {fused}
+    assert set(ours["ln"]) == set(ours["derf"]) == {"eager"}
 
 
 def test_csv_written_and_table_shown(bench):

@@ -126,6 +126,13 @@ BAD_INPUTS = [
         "train.checkpoint_every must be >= 0 (0 turns checkpoints off), got -5",
     ),
     (["train.resume=maybe"], 2, "unknown train.resume 'maybe'; allowed: auto, never"),
+    (["norm.impl=turbo"], 2, "unknown norm.impl 'turbo'; allowed: auto, eager, fused"),
+    (
+        ["norm=ln", "norm.impl=fused"],
+        2,
+        "norm.impl=fused: ln cannot run fused on cpu (no fused implementation); allowed: norm.impl=auto, "
+        "norm.impl=eager",
+    ),
 ]
 
 

@@ -328,7 +328,7 @@ def test_entry_point_packages_are_found_and_a_broken_one_is_named(userpkg, tmp_p
     assert any("'ln' (nb_userpkg:Sound) is left out: 'ln' is normbench's own norm" in s for s in skipped)
     assert NORMS["ln"].__module__ == "normbench.model.norms"
     cfg = compose_cfg(tiny("norm=epnorm", "placement=ephalf"))
-    assert cfg.norm == {"name": "epnorm", "_target_": "nb_userpkg.Sound", "eps": 1e-6}
+    assert cfg.norm == {"name": "epnorm", "_target_": "nb_userpkg.Sound", "eps": 1e-6, "impl": "auto"}
     assert cfg.placement == {
         "name": "ephalf",
         "final_norm": True,

@@ -237,3 +237,28 @@ def test_styles_are_unique_and_a_tuned_configuration_keeps_its_colour():
             assert len({styles[f"{n}/{p} lr={lr}"]["color"] for lr in (0.001, 0.01, 0.1)}) == 1
     assert len({styles[f"{n}/{p} lr=0.01"]["color"] for n, p in {(r[1], r[2]) for r in rows}}) == 8
     assert styles["ln/pre lr=0.01"]["marker"] != styles["rms/pre lr=0.01"]["marker"]  # a marker per norm
+
+
+def test_the_final_loss_chart_draws_the_compared_metric_with_its_unit(tmp_path, monkeypatch):
+    """Under --metric tokens_per_s the left panel shows each run's throughput, labelled in tokens/s,
+    not its loss in nats/token."""
+    drawn = capture_charts(monkeypatch, "final_loss")
+    speeds = {}
+    for norm, base in (("ln", 1000.0), ("rms", 1500.0)):
+        for seed in (0, 1):
+            speeds[(norm, seed)] = base + 10.0 * seed
+            make_run(
+                tmp_path,
+                f"{norm}-{seed}",
+                norm=norm,
+                seed=seed,
+                final=2.0 + 0.1 * seed,
+                tokens_per_s=speeds[(norm, seed)],
+            )
+    report([tmp_path], metric="tokens_per_s")
+    runs_ax = drawn["final_loss"].axes[0]
+    assert runs_ax.get_ylabel() == "tokens/s"
+    plotted = sorted(
+        y for line in runs_ax.get_lines() if line.get_color() != "grey" for y in line.get_ydata()
+    )
+    assert plotted == pytest.approx(sorted(speeds.values()))

@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import compose_cfg, read_metrics, tiny, train_tiny
 
+from normbench.core import provenance
 from normbench.core.runs import RunDir, RunLock, write_index
 from normbench.sweeps.job import run_job
 from normbench.training import sinks
@@ -71,6 +72,39 @@ def test_decide_answers_reuse_resume_fresh_or_refuse(tmp_path, held, sweep, retr
         assert "another config" in decision.reason and "hydra.run.dir=" in decision.reason
         # train.resume=never starts an unfinished run over; it never replaces a result
         assert ("train.resume=never" in decision.reason) == (status is None)
+
+
+@pytest.mark.parametrize("sweep", [True, False])
+def test_a_result_of_other_numerics_is_trained_again_not_reused(tmp_path, monkeypatch, sweep):
+    """A stored result is reused only when the code computes what it computed: its numerics agree."""
+    monkeypatch.setattr(provenance, "NUMERICS", 2)
+    for numerics, action in ((2, "reuse" if sweep else "fresh"), (1, "fresh"), (3, "fresh")):
+        path = tmp_path / str(numerics)
+        path.mkdir()
+        held = _dir(path, {"status": "completed", "provenance": {"numerics": numerics}}, HASH)
+        decision = held.decide(HASH, sweep=sweep)
+        assert decision.action == action
+        assert decision.stale == (None if numerics == 2 else numerics)
+    # a summary stored before results carried provenance counts as the oldest numerics
+    (tmp_path / "legacy").mkdir()
+    legacy = _dir(tmp_path / "legacy", {"status": "completed"}, HASH).decide(HASH, sweep=sweep)
+    assert (legacy.action, legacy.stale) == ("fresh", provenance.LEGACY_NUMERICS)
+
+
+def test_train_into_a_result_older_code_computed_trains_it_again_and_says_so(tmp_path, monkeypatch, capsys):
+    cfg = compose_cfg(tiny("train.steps=2"))
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.write_config(cfg)
+    run_dir.write_summary({"status": "completed", "final_val_loss": 9.0, "provenance": {"numerics": 1}})
+    monkeypatch.setattr(provenance, "NUMERICS", 2)
+    run_job(cfg, str(run_dir.path), multirun=False)
+    assert (
+        f"{run_dir.path}: its result was computed by other code (numerics 1, now 2): training it again"
+        in (" ".join(capsys.readouterr().err.split()))
+    )
+    summary = run_dir.read_summary()
+    assert summary["status"] == "completed" and summary["provenance"]["numerics"] == 2
+    assert summary["final_val_loss"] != 9.0
 
 
 def test_prepare_keeps_what_a_resume_needs_and_clears_the_rest(tmp_path):

@@ -268,6 +268,26 @@ def test_a_range_sweep_runs_one_job_per_value(tmp_path, monkeypatch):
     assert [OmegaConf.load(sweep_dir / r["run_dir"] / "config.yaml").seed for r in rows] == [3, 4]
 
 
+def test_a_sweep_retrains_the_results_older_code_computed_and_says_so_in_one_line(tmp_path, monkeypatch):
+    """Results stored under other numerics are run again (not kept); the sweep says how many and why."""
+    from normbench.core import provenance
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(provenance, "NUMERICS", 2)
+    args = ["norm=ln,rms", "seed=0,1", *TINY]
+    jobs = plan_sweep(args).jobs
+    for job, numerics in zip(jobs, (2, 1, 1, None)):
+        RunDir(job.run_dir).write_config(compose_cfg(job.overrides))
+        block = {} if numerics is None else {"provenance": {"numerics": numerics}}
+        RunDir(job.run_dir).write_summary({"status": "completed", **block})  # no provenance: numerics 1
+    code, out = run_sweep_dry(args)
+    assert code == 0
+    assert "1 has results (1 completed), 3 to run" in out
+    lines = [line for line in out.splitlines() if "retraining" in line]
+    assert lines == ["retraining 3 runs stored by older code (numerics 1, now 2)"]
+    assert out.count("completed → keep") == 1 and out.count("new → run") == 3
+
+
 @pytest.mark.slow  # the CLI in a subprocess
 def test_dry_run_lists_runs_and_their_results(tmp_path, monkeypatch):
     args = ["norm=ln,rms", "seed=0,1", *TINY]

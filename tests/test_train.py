@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 import torch
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
+from omegaconf import open_dict
 
+import normbench
+from normbench.core import provenance
+from normbench.core.errors import ConfigError
+from normbench.model import impls, kernels
 from normbench.model.gpt import GPT, qk_norms
 from normbench.model.norms import NORMS
 from normbench.model.placements import PLACEMENTS
@@ -247,6 +254,79 @@ def test_compile_falls_back_to_eager_with_a_message(tmp_path, monkeypatch, capsy
     summary = train_tiny(tmp_path, "train.compile=true")
     assert summary["status"] == "completed" and summary["compiled"] is False
     assert "training eagerly" in capsys.readouterr().err
+    assert summary["provenance"]["compile"] == "fell back: RuntimeError: no C++ compiler"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True).stdout
+
+
+def test_the_summary_says_which_code_and_implementation_computed_it(tmp_path):
+    """summary.json's provenance block: the code (version, commit, dirty), torch, the device by name,
+    threads, precision, each norm's implementation, compile and the numerics version."""
+    summary = train_tiny(tmp_path, "norm=rms", "train.threads=1", "train.steps=4")
+    block = json.loads((tmp_path / "summary.json").read_text())["provenance"]
+    assert block == summary["provenance"]
+    assert block["normbench"] == normbench.__version__ and block["torch"] == torch.__version__
+    if _git("rev-parse", "HEAD"):
+        assert _git("rev-parse", "HEAD").startswith(block["commit"]) and isinstance(block["dirty"], bool)
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    assert block["device"] == "cpu" and block["device_name"] == (cpu[0] if cpu else block["device_name"])
+    assert block["threads"] == 1 and block["precision"] == "fp32" and block["compile"] == "off"
+    assert block["norm_impl"] == {"rms": "fused-cpu" if kernels.available() else "eager"}
+    assert block["numerics"] == provenance.NUMERICS and provenance.numerics_of(summary) == provenance.NUMERICS
+
+
+def test_bit_for_bit_under_the_same_implementation_and_threads(tmp_path):
+    """Two runs of one config with the same norm implementation and thread count give the same metrics bit
+    for bit; norm.impl=eager is another implementation of the same math: close figures, and a provenance
+    that tells it apart."""
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_ms")} for r in rs]
+    args = ("norm=rms", "train.threads=1", "train.steps=6", "train.log_every=1")
+    runs = {
+        name: train_tiny(tmp_path / name, *args, *extra)
+        for name, extra in (("a", ()), ("b", ()), ("eager", ("norm.impl=eager",)))
+    }
+    a, b = (strip(read_metrics(tmp_path / name)) for name in ("a", "b"))
+    assert runs["a"]["provenance"]["norm_impl"] == runs["b"]["provenance"]["norm_impl"]
+    assert a == b
+    assert runs["eager"]["provenance"]["norm_impl"] == {"rms": "eager"}
+    assert runs["eager"]["final_val_loss"] == pytest.approx(runs["a"]["final_val_loss"], rel=1e-4)
+
+
+def test_norm_impl_other_than_auto_is_its_own_config_and_auto_keeps_stored_identities():
+    """auto computes what a config computed before norm.impl existed (the same hash); eager or fused are
+    asked for by name, so their speed is never a reused result of the other implementation."""
+    hashes = {impl: parse_config(compose_cfg(tiny(f"norm.impl={impl}"))).config_hash for impl in impls.MODES}
+    before = compose_cfg(tiny())
+    with open_dict(before):
+        del before.norm["impl"]
+    assert hashes["auto"] == parse_config(before).config_hash
+    assert len(set(hashes.values())) == 3
+
+
+def test_norm_impl_fused_where_a_norm_has_none_is_an_error_before_training(tmp_path):
+    with pytest.raises(ConfigError, match="norm.impl=fused: ln cannot run fused on cpu"):
+        train_tiny(tmp_path, "norm=ln", "norm.impl=fused")
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_normbench_kernels_0_makes_auto_eager_and_says_so_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NORMBENCH_KERNELS", "0")
+    monkeypatch.setattr(kernels, "_state", {})
+    monkeypatch.setattr(impls, "_said", set())
+    summary = train_tiny(tmp_path, "norm=gn", "train.steps=2")
+    assert summary["provenance"]["norm_impl"] == {"gn": "eager"}
+    lines = [line for line in capsys.readouterr().err.splitlines() if "kernels unavailable" in line]
+    assert lines == [
+        "normbench: fused CPU norm kernels unavailable (NORMBENCH_KERNELS=0); the norms dyt, gn, rms, "
+        "scale run eager PyTorch on the CPU (slower)"
+    ]
+    with pytest.raises(
+        ConfigError, match=r"norm.impl=fused: gn cannot run fused on cpu \(NORMBENCH_KERNELS=0\)"
+    ):
+        train_tiny(tmp_path / "fused", "norm=gn", "norm.impl=fused")
 
 
 def _throughput_benchmark():

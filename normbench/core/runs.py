@@ -27,6 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from normbench.core import provenance
 from normbench.core.fileio import finite_or_none, read_jsonl, write_atomic
 from normbench.core.identity import config_hash
 
@@ -121,6 +122,7 @@ class Decision:
     action: str
     result: dict | None = None  # the stored result of this config, if any
     reason: str | None = None  # refuse: what to do instead
+    stale: int | None = None  # the numerics of a stored result of this config by other code (not reused)
 
 
 class RunDir:
@@ -202,12 +204,16 @@ class RunDir:
           named after its config, so anything else in it is stale: ``fresh``;
         - ``resume``: this config started here and has no result: training continues from its
           checkpoint (``resume`` auto), when a sound one is found;
-        - ``fresh``: anything else; ``prepare`` clears what is here.
+        - ``fresh``: anything else; ``prepare`` clears what is here. A result of this config whose
+          ``numerics`` (normbench.core.provenance) are not the code's is another computation: it is
+          trained again (``stale`` says which numerics it had).
 
         ``result`` is the stored result of this config whatever the action (a sweep's plan shows it).
         """
         summary, stored = self.read_summary(), self.config_hash()
         result = summary if summary is not None and stored == cfg_hash else None
+        if result is not None and provenance.numerics_of(result) != provenance.NUMERICS:
+            return Decision("fresh", stale=provenance.numerics_of(result))
         if result is not None and self._reusable(result, sweep, retry, resume):
             return Decision("reuse", result)
         if not sweep and (other := self._other_config(cfg_hash, summary, stored, resume)):

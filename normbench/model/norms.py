@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +25,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from normbench.core.errors import ConfigError
-from normbench.model import kernels
+from normbench.model import impls
+from normbench.model.impls import implements
 from normbench.model.targets import dotted, import_target, refuse_builtin_name
 
 NORMS: dict[str, type[nn.Module]] = {}
@@ -54,57 +54,10 @@ def _params_for(x: torch.Tensor, *params: torch.Tensor | None) -> tuple:
     return tuple(None if p is None else p.to(x.dtype) for p in params)
 
 
-def _fused_cpu(x: torch.Tensor) -> bool:
-    """Whether to run normbench's fused CPU kernel (normbench.model.kernels) for this input.
-
-    Not under torch.compile: there the eager math is traced and inductor fuses it itself
-    (and on a GPU, Triton). Not on other devices, where PyTorch's own kernels are used.
-    """
-    return x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling() and kernels.available()
-
-
-_ON_GPU: dict = {}  # math fn -> its torch.compile'd version (or the fn itself, once compiling failed)
-
-
-def _fused_gpu(fn, x: torch.Tensor, *args):
-    """``fn(x, *args)`` as one generated kernel per pass on a GPU: torch.compile (inductor, Triton).
-
-    ScaleNorm and DyT have no fused op in PyTorch; eager CUDA runs each elementwise op as
-    its own kernel. Compiled once per fn with dynamic shapes (a new width or batch needs
-    no recompile); where compiling fails, one line says so and the eager math is used.
-    Not measured yet: no GPU was lent when this was written (docs/benchmarks.md).
-    """
-    if fn not in _ON_GPU:
-        _ON_GPU[fn] = torch.compile(fn, dynamic=True)  # lazy: compiles on the first call
-    compiled = _ON_GPU[fn]
-    if compiled is fn:
-        return fn(x, *args)
-    try:
-        return compiled(x, *args)
-    except Exception as e:  # no Triton, an unsupported GPU: eager is slower, not wrong
-        _ON_GPU[fn] = fn
-        print(
-            f"normbench: torch.compile of {fn.__name__} failed ({type(e).__name__}); eager on the GPU",
-            file=sys.stderr,
-        )
-        return fn(x, *args)
-
-
-def _on_gpu(x: torch.Tensor) -> bool:
-    return x.is_cuda and not torch.compiler.is_compiling()
-
-
-_OPS: dict = {}
-
-
-def _fused(name: str):
-    """torch.ops.normbench.{name}: one op with its autograd node in C++ (normbench.model.kernels).
-
-    Looked up once: at small widths even the per-call attribute lookups show.
-    """
-    if name not in _OPS:
-        _OPS[name] = getattr(torch.ops.normbench, name).default
-    return _OPS[name]
+def implementations(model: nn.Module, device: torch.device) -> dict[str, str]:
+    """Each norm in ``model`` (by its registered name) -> the implementation it runs on ``device``
+    (normbench.model.impls.resolve: under norm.impl=fused, a ConfigError where one can't)."""
+    return impls.resolve(model, device, {cls: name for name, cls in NORMS.items()})
 
 
 def register_norm(name: str):
@@ -215,8 +168,13 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = _params_for(x, self.weight, self.bias)
-        return F.layer_norm(x, weight.shape, weight, bias, self.eps)
+        return impls.run("ln", x, self.weight, self.bias, self.eps)
+
+
+@implements("ln")
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    weight, bias = _params_for(x, weight, bias)
+    return F.layer_norm(x, weight.shape, weight, bias, eps)
 
 
 @register_norm("rms")
@@ -231,13 +189,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused_cpu(x):
-            return _fused("rms_norm")(x, self.weight, self.eps)
-        weight = self.weight  # one module attribute lookup: at small widths each microsecond shows
-        # A gain in another dtype than x sends rms_norm down its slow unfused path.
-        if weight.dtype != x.dtype:
-            weight = weight.to(x.dtype)
-        return F.rms_norm(x, weight.shape, weight, self.eps)
+        return impls.run("rms", x, self.weight, self.eps)
+
+
+@implements("rms", fused_cpu="rms_norm")
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # A gain in another dtype than x sends rms_norm down its slow unfused path.
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 @register_norm("bn")
@@ -270,9 +230,14 @@ class BatchNorm(nn.Module):
         return self.bn.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Half inputs go in as they are: the kernel keeps float32 statistics and float32
-        # parameters itself (tests/test_norms.py), and an explicit upcast would double the traffic.
-        return self.bn(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+        return impls.run("bn", x, self.bn)
+
+
+@implements("bn")
+def _batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
+    # Half inputs go in as they are: the kernel keeps float32 statistics and float32
+    # parameters itself (tests/test_norms.py), and an explicit upcast would double the traffic.
+    return bn(x.reshape(-1, x.shape[-1])).reshape(x.shape)
 
 
 @register_norm("gn")
@@ -299,12 +264,16 @@ class GroupNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused_cpu(x):  # ATen's CPU group_norm on (tokens, C) is slow: see docs/benchmarks.md#groupnorm
-            return _fused("group_norm")(x, self.weight, self.bias, self.groups, self.eps)
-        flat = x.reshape(-1, x.shape[-1])
-        weight, bias = _params_for(x, self.weight, self.bias)
-        out = F.group_norm(flat, self.groups, weight, bias, self.eps)
-        return out.reshape(x.shape)
+        return impls.run("gn", x, self.weight, self.bias, self.groups, self.eps)
+
+
+# fused on a CPU: ATen's CPU group_norm on (tokens, C) is slow (docs/benchmarks.md#groupnorm)
+@implements("gn", fused_cpu="group_norm")
+def _group_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, eps: float
+) -> torch.Tensor:
+    weight, bias = _params_for(x, weight, bias)
+    return F.group_norm(x.reshape(-1, x.shape[-1]), groups, weight, bias, eps).reshape(x.shape)
 
 
 class _ScaleNormFunction(torch.autograd.Function):
@@ -346,6 +315,9 @@ def _scale_norm_math(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.T
     return (xf * (gain / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(eps))).to(x.dtype)
 
 
+implements("scale", fused_cpu="scale_norm", compiled=_scale_norm_math)(_ScaleNormFunction.apply)
+
+
 @register_norm("scale")
 class ScaleNorm(nn.Module):
     """g * x / max(||x||, eps), one learned scalar g initialised to sqrt(dim) (Nguyen & Salazar 2019)."""
@@ -358,11 +330,7 @@ class ScaleNorm(nn.Module):
         self.weight = nn.Parameter(torch.tensor(math.sqrt(dim)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused_cpu(x):
-            return _fused("scale_norm")(x, self.weight, self.eps)
-        if _on_gpu(x):
-            return _fused_gpu(_scale_norm_math, x, self.weight, self.eps)
-        return _ScaleNormFunction.apply(x, self.weight, self.eps)
+        return impls.run("scale", x, self.weight, self.eps)
 
 
 def _dyt_math(
@@ -395,18 +363,21 @@ class DynamicTanh(nn.Module):
         return self.alpha * x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused_cpu(x):
-            return _fused("dyt")(x, self.alpha, self.weight, self.bias)
-        if _on_gpu(x):
-            return _fused_gpu(_dyt_math, x, self.alpha, self.weight, self.bias)
-        # In place: the product's only reader is tanh, whose backward needs its output alone.
-        squashed = torch.tanh_(self.alpha * x)
-        # A half input meets its gain and bias in its own dtype, as under a half model: fp32
-        # parameters would promote the output to fp32 and cost a full-size cast back.
-        weight = self.weight.to(x.dtype)
-        if self.bias is None:
-            return squashed * weight
-        return torch.addcmul(self.bias.to(x.dtype), squashed, weight)  # one fused multiply-add
+        return impls.run("dyt", x, self.alpha, self.weight, self.bias)
+
+
+@implements("dyt", fused_cpu="dyt", compiled=_dyt_math)
+def _dyt(
+    x: torch.Tensor, alpha: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    # In place: the product's only reader is tanh, whose backward needs its output alone.
+    squashed = torch.tanh_(alpha * x)
+    # A half input meets its gain and bias in its own dtype, as under a half model: fp32
+    # parameters would promote the output to fp32 and cost a full-size cast back.
+    weight = weight.to(x.dtype)
+    if bias is None:
+        return squashed * weight
+    return torch.addcmul(bias.to(x.dtype), squashed, weight)  # one fused multiply-add
 
 
 def _derf_math(
@@ -443,9 +414,10 @@ class DynamicErf(nn.Module):
         return self.alpha * x + self.shift
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _on_gpu(x):
-            return _fused_gpu(_derf_math, x, self.alpha, self.shift, self.weight, self.bias)
-        return _derf_math(x, self.alpha, self.shift, self.weight, self.bias)
+        return impls.run("derf", x, self.alpha, self.shift, self.weight, self.bias)
+
+
+implements("derf", compiled=_derf_math)(_derf_math)
 
 
 @register_norm("none")
@@ -456,3 +428,8 @@ class NoNorm(nn.Identity):
 
     def __init__(self, dim: int):
         super().__init__()
+
+
+@implements("none")
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x

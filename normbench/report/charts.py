@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from normbench.report.cost import LIMIT, implementation_note
 from normbench.report.load import ReportData, layer_skip
+from normbench.report.metrics import loss_unit, metric
 from normbench.report.tables import _fmt_value
 from normbench.report.tuning import at_best, tuned_configs
 
@@ -409,7 +410,7 @@ def chart_loss_curves(d: ReportData):
     for ax, c, (_, _, _, title, xlabel) in zip(axes, curves, panels):
         _bands(ax, d, c)
         _floor(ax, done)
-        ax.set(title=title, xlabel=xlabel, ylabel="loss (nats/token)")
+        ax.set(title=title, xlabel=xlabel, ylabel=f"loss ({loss_unit(d.metric)})")
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter())  # 150k, not 150000 against 160000
     for ax, (c, (since, ylim), title, xlabel) in zip(axes[len(panels) :], zooms):
@@ -418,7 +419,7 @@ def chart_loss_curves(d: ReportData):
         ax.set(
             title=f"{title}, the last {ZOOM_SHARE:.0%} zoomed\n(the ends lie within a tenth of the range)",
             xlabel=xlabel,
-            ylabel="loss (nats/token)",
+            ylabel=f"loss ({loss_unit(d.metric)})",
             ylim=ylim,
         )
         ax.grid(alpha=0.3)
@@ -429,7 +430,7 @@ def chart_loss_curves(d: ReportData):
 
 def metric_label(d: ReportData) -> str:
     """The compared metric as an axis label: 'final val loss (nats/token)'."""
-    return f"{d.metric_label} ({d.metric_unit})"
+    return metric(d.metric).axis()
 
 
 def _compared(d: ReportData) -> tuple[pd.DataFrame, pd.Series, dict]:
@@ -445,20 +446,21 @@ def _compared(d: ReportData) -> tuple[pd.DataFrame, pd.Series, dict]:
 def chart_final_loss(d: ReportData):
     table, labels, styles = _compared(d)
     runs = d.runs.assign(_label=labels).dropna(subset=["_label"])
-    done = runs[runs["status"].eq("completed")].dropna(subset=["final_val_loss"])
+    column = metric(d.metric).source
+    done = runs[runs["status"].eq("completed")].dropna(subset=[column])
     if done.empty and not runs["status"].isin(["diverged", "failed"]).any():
-        return "no run reported final_val_loss"
+        return f"no run reported {column}"
     # With a size axis the verdict compares within each size (the scale_gap chart), not across the rows.
     diffs = d.scale is None and table["diff_ci_low"].notna().any()
     width = max(5.0, 0.45 * len(table) + 2)
     fig, axes = _figure(1 + diffs, width=width, height=5.0, ncols=2)
     at = {label: i for i, label in enumerate(table["config"])}
     # runs of one seed at different sizes are no pair: joined only without a size axis
-    _seed_points(axes[0], runs, done, at, styles, join=d.scale is None)
+    _seed_points(axes[0], runs, done[column], at, styles, join=d.scale is None)
     joined = "grey lines join the runs of one seed;\n" if d.scale is None else ""
     axes[0].set(
         title=_plain(
-            f"{d.metric_label.capitalize()} of each run{_at_best_note(d)}\n"
+            f"{metric(d.metric).header.capitalize()} of each run{_at_best_note(d)}\n"
             f"({joined}bar = mean over completed seeds)"
         ),
         ylabel=metric_label(d),
@@ -480,16 +482,18 @@ def chart_final_loss(d: ReportData):
     return fig
 
 
-def _seed_points(ax, runs: pd.DataFrame, done: pd.DataFrame, at: dict, styles, join: bool) -> None:
-    """Each completed run's final loss at its configuration (``join``: the runs of one seed joined by
-    a grey line, the pairs the verdict's paired test compares), a bar at each configuration's mean,
-    and a red × with the count where runs diverged or failed."""
+def _seed_points(ax, runs: pd.DataFrame, values: pd.Series, at: dict, styles, join: bool) -> None:
+    """Each completed run's value of the compared metric (``values``, by run) at its configuration
+    (``join``: the runs of one seed joined by a grey line, the pairs the verdict's paired test
+    compares), a bar at each configuration's mean, and a red × with the count where runs diverged
+    or failed."""
+    done = runs.loc[values.index].assign(_value=values)
     x = done["_label"].map(at)
     for i, (_, seed) in enumerate(done.assign(_x=x).sort_values("_x").groupby("seed", sort=True)):
         if len(seed) > 1 and join:
             ax.plot(
                 seed["_x"],
-                seed["final_val_loss"],
+                seed["_value"],
                 color="grey",
                 linewidth=0.8,
                 alpha=0.6,
@@ -502,7 +506,7 @@ def _seed_points(ax, runs: pd.DataFrame, done: pd.DataFrame, at: dict, styles, j
         offsets = np.linspace(-0.12, 0.12, len(part)) if len(part) > 1 else [0.0]
         ax.plot(
             i + np.asarray(offsets),
-            part.sort_values("seed")["final_val_loss"],
+            part.sort_values("seed")["_value"],
             linestyle="none",
             marker=style["marker"],
             markersize=7,
@@ -512,7 +516,7 @@ def _seed_points(ax, runs: pd.DataFrame, done: pd.DataFrame, at: dict, styles, j
             zorder=3,
         )
         if len(part):
-            ax.hlines(part["final_val_loss"].mean(), i - 0.3, i + 0.3, color="black", linewidth=1.5, zorder=2)
+            ax.hlines(part["_value"].mean(), i - 0.3, i + 0.3, color="black", linewidth=1.5, zorder=2)
         bad = runs["_label"].eq(label) & runs["status"].isin(["diverged", "failed"])
         if bad.any():
             if part.empty:  # nothing completed: a hatched slot, so it is not read as missing data
@@ -538,7 +542,7 @@ def _seed_points(ax, runs: pd.DataFrame, done: pd.DataFrame, at: dict, styles, j
                 backgroundcolor="white",
             )
     if len(done):  # room above for the diverged marks
-        low, high = done["final_val_loss"].min(), done["final_val_loss"].max()
+        low, high = done["_value"].min(), done["_value"].max()
         span = max(high - low, 0.05 * abs(high), 1e-3)
         ax.set_ylim(low - 0.15 * span, high + 0.5 * span)
 
@@ -585,7 +589,7 @@ def _differences(ax, d: ReportData, table: pd.DataFrame, styles) -> None:
             f"Difference to the best, {best.iloc[0] if len(best) else '–'},\nas the verdict tests it "
             f"(bar = 95% CI\nof the difference: {how})"
         ),
-        ylabel=_plain(f"{d.metric_label} − the best's ({d.metric_unit})"),
+        ylabel=_plain(f"{metric(d.metric).header} − the best's ({metric(d.metric).unit})"),
     )
     ax.margins(y=0.15)
 
@@ -894,7 +898,7 @@ def chart_predict(d: ReportData):
         ),
         (
             axes[1],
-            f"{d.metric_label} - {s.baseline}'s",
+            f"{metric(d.metric).header} - {s.baseline}'s",
             f"Gap to {s.baseline}: measured" + ", predicted" * ("gap" in drawn),
         ),
     ):

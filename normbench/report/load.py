@@ -154,9 +154,6 @@ class ReportData:
     )
     predict: pd.DataFrame | None = None  # predict.csv (--predict), or None
     backtest: pd.DataFrame | None = None  # backtest.csv (--predict with ≥ 4 sizes), or None
-    # The compared metric as the charts' axes name it: "final val loss" in "nats/token".
-    metric_label: str = "final val loss"
-    metric_unit: str = "nats/token"
 
 
 def load_runs(run_dirs: list[Path], warn) -> ReportData:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
+from normbench.core import provenance
 from normbench.core.configtree import conf_dir
 from normbench.core.errors import ConfigError, DiskFull
 from normbench.core.identity import config_hash
@@ -93,6 +94,13 @@ def _run_locked(
         )
         if settled(decision, run_dir_, console, multirun):
             return decision.result
+        if decision.stale is not None and not multirun:  # a sweep says it once for all its runs
+            console.print(
+                f"{run_dir_.path}: its result was computed by other code (numerics {decision.stale}, now "
+                f"{provenance.NUMERICS}): training it again",
+                soft_wrap=True,
+                highlight=False,
+            )
         lock.claim()
         run_dir_.prepare(decision)
         run_dir_.write_config(cfg)

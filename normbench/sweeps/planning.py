@@ -58,6 +58,7 @@ class Job:
     invalid: str | None = None  # the ConfigError the job will fail with
     resume_step: int | None = None  # an interrupted run's checkpoint: where it resumes
     holder: str | None = None  # running elsewhere: the process that owns its run directory
+    stale: int | None = None  # the numerics of a result stored here by other code: trained again
 
 
 @dataclass
@@ -281,6 +282,7 @@ def _state_before(job: Job) -> str:
         job.holder = holder
         return "running elsewhere"
     decision = RunDir(job.run_dir).decide(job.config_hash, sweep=True)
+    job.stale = decision.stale
     if decision.result is not None:
         return decision.result.get("status", "failed")
     return "interrupted" if decision.action == "resume" else "new"

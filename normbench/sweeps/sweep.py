@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from normbench.core import provenance
 from normbench.core.devices import available_cpus, local_parallel_jobs
 from normbench.core.errors import ConfigError, first_line
 from normbench.core.runs import (
@@ -220,6 +221,7 @@ def run_sweep(
         plan = plan_sweep(args)
         console.print(_plan_table(plan, retry_failed))
         console.print(_headline(plan, retry_failed), soft_wrap=True)
+        _say_retraining(plan, console)
         return 0
     child = child or multirun.start(args, retry_failed)
     try:
@@ -237,6 +239,7 @@ def run_sweep(
         raise
     todo = [j for j in plan.jobs if will_run(j, retry_failed)]
     console.print(_headline(plan, retry_failed), soft_wrap=True)
+    _say_retraining(plan, console)
     returncode, stops = 0, []
     if todo:
         returncode, stops = _launch(plan, console, poll_s, child, before)
@@ -319,6 +322,21 @@ def _other_grids(plan: Plan) -> str:
         f"\n{plan.sweep_dir} holds {_runs(len(others))} of another grid; {kept} kept "
         f"(normbench report {plan.sweep_dir} compares them too)"
     )
+
+
+def _say_retraining(plan: Plan, console: Console) -> None:
+    """One line on the runs whose stored results other code computed (their ``numerics`` differ):
+    they are trained again, not reused."""
+    stale = [j.stale for j in plan.jobs if j.stale is not None]
+    if stale:
+        older = "older" if max(stale) < provenance.NUMERICS else "other"
+        versions = ", ".join(map(str, sorted(set(stale))))
+        now = provenance.NUMERICS
+        console.print(
+            f"retraining {_runs(len(stale))} stored by {older} code (numerics {versions}, now {now})",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 def _failed_before_launch(child: subprocess.Popen, output: list[bytes], console: Console) -> int:

@@ -32,12 +32,26 @@ from rich.progress import Progress
 from rich.table import Table
 from torch import nn
 
+from normbench.core import provenance
 from normbench.core.benchgoals import GOALS
 from normbench.core.devices import PRECISIONS, resolve_device
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
+from normbench.model.impls import COMPILED, EAGER, chosen
 from normbench.model.norms import NORMS, build_norm
 
+PROVENANCE = [
+    "normbench",
+    "commit",
+    "dirty",
+    "torch",
+    "device_name",
+    "threads",
+    "precision",
+    "norm_impl",
+    "compile",
+    "numerics",
+]
 DEFAULT_DIMS = [128, 256, 512, 1024, 2048, 4096, 8192]
 DEFAULT_TOKENS = {"cuda": 8192, "cpu": 1024}  # CPU: a default fp32 run takes about a minute, compile included
 COLUMNS = [
@@ -54,6 +68,8 @@ COLUMNS = [
     "ratio_to_ln",
     "ratio_to_native",
     "ratio_to_compiled",
+    # where and with what each row was measured (normbench.core.provenance); norm_impl: what the row ran
+    *PROVENANCE,
 ]
 NATIVE = ("ln", "rms", "bn", "gn")  # norms with a PyTorch op for the same math
 REFERENCES = ("ref:ln", "ref:copy")  # timed in every norm's rounds, reported as columns, not rows
@@ -241,6 +257,7 @@ def _check(device, dtypes, dims, tokens, norms, repeats, threads) -> torch.devic
     for name in norms:  # a width a norm can't take (gn's groups) fails now, not ten minutes in
         for dim in dims:
             build_norm(name, dim)
+        chosen(name, dev)  # the fused CPU kernels built now (once per machine), never inside a timing
     return dev
 
 
@@ -366,7 +383,21 @@ def _run(dev, dtypes, dims, tokens, norms, repeats, compile, console) -> pd.Data
     for ref in ("native", "compiled"):
         base = df[df.impl == ref].set_index(key).ms.rename("ref")
         df[f"ratio_to_{ref}"] = df.ms / df.join(base, on=key)["ref"]
-    return df.reindex(columns=COLUMNS)
+    return _with_provenance(df, dev).reindex(columns=COLUMNS)
+
+
+def _with_provenance(df: pd.DataFrame, dev: torch.device) -> pd.DataFrame:
+    """Each row's provenance, as a run's summary has it: the code, torch, the device by name and the
+    thread count (while the bench's are set), and the implementation the row ran: the normbench module's
+    own choice (normbench.model.impls), PyTorch's op (eager) or torch.compile (compiled)."""
+    block = provenance.collect(dev, "", {}, "off")
+    for key in PROVENANCE:
+        df[key] = [block[key]] * len(df)
+    df["precision"] = df["dtype"]
+    ran = {"native": EAGER, "compiled": COMPILED}
+    df["norm_impl"] = [ran.get(impl) or chosen(norm, dev) for norm, impl in zip(df.norm, df.impl)]
+    df["compile"] = ["on" if impl == "compiled" else "off" for impl in df.impl]
+    return df
 
 
 def write_csv(df: pd.DataFrame, out: Path) -> None:

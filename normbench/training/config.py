@@ -21,6 +21,7 @@ from normbench.core.errors import ConfigError, unknown_key
 from normbench.core.identity import NOT_HASHED, config_hash
 from normbench.data.corpus import DATA_SCHEMAS, DataConfig
 from normbench.model.gpt import ModelConfig
+from normbench.model.impls import MODES
 from normbench.model.norms import check_norm
 from normbench.model.placements import placement_options
 from normbench.training.loop import TrainConfig
@@ -39,6 +40,7 @@ class RunConfig:
     logger: dict = field(default_factory=dict)
     sweep: str | None = None  # the sweep this run belongs to, if any: trackers group its runs by it
     config_hash: str | None = None  # the run's identity (see config_hash): a checkpoint must match it
+    norm_impl: str = "auto"  # norm.impl: which implementation the norms run (normbench.model.impls)
 
 
 # Typed configs by their group's content: a sweep's plan checks every job, and most jobs share
@@ -92,6 +94,10 @@ def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
     """Validate everything that can be checked before training starts; ``cfg_hash``: its config_hash, if
     known."""
     norm = OmegaConf.to_container(cfg.norm, resolve=True)
+    # not a norm's option: the same for every norm, chosen here (the norms read it from normbench.model.impls)
+    norm_impl = str(norm.pop("impl", "auto"))
+    if norm_impl not in MODES:
+        raise ConfigError(f"unknown norm.impl '{norm_impl}'", allowed=list(MODES))
     placement = OmegaConf.to_container(cfg.placement, resolve=True)
     check_norm(norm.get("name"), {k: v for k, v in norm.items() if k != "name"})
     placement_options(placement)  # an unknown placement, option or option value fails here
@@ -112,6 +118,7 @@ def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
             for name, options in logger_options(list(loggers)).items()
         },
         config_hash=cfg_hash or config_hash(cfg),
+        norm_impl=norm_impl,
     )
     run.model.validate()
     run.train.validate()

@@ -86,6 +86,9 @@ def summary_table(summary: dict, run_dir: Path | str | None = None) -> Table | G
     )
     table.add_row("wall time", f"{summary['wall_s']:.1f} s")
     table.add_row("parameters", f"{summary['params']:,}")
+    norm_impl = summary.get("provenance", {}).get("norm_impl")
+    if norm_impl:  # which implementation computed these figures (normbench.model.impls)
+        table.add_row("norms", ", ".join(f"{kind}: {how}" for kind, how in norm_impl.items()))
     leak = summary["causal_leak"]
     if leak["train"] is not None:
         flag = " [red](leaks the future in train mode)[/red]" if summary["leaks_future"] else ""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import math
 import platform
-import subprocess
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,10 +22,12 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from normbench.core import provenance
 from normbench.core.devices import PRECISIONS, resolve_device, synchronize
 from normbench.core.errors import ConfigError, DiskFull, first_line
 from normbench.core.runs import METRICS, RunDir
 from normbench.data.corpus import build_dataset, forget_other_corpora
+from normbench.model import impls, kernels, norms
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, hidden_weights, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
@@ -171,24 +172,6 @@ def compile_model(step_model: nn.Module, model: nn.Module, x: torch.Tensor, y: t
         model.zero_grad(set_to_none=True)
 
 
-@functools.cache
-def git_commit() -> str | None:
-    """The commit of the normbench this process imported (None outside a git checkout)."""
-    try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                cwd=Path(__file__).parent,
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def environment(device: torch.device) -> dict:
     return {
         "torch": torch.__version__,
@@ -198,19 +181,20 @@ def environment(device: torch.device) -> dict:
         else platform.processor() or "cpu",
         "device_type": device.type,
         "threads": torch.get_num_threads(),
-        "git_commit": git_commit(),
+        "git_commit": provenance.git_commit(),
         "hostname": platform.node(),
     }
 
 
 def warm_up(threads: int) -> None:
     """Pay now what the first run in a process pays once: its optimizer imports torch._dynamo (over
-    a second on a 2-core machine), MFU's matmul peak is measured (``peak_flops``), the commit read.
+    a second on a 2-core machine), MFU's matmul peak is measured (``peak_flops``), the commit read
+    (``normbench.core.provenance``).
     A sweep's workers do this while the sweep is planned (``normbench.sweeps.job.warm_worker``)."""
     torch.set_num_threads(threads or DEFAULT_THREADS)
     torch.optim.AdamW([nn.Parameter(torch.zeros(1))])
     peak_flops(torch.device("cpu"), PRECISIONS["fp32"])
-    git_commit()
+    provenance.git_state()
 
 
 class Run:
@@ -233,6 +217,7 @@ class Run:
         torch.set_num_threads(self.tcfg.threads or DEFAULT_THREADS)
         # Set both ways every run: a launcher may run several runs in one process.
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tcfg.tf32
+        impls.use(run.norm_impl)  # every run: one process may train several
         # an earlier run's corpus is not this run's memory
         forget_other_corpora(run.data, run.model.block_size)
         self.memory = PeakMemory(self.device)  # before the data and model exist
@@ -258,6 +243,9 @@ class Run:
             for x, y in self.data.val_batches(self.tcfg.eval_batches, self.tcfg.batch_size)
         ]
         self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
+        self.norm_impl = norms.implementations(
+            self.model, self.device
+        )  # norm.impl=fused that can't: fails here
         self.compile_error = None
         self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
         # The statistics steps' module: their forward hooks are registered per step, which a compiled
@@ -557,6 +545,9 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     """Train one configuration; return (and write) its summary. Raises ConfigError on bad input."""
     console = console or Console(stderr=True)
     started, phases = time.perf_counter(), Phases()
+    if impls.builds_kernels(run.norm_impl, resolve_device(run.train.device)):
+        with phases("kernel_build"):  # once per machine, and never inside a timed phase
+            kernels.available()
     with phases("setup"):
         free_earlier_runs()  # before anything of this run exists
         state = Run(run, run_dir)
@@ -720,4 +711,19 @@ def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dic
         "compiled": bool(tcfg.compile and state.compile_error is None),
         "config_hash": state.cfg.config_hash,
         "env": environment(state.device),
+        "provenance": run_provenance(state),
     }
+
+
+def run_provenance(state: Run) -> dict:
+    """What this run's figures were measured with (normbench.core.provenance): under a compiled model
+    inductor fuses every built-in norm's math itself."""
+    compiled = state.tcfg.compile and state.compile_error is None
+    state_of_compile = (
+        "on" if compiled else "off" if not state.tcfg.compile else f"fell back: {state.compile_error}"
+    )
+    norm_impl = {
+        kind: impls.COMPILED if compiled and kind in impls.TABLE else how
+        for kind, how in state.norm_impl.items()
+    }
+    return provenance.collect(state.device, state.tcfg.precision, norm_impl, state_of_compile)

@@ -1,4 +1,4 @@
-"""normbench's fused CPU kernels (norms_cpu.cpp): built once with the machine's C++ compiler, then cached.
+"""normbench's fused CPU kernels (norms_cpu.cpp): built once per machine with its C++ compiler, then cached.
 
 PyTorch has a fused CPU kernel for LayerNorm but not for RMSNorm (its CPU ``rms_norm`` is
 five ops forward and five autograd nodes back), ScaleNorm or DyT, and its CPU ``group_norm``
@@ -6,22 +6,28 @@ on (tokens, C) takes several times LayerNorm's time (cost: see docs/benchmarks.m
 on a CPU they cost more than LayerNorm for the same or less math. ``norms_cpu.cpp`` gives each a
 forward and a backward in the fewest full-size passes, registered as ``torch.ops.normbench.*``.
 
-``available()`` builds the kernels on first use with ``torch.utils.cpp_extension`` (ninja
-and g++: about half a minute, once) into torch's extension cache, under a name that hashes
-the source (its text and its path), torch's version and this CPU's instruction set, so later processes (tests,
-DDP ranks, sweeps) only load the built library. Where there is no compiler, or
-``NORMBENCH_KERNELS=0``, it says so in one line and returns False, and the norms keep
-their eager PyTorch path.
+``available()`` builds the kernels on first use with ``torch.utils.cpp_extension`` (ninja and
+the C++ compiler: about half a minute, once, said in one line) and loads them. The build is
+cached under a name that hashes what the library depends on: the source's text, the compiler's
+version, torch's and Python's versions and this CPU's instruction set; not the source's path.
+The source is copied into the build's own directory under that name, so ninja's build file names
+one path whatever checkout or virtual environment asks: every clone on a machine shares one build.
+``python -m normbench.model.kernels`` builds them ahead (scripts/setup.sh does). Where there is no
+compiler, a build fails, or ``NORMBENCH_KERNELS=0``, ``available()`` is False and ``why()`` says why;
+normbench.model.impls then runs the eager path and says so once.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import platform
 import shutil
+import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -42,63 +48,120 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def _compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+@functools.cache
+def _compiler_version() -> str:
+    """The compiler's first line of ``--version``: another compiler (or version), another build."""
+    try:
+        out = subprocess.run([_compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (out.splitlines() or [""])[0]
+
+
 def build_name() -> str:
-    # The source's path too: ninja's build file names it, so two checkouts sharing one build
-    # directory would each find the other's build stale and compile again (half a minute) in turn.
-    digest = hashlib.sha256(
-        b"\0".join(
-            [
-                SOURCE.read_bytes(),
-                str(SOURCE.resolve()).encode(),
-                torch.__version__.encode(),
-                _cpu_flags().encode(),
-            ]
-        )
-    ).hexdigest()[:12]
-    return f"normbench_cpu_{digest}"
+    """The build's name: a hash of everything the library depends on (never the source's path)."""
+    parts = [
+        SOURCE.read_bytes(),
+        _compiler_version().encode(),
+        torch.__version__.encode(),
+        platform.python_version().encode(),
+        _cpu_flags().encode(),
+    ]
+    return "normbench_cpu_" + hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
+
+
+def build_dir() -> Path:
+    """Where the build lives: torch's extension cache (``TORCH_EXTENSIONS_DIR`` where set), by name."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "torch_extensions"
+    )
+    return Path(root, "normbench", build_name())
+
+
+def is_built() -> bool:
+    """Whether this machine holds the built library for this source and toolchain (nothing is built)."""
+    return (build_dir() / f"{build_name()}.so").is_file()
+
+
+def will_build() -> bool:
+    """Whether ``available()`` would compile now: not yet asked, allowed, a compiler there, nothing built."""
+    return (
+        "ok" not in _state
+        and os.environ.get("NORMBENCH_KERNELS", "1") != "0"
+        and _missing_tools() is None
+        and not is_built()
+    )
 
 
 def _missing_tools() -> str | None:
     """Why a build can't start (no compiler, no ninja), or None."""
     from torch.utils import cpp_extension
 
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        return f"no C++ compiler: {compiler} not found"
+    if shutil.which(_compiler()) is None:
+        return f"no C++ compiler: {_compiler()} not found"
     if not cpp_extension.is_ninja_available():
         return "ninja not found (pip install ninja)"
     return None
 
 
+def _stable_source(directory: Path, name: str) -> Path:
+    """The source, copied into the build directory under the build's name: the one path ninja sees."""
+    directory.mkdir(parents=True, exist_ok=True)
+    copy = directory / f"{name}.cpp"
+    text = SOURCE.read_bytes()
+    if not copy.is_file() or copy.read_bytes() != text:
+        temp = directory / f".{name}.{os.getpid()}.tmp"
+        temp.write_bytes(text)
+        temp.replace(copy)  # atomic: a process building beside this one never reads half a file
+    return copy
+
+
 def _load() -> None:
     from torch.utils import cpp_extension
 
-    missing = _missing_tools()
-    if missing:
-        raise RuntimeError(missing)
-    # Torch's own compiler warnings would add lines to the one this module prints on failure.
+    name, directory, builds = build_name(), build_dir(), not is_built()
+    if builds:
+        print("normbench: building the fused CPU norm kernels, once, about 30 s", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    # Torch's own compiler warnings would add lines to the one normbench prints on failure.
     log = logging.getLogger("torch.utils.cpp_extension")
     level, log.level = log.level, logging.ERROR
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _build(cpp_extension)
+            cpp_extension.load(
+                name=name,
+                sources=[str(_stable_source(directory, name))],
+                # -march=native: this CPU's vector width (the name pins the build to this CPU);
+                # -fopenmp-simd: vectorise the `omp simd` reductions without OpenMP's runtime;
+                # -fno-trapping-math: let a division run on lanes whose result is discarded (no FP traps
+                # are used), without which no loop holding DyT's tanh is vectorised.
+                extra_cflags=[
+                    "-O3",
+                    "-march=native",
+                    "-fopenmp-simd",
+                    "-fno-math-errno",
+                    "-fno-trapping-math",
+                ],
+                build_directory=str(directory),
+                is_python_module=False,
+                verbose=False,
+            )
     finally:
         log.setLevel(level)
+    if builds:
+        _state["build_s"] = time.perf_counter() - started
 
 
-def _build(cpp_extension) -> None:
-    cpp_extension.load(
-        name=build_name(),
-        sources=[str(SOURCE)],
-        # -march=native: this CPU's vector width (the name above pins the build to this CPU);
-        # -fopenmp-simd: vectorise the `omp simd` reductions without OpenMP's runtime;
-        # -fno-trapping-math: let a division run on lanes whose result is discarded (no FP traps
-        # are used), without which no loop holding DyT's tanh is vectorised.
-        extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"],
-        is_python_module=False,
-        verbose=False,
-    )
+def _first_error(err: Exception) -> str:
+    """A failed build's first compiler error line (else the exception's first line)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    errors = [line for line in lines if "error" in line.lower() and not line.startswith("Error building")]
+    return (errors or lines)[0][:200]
 
 
 def available() -> bool:
@@ -107,16 +170,22 @@ def available() -> bool:
         _state["ok"] = False
         if os.environ.get("NORMBENCH_KERNELS", "1") == "0":
             _state["why"] = "NORMBENCH_KERNELS=0"
+        elif missing := _missing_tools():
+            _state["why"] = missing
         else:
             try:
                 _load()
                 _state["ok"] = True
-            except Exception as e:  # no compiler, no ninja, a failed build: the eager path still works
-                _state["why"] = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        if not _state["ok"]:
-            print(
-                f"normbench: fused CPU norm kernels unavailable ({_state['why']}); "
-                "RMSNorm, ScaleNorm and DyT use eager PyTorch on the CPU (slower)",
-                file=sys.stderr,
-            )
+            except Exception as e:  # a failed build or load: the eager path still works
+                _state["why"] = f"kernel build failed: {_first_error(e)}"
     return bool(_state["ok"])
+
+
+def why() -> str | None:
+    """Why the kernels are not available (None when they are, or have not been asked for)."""
+    return _state.get("why")
+
+
+def build_seconds() -> float | None:
+    """How long this process spent building the kernels (None when it built nothing)."""
+    return _state.get("build_s")
