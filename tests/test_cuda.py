@@ -32,7 +32,7 @@ def full_fp32():
 def forward_backward(model, x, y, call=None):
     """Loss and gradients of ``model``, called directly or through ``call`` (its compiled form)."""
     model.zero_grad(set_to_none=True)
-    loss = (call or model)(x, y)[1]
+    loss = (model if call is None else call)(x, y)[1]  # a compiled module has no truth value
     loss.backward()
     return loss.detach(), {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
 
