@@ -464,7 +464,11 @@ def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
     if not config_dir.is_dir():
         _fail(f"--config-dir {config_dir}: no such folder")
     quoted = str(config_dir.resolve()).replace("\\", "\\\\").replace("'", "\\'")
-    return [*args, f"hydra.searchpath=['file://{quoted}']"]
+    # Beside the user's own overrides: Hydra's parser takes the overrides as one run of arguments, so one
+    # after its flags (model=wee --cfg job hydra.searchpath=...) would be refused.
+    overrides = [i + 1 for i, arg in enumerate(args) if "=" in arg and not arg.startswith("-")]
+    at = max(overrides, default=len(args))
+    return [*args[:at], f"hydra.searchpath=['file://{quoted}']", *args[at:]]
 
 
 @app.command(

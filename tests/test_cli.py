@@ -228,6 +228,8 @@ def test_config_dir_and_version_on_every_command(tmp_path):
     assert "yours:" not in invoke("train", "--help").output
     composed = invoke("train", "--config-dir", str(conf), "--cfg", "job", "model=wee")
     assert composed.exit_code == 0 and "n_layer: 1" in composed.output, composed.output
+    after = invoke("train", "--config-dir", str(conf), "model=wee", "--cfg", "job")  # overrides, then a flag
+    assert after.exit_code == 0 and "n_layer: 1" in after.output, after.output
     planned = invoke("sweep", "--config-dir", str(conf), "--dry-run", *tiny("model=wee", "seed=0,1"))
     assert planned.exit_code == 0, planned.output
     assert "2 runs" in planned.output, planned.output
