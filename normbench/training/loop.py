@@ -346,6 +346,10 @@ class Run:
             torch.manual_seed(self.cfg.seed + rank + 7919 * saved["step"])
 
 
+def say_warning(console: Console, message: str) -> None:
+    console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True, highlight=False)
+
+
 class Loop:
     """Where training stands besides the model and optimizer, and the cadence of each component.
 
@@ -383,7 +387,9 @@ class Loop:
             enabled=self.main,
             config_hash=state.cfg.config_hash,
             resume_at=(saved["metrics_bytes"], saved["step"]) if saved else None,
-            warn=self.warn,
+            # bound to the console, not to the loop: a loop <-> sinks cycle would keep the run's model
+            # alive after it returns, until the garbage collector runs
+            warn=functools.partial(say_warning, self.console),
         )
 
     # ------------------------------------------------------------------------- resuming and checkpoints
@@ -441,7 +447,7 @@ class Loop:
         return saved
 
     def warn(self, message: str) -> None:
-        self.console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True, highlight=False)
+        say_warning(self.console, message)
 
     def wall_s(self) -> float:
         return self.earlier_s + time.perf_counter() - self.started
