@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from normbench.claims.cli import app as claims_app
 from normbench.core.configtree import group_options  # not normbench.training.config, which imports torch
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -41,6 +42,9 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Train, sweep, report and benchmark normalization ablations."""
+
+
+app.add_typer(claims_app, name="claims")
 
 
 def _hydra(args: list[str]) -> None:
