@@ -408,19 +408,26 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         p=_t_p(c.diff - bound, c.se, c.df) if c.diff >= bound else 1.0,
         test=f"log2 largest non-diverging {key} per seed, {c.method}",
     )
-    at_top = all(v == math.log2(top["b"]) for v in sides["b"].values())
-    if low >= bound - 1e-12 and not (at_top and factor > 1):
+    # An arm that never diverged is censored at the grid's top: its true rate is higher still. So a
+    # censored b makes the ratio an upper bound (only "not reproduced" can be read), a censored a a
+    # lower bound (only "reproduced").
+    censored = {side: all(v == math.log2(top[side]) for v in sides[side].values()) for side in sides}
+    if low >= bound - 1e-12 and not censored["b"]:
         return Outcome("reproduced", **base)
-    if high < bound:
+    if high < bound and not censored["a"]:
         return Outcome("not reproduced", reason=f"a's largest stable {key} is below {factor:g}x b's", **base)
-    if at_top:
-        return _inconclusive(f"b never diverged up to {key}={top['b']:g}: widen the grid", **base)
+    if censored["a"] or censored["b"]:
+        which = " and ".join(side for side in ("a", "b") if censored[side])
+        return _inconclusive(
+            f"{which} never diverged up to {key}={max(top.values()):g}: widen the grid", **base
+        )
     return _inconclusive(seeds_needed(_sd(c, base["n_a"]), abs(c.diff - bound), alpha), **base)
 
 
 PREDICATES = {
     "better": _difference,
     "worse": _difference,
+    "not_worse": _difference,
     "equivalent": _difference,
     "trend": _trend,
     "rate": _rate,
