@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import run_cli
 from scipy import stats
 from typer.testing import CliRunner
 
@@ -562,3 +563,52 @@ def test_the_committed_pages_are_the_commands_output(page):
         pytest.skip(f"{page} is not written yet")
     expected = output.markdown(output.read_csv(conf_dir().parent / "benchmarks" / "claims" / "claims.csv"))
     assert path.read_text() == expected
+
+
+TINY_CLAIM = [
+    "model=tiny",
+    "norm=ln,rms",
+    "train.steps=3",
+    "train.eval_every=1",
+    "train.batch_size=4",
+    "train.eval_batches=1",
+    "data.train_sequences=64",
+    "data.val_sequences=16",
+    "train.progress=false",
+    "train.threads=1",
+    "seed=0",
+]
+
+
+@pytest.mark.slow  # normbench claims run: a sweep's job processes
+def test_claims_run_resumes_an_interrupted_claim_and_keeps_finished_runs(tmp_path):
+    """A run cut short leaves its config.yaml and no summary.json; running the claim again trains it
+    again, keeps the finished run untouched, and the report reads the claim from the same folder."""
+    conf = tmp_path / "conf"
+    path = write_claim(conf, "tiny_claim", kind="equivalent", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.5)
+    body = yaml.safe_load(path.read_text())
+    body["sweep"]["overrides"] = TINY_CLAIM
+    path.write_text(yaml.safe_dump(body))
+    args = ["claims", "run", "tiny_claim", "--config-dir", str(conf), "--out", str(tmp_path / "claims")]
+    first = run_cli(*args, cwd=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    folder = tmp_path / "claims" / "tiny_claim"
+    runs = sorted(d for d in folder.iterdir() if (d / "summary.json").exists())
+    assert [d.name.split("-")[0] for d in runs] == ["ln", "rms"]
+    assert (folder / "claim.yaml").read_text() == path.read_text()
+    kept, cut = runs
+    (cut / "summary.json").unlink()  # as a kill mid-run leaves it
+    before = (kept / "summary.json").stat().st_mtime_ns
+
+    again = run_cli(*args, "train.steps=3", cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1 has results (1 completed), 1 to run (1 interrupted among them)" in " ".join(
+        again.stdout.split()
+    )
+    assert (kept / "summary.json").stat().st_mtime_ns == before
+    assert json.loads((cut / "summary.json").read_text())["status"] == "completed"
+    reported = run_cli("claims", "report", str(tmp_path / "claims"), "--config-dir", str(conf), cwd=tmp_path)
+    assert reported.returncode == 0, reported.stdout + reported.stderr
+    row = pd.read_csv(tmp_path / "claims" / "claims.csv").set_index("id").loc["tiny_claim"]
+    assert (row["n_a"], row["n_b"]) == (1, 1) and row["verdict"] == "inconclusive"
+    assert "fewer than min_seeds 3" in row["reason"]

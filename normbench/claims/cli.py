@@ -86,6 +86,7 @@ def run(
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run again the runs that diverged or failed."
     ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List each claim's runs and which have results."),
 ) -> None:
     from normbench.claims.running import run_claims
     from normbench.claims.schema import select
@@ -94,7 +95,7 @@ def run(
     flags = [a for a in ctx.args if a.startswith("-")]
     if flags:
         _fail(
-            f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, "
+            f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, --dry-run, "
             "claim ids and KEY=VALUE"
         )
     ids = [a for a in ctx.args if "=" not in a]
@@ -104,7 +105,7 @@ def run(
         _fail("name the claims to run (normbench claims lists them), or --all")
     try:
         chosen = registry if all_claims else select(registry, ids)
-        code = run_claims(chosen, overrides, out, config_dir, retry_failed)
+        code = run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run)
     except ConfigError as err:
         _fail(err)
     raise typer.Exit(code)

@@ -228,8 +228,8 @@ def show(frame: pd.DataFrame, console: Console) -> None:
     """The terminal's table: the same rows, the verdict word coloured."""
     shown = display(frame)
     table = Table(title=headline(frame), title_justify="left")
-    for col in shown.columns:
-        table.add_column(col, overflow="fold")
+    for col in shown.columns:  # the words and numbers whole; the source and the note wrap
+        table.add_column(col, no_wrap=col in ("claim", "verdict", "estimate", "n (a / b)"), overflow="fold")
     for _, row in shown.iterrows():
         table.add_row(
             *(Text(_text(v), style=COLOURS.get(v, "") if c == "verdict" else "") for c, v in row.items())

@@ -38,6 +38,7 @@ def run_claims(
     out: Path,
     config_dir: Path | None = None,
     retry_failed: bool = False,
+    dry_run: bool = False,
     console: Console | None = None,
 ) -> int:
     """Run each claim's sweep in turn; the exit code: the first non-zero one (130: Ctrl-C stops them all)."""
@@ -50,10 +51,11 @@ def run_claims(
     for claim in claims:
         args = sweep_args(claim, overrides, out, config_dir)
         console.print(f"[bold]{claim.id}[/bold]: {claim.claim}", soft_wrap=True, highlight=False)
-        folder = out / claim.id
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(claim.path, folder / "claim.yaml")
-        code = run_sweep(args, retry_failed=retry_failed, console=console)
+        if not dry_run:
+            folder = out / claim.id
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(claim.path, folder / "claim.yaml")
+        code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console)
         if code == 130:
             return code
         worst = worst or code
