@@ -425,7 +425,13 @@ def test_a_verdict_carries_provenance_and_its_scale(tmp_path):
     assert v.word == "reproduced"
     assert v.scale_note == "reproduced at 0.12M parameters; the paper's setting is 1.3B parameters"
     assert "normbench abc1234" in v.provenance and "torch 2.13.0+cpu" in v.provenance
-    assert "3 of 6 runs without provenance" in v.provenance
+    assert "3 of 6 runs without provenance" in v.provenance and "changed" not in v.provenance
+    body = yaml.safe_load(claim.path.read_text())
+    (folder / "claim.yaml").write_text(yaml.safe_dump({**body, "predicate": {"kind": "worse"}}))
+    assert (
+        f"the claim's predicate changed since these runs ({folder / 'claim.yaml'})"
+        in assess(claim, folder).provenance
+    )
 
 
 def test_holm_corrects_across_the_claims_run(tmp_path):
@@ -612,3 +618,36 @@ def test_claims_run_resumes_an_interrupted_claim_and_keeps_finished_runs(tmp_pat
     row = pd.read_csv(tmp_path / "claims" / "claims.csv").set_index("id").loc["tiny_claim"]
     assert (row["n_a"], row["n_b"]) == (1, 1) and row["verdict"] == "inconclusive"
     assert "fewer than min_seeds 3" in row["reason"]
+
+
+def test_a_claims_sweep_is_its_own_then_the_users_overrides_into_its_folder(tmp_path):
+    from normbench.claims.running import sweep_args
+
+    (claim,) = [c for c in load_registry() if c.id == "rms_matches_ln_quality"]
+    args = sweep_args(claim, ["train.steps=3", "placement=post"], tmp_path, config_dir=tmp_path)
+    assert args == [
+        "experiment=lr_sensitivity",
+        "norm=ln,rms",
+        "train.steps=3",
+        "placement=post",  # the user's value replaces the claim's
+        f"hydra.searchpath=[file://{tmp_path.resolve()}]",
+        f"hydra.sweep.dir={(tmp_path / claim.id).resolve()}",
+    ]
+    with pytest.raises(ConfigError, match="--out DIR"):
+        sweep_args(claim, ["hydra.sweep.dir=elsewhere"], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["claims", "run"], "name the claims to run"),
+        (["claims", "run", "no_such_claim"], "no claim 'no_such_claim'; allowed: bn_batch_one"),
+        (["claims", "run", "--fast", "norm_vs_none"], "unknown option --fast"),
+        (["claims", "report", "no/such/folder"], "no/such/folder: no such folder"),
+        (["claims", "report", "--markdown", "missing.csv"], "cannot read claims CSV missing.csv"),
+    ],
+)
+def test_claims_commands_refuse_bad_input_in_one_line(args, message):
+    result = cli(*args)
+    assert result.exit_code == 2 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output

@@ -95,8 +95,8 @@ def run(
     flags = [a for a in ctx.args if a.startswith("-")]
     if flags:
         _fail(
-            f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, --dry-run, "
-            "claim ids and KEY=VALUE"
+            f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, "
+            "--dry-run, claim ids and KEY=VALUE"
         )
     ids = [a for a in ctx.args if "=" not in a]
     overrides = [a for a in ctx.args if "=" in a]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from normbench.claims.predicates import ALPHA, Outcome, judge
 from normbench.claims.schema import Claim
@@ -115,7 +116,26 @@ def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda 
     outcome = judge(claim, d, alpha)
     used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
     params = pd.to_numeric(used["params"], errors="coerce").mean() if "params" in used else math.nan
-    return Verdict(claim, outcome, folder, params, describe_provenance(outcome.runs), alpha=alpha)
+    provenance = ", ".join(p for p in (describe_provenance(outcome.runs), _changed(claim, folder)) if p)
+    return Verdict(claim, outcome, folder, params, provenance, alpha=alpha)
+
+
+def _changed(claim: Claim, folder: Path) -> str:
+    """A note when the claim's sweep or comparison is no longer the one its runs were made for (the
+    claim.yaml that ``claims run`` copied beside them)."""
+    try:
+        then = yaml.safe_load((folder / "claim.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return ""
+    now = yaml.safe_load(claim.path.read_text(encoding="utf-8"))
+    moved = [
+        k for k in ("sweep", "compare", "predicate") if isinstance(then, dict) and then.get(k) != now.get(k)
+    ]
+    return (
+        f"the claim's {' and '.join(moved)} changed since these runs ({folder / 'claim.yaml'})"
+        if moved
+        else ""
+    )
 
 
 def assess_all(
