@@ -163,6 +163,15 @@ def test_worse_and_an_equivalence_where_a_difference_was_claimed(tmp_path):
     assert out.verdict == "not reproduced" and "equivalent within ±0.02" in out.reason
 
 
+def test_an_arm_with_several_runs_per_seed_names_the_key_that_splits_it(tmp_path):
+    pair(tmp_path / "runs", [1.90, 1.98, 1.96], [2.0, 2.1, 2.05], model__n_layer=2)
+    pair(tmp_path / "runs4", [1.80, 1.88, 1.86], [2.0, 2.1, 2.05], model__n_layer=4)
+    claim = write_claim(tmp_path, "split", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    d = load_runs(find_inputs([tmp_path / "runs", tmp_path / "runs4"])[0], lambda m: None)
+    out = judge(parse_claim(claim), d)
+    assert out.verdict == "inconclusive" and "differing in model.n_layer: name it in compare.a" in out.reason
+
+
 def test_fewer_than_min_seeds_gives_no_interval(tmp_path):
     pair(tmp_path / "runs", [1.9, 1.95], [2.0, 2.1])
     claim = write_claim(tmp_path, "few", kind="better", a={"norm": "rms"}, b={"norm": "ln"})

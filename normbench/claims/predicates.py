@@ -44,6 +44,7 @@ from normbench.claims.schema import Claim
 from normbench.report.load import HIGHER_IS_BETTER, ReportData
 from normbench.report.scale import fit_trend
 from normbench.report.stats import CONFIDENCE, Comparison, compare
+from normbench.report.tables import varying_keys
 from normbench.report.tuning import tune
 
 ALPHA = 1 - CONFIDENCE
@@ -170,6 +171,17 @@ def _too_few(claim: Claim, n_a: int, n_b: int, what: str = "completed seeds") ->
     return None
 
 
+def _several(d: ReportData, arms: dict, by: list) -> str | None:
+    """Why an arm cannot be compared seed by seed: it holds several runs of one seed (at one value of
+    ``by``) that differ in another key, which the claim's arm should name."""
+    for side, runs in arms.items():
+        if len(runs) and runs.duplicated(["seed", *[k for k in by if k]]).any():
+            keys = [k for k in varying_keys(runs, d.config_keys) if k not in by] or ["their run directories"]
+            differ = ", ".join(keys)
+            return f"arm {side} holds several runs per seed, differing in {differ}: name it in compare.{side}"
+    return None
+
+
 # ----------------------------------------------------------------------------- the predicates
 
 
@@ -178,7 +190,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     b = at_best(d, arm(d.runs, claim.b), claim.tune)
     sa, sb = samples(a, claim.metric), samples(b, claim.metric)
     base = dict(n_a=len(sa), n_b=len(sb), unit=f"{claim.metric}: a - b", runs=[*a["run_dir"], *b["run_dir"]])
-    if reason := _too_few(claim, len(sa), len(sb)):
+    if reason := _several(d, {"a": a, "b": b}, []) or _too_few(claim, len(sa), len(sb)):
         return _inconclusive(reason, **base)
     c = compare(sa, sb)
     n, delta = min(len(sa), len(sb)), claim.predicate.get("delta")
@@ -235,6 +247,8 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     runs_b = arm(d.runs, claim.b) if p["of"] == "gap" else runs_a.iloc[:0]
     if axis not in d.runs:
         return _inconclusive(f"the runs do not vary {axis}")
+    if reason := _several(d, {"a": runs_a, "b": runs_b}, [axis, claim.tune]):
+        return _inconclusive(reason)
     sizes = sorted(pd.to_numeric(pd.concat([runs_a[axis], runs_b[axis]])).dropna().unique())
     x, gap, se, df, ns = [], [], [], [], []
     for size in sizes:
@@ -348,7 +362,7 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     base = dict(
         n_a=len(a), n_b=len(b), unit="steps ratio a/b to b's final loss", runs=[*a["run_dir"], *b["run_dir"]]
     )
-    if reason := _too_few(claim, len(a), len(b)):
+    if reason := _several(d, {"a": a, "b": b}, []) or _too_few(claim, len(a), len(b)):
         return _inconclusive(reason, **base)
     target = float(b["final_val_loss"].mean())
     logs, unreached = {}, 0
@@ -395,7 +409,10 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         top[side] = values.max() if len(values) else math.nan
     base = dict(n_a=len(sides["a"]), n_b=len(sides["b"]), unit=f"largest stable {key}, ratio a/b")
     base["runs"] = [*arm(d.runs, claim.a)["run_dir"], *arm(d.runs, claim.b)["run_dir"]]
-    if reason := _too_few(claim, len(sides["a"]), len(sides["b"]), "seeds with a stable run"):
+    arms = {"a": arm(d.runs, claim.a), "b": arm(d.runs, claim.b)}
+    if reason := _several(d, arms, [key]) or _too_few(
+        claim, len(sides["a"]), len(sides["b"]), "seeds with a stable run"
+    ):
         return _inconclusive(reason, **base)
     c = compare(sides["a"], sides["b"])
     low, high = interval(c, alpha)
