@@ -562,6 +562,24 @@ def test_check_accepts_every_shipped_claim():
         assert result.exit_code == 0 and result.output.startswith(f"ok: {c.id}"), result.output
 
 
+def test_reports_writes_each_claims_own_report_and_links_it(tmp_path, monkeypatch):
+    from normbench.report import charts
+
+    monkeypatch.setattr(charts, "CHARTS", ())  # the link, not the drawing, is under test
+    pair(tmp_path / "claims" / "rms_matches_ln_quality", [2.0, 2.1, 2.05], [2.001, 2.099, 2.052])
+    assert cli("claims", "report", str(tmp_path / "claims")).exit_code == 0
+    before = pd.read_csv(tmp_path / "claims" / "claims.csv").set_index("id").loc["rms_matches_ln_quality"]
+    assert before["report"].startswith("normbench report ")
+    assert cli("claims", "report", "--reports", str(tmp_path / "claims")).exit_code == 0
+    row = pd.read_csv(tmp_path / "claims" / "claims.csv").set_index("id").loc["rms_matches_ln_quality"]
+    assert row["report"] == "rms_matches_ln_quality/report/report.html"
+    assert (tmp_path / "claims" / row["report"]).is_file()
+    assert (
+        'href="rms_matches_ln_quality/report/report.html"'
+        in (tmp_path / "claims" / "claims.html").read_text()
+    )
+
+
 def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):
     pair(tmp_path / "claims" / "rms_matches_ln_quality", [2.0, 2.1, 2.05], [2.001, 2.099, 2.052])
     assert cli("claims", "report", str(tmp_path / "claims")).exit_code == 0

@@ -18,7 +18,10 @@ CONFIG_DIR = typer.Option(
 )
 
 app = typer.Typer(
-    help="The claims registry: every headline claim about normalization as an experiment with a verdict.",
+    help=(
+        "The claims registry: every headline claim about normalization as an experiment with a verdict. "
+        "Alone, it lists the claims (id, source, the claim, its sweep's cost)."
+    ),
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
@@ -128,6 +131,9 @@ def report(
         "--markdown",
         help="Print the Markdown page (docs/claims.md) of this claims.csv, and nothing else.",
     ),
+    reports: bool = typer.Option(
+        False, "--reports", help="Also write each claim's own report (normbench report ID/ into ID/report/)."
+    ),
 ) -> None:
     """Every claim's verdict: claims.csv, claims.md, claims.html and this table (claims not run say so)."""
     from rich.console import Console
@@ -149,12 +155,30 @@ def report(
         verdicts = assess_all(
             registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
         )
+        if reports:
+            _claim_reports([v.folder for v in verdicts if v.folder is not None], console)
         target = out or paths[0]
         frame = output.write(verdicts, target)
     except ConfigError as err:
         _fail(err)
     output.show(frame, console)
     console.print(f"wrote {target / 'claims.csv'}, claims.md, claims.html", highlight=False)
+
+
+def _claim_reports(folders: list[Path], console) -> None:
+    """normbench report FOLDER into FOLDER/report/ for each claim run, its output kept off the terminal."""
+    import io
+
+    from rich.console import Console
+
+    from normbench.core.errors import ConfigError
+    from normbench.report import run_report
+
+    for folder in folders:
+        try:
+            run_report([folder], out=folder / "report", console=Console(file=io.StringIO()))
+        except ConfigError as err:
+            console.print(f"[yellow]warning[/yellow] no report for {folder}: {err}", highlight=False)
 
 
 @app.command()
