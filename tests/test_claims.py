@@ -428,13 +428,17 @@ def test_a_verdict_carries_provenance_and_its_scale(tmp_path):
     folder = tmp_path / "claims" / "scaled"
     for seed, (la, lb) in enumerate(zip([1.90, 1.98, 1.96], [2.0, 2.1, 2.05])):
         plant(folder, f"rms_s{seed}", seed=seed, final=la, norm="rms", params=120_000, provenance=PROVENANCE)
-        plant(folder, f"ln_s{seed}", seed=seed, final=lb, norm="ln", params=120_000, provenance=None)
+        run = plant(folder, f"ln_s{seed}", seed=seed, final=lb, norm="ln", params=120_000, provenance=None)
+        stored = json.loads((run / "summary.json").read_text())
+        stored["env"] = {"torch": "2.12.0+cpu", "device": "cpu", "git_commit": "0ld0ld0"}
+        (run / "summary.json").write_text(json.dumps(stored))
     claim = parse_claim(write_claim(tmp_path, "scaled", kind="better", a={"norm": "rms"}, b={"norm": "ln"}))
     v = assess(claim, folder)
     assert v.word == "reproduced"
     assert v.scale_note == "reproduced at 0.12M parameters; the paper's setting is 1.3B parameters"
-    assert "normbench abc1234" in v.provenance and "torch 2.13.0+cpu" in v.provenance
-    assert "3 of 6 runs without provenance" in v.provenance and "changed" not in v.provenance
+    assert "normbench 0ld0ld0/abc1234" in v.provenance and "torch 2.12.0+cpu/2.13.0+cpu" in v.provenance
+    assert "3 of 6 runs without provenance (their env read instead)" in v.provenance
+    assert "changed" not in v.provenance
     body = yaml.safe_load(claim.path.read_text())
     (folder / "claim.yaml").write_text(yaml.safe_dump({**body, "predicate": {"kind": "worse"}}))
     assert (

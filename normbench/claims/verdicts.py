@@ -72,16 +72,20 @@ def claim_folder(claim: Claim, folders: list[Path]) -> Path | None:
 
 def describe_provenance(run_dirs: list[str]) -> str:
     """'normbench 29939de, torch 2.13.0+cpu, cpu, ln=native, 2026-11-26' over the runs judged."""
-    blocks, dates = [], set()
+    blocks, dates, missing = [], set(), 0
     for run_dir in dict.fromkeys(run_dirs):
         summary = RunDir(Path(run_dir)).read_summary() or {}
-        blocks.append(provenance_of(summary))
+        block = provenance_of(summary)
+        if not block:  # a run stored before provenance: its env block names the commit, torch and device
+            missing += 1
+            env = summary.get("env") if isinstance(summary.get("env"), dict) else {}
+            block = {"commit": env.get("git_commit"), "torch": env.get("torch"), "device": env.get("device")}
+        blocks.append(block)
         stamp = (Path(run_dir) / "summary.json").stat().st_mtime if summary else None
         if stamp:
             dates.add(time.strftime("%Y-%m-%d", time.gmtime(stamp)))
     if not blocks:
         return ""
-    missing = sum(not b for b in blocks)
 
     def values(key: str) -> str:
         found = sorted(
@@ -100,7 +104,7 @@ def describe_provenance(run_dirs: list[str]) -> str:
         values("device"),
         " ".join(impls),
         "/".join(sorted(dates)),
-        f"{missing} of {len(blocks)} runs without provenance" if missing else "",
+        f"{missing} of {len(blocks)} runs without provenance (their env read instead)" if missing else "",
     ]
     return ", ".join(p for p in parts if p)
 
