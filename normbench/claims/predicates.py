@@ -126,7 +126,7 @@ def samples(runs: pd.DataFrame, metric: str) -> dict:
 # ----------------------------------------------------------------------------- intervals and seed counts
 
 
-def interval(c: Comparison, alpha: float, shift: float = 0.0) -> tuple[float, float]:
+def interval(c: Comparison, alpha: float) -> tuple[float, float]:
     """c's interval at confidence 1 - alpha: stats.compare's own at 95%, the t interval otherwise."""
     if math.isclose(alpha, ALPHA) and c.ci is not None:
         return c.ci.low, c.ci.high
@@ -320,8 +320,9 @@ def _rate(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     base = dict(n_a=len(a), n_b=len(b), unit="diverged share, a - b", runs=[*a["run_dir"], *b["run_dir"]])
     if reason := _too_few(claim, len(a), len(b), "finished runs"):
         return _inconclusive(reason, **base)
-    p_claim = float(stats.fisher_exact(table, alternative="greater" if more else "less").pvalue)
-    p_other = float(stats.fisher_exact(table, alternative="less" if more else "greater").pvalue)
+    side, other = ("greater", "less") if more else ("less", "greater")
+    p_claim = float(stats.fisher_exact(table, alternative=side).pvalue)
+    p_other = float(stats.fisher_exact(table, alternative=other).pvalue)
     base.update(
         estimate=da / len(a) - db / len(b),
         p=p_claim,
@@ -334,12 +335,7 @@ def _rate(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     if da == db == 0:
         return _inconclusive("no run diverged in either arm: a higher learning rate or more depth", **base)
     for k in range(2, 50):  # the same shares with k times the runs
-        if (
-            stats.fisher_exact(
-                [[v * k for v in row] for row in table], alternative="greater" if more else "less"
-            )[1]
-            < alpha
-        ):
+        if stats.fisher_exact([[v * k for v in row] for row in table], alternative=side).pvalue < alpha:
             return _inconclusive(
                 f"about {k * min(len(a), len(b))} runs per arm would settle it at these shares", **base
             )
@@ -374,6 +370,8 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
             if steps > 0:
                 logs[side][row["seed"]] = math.log(steps)
     c = compare(logs["a"], logs["b"])
+    if c.ci is None:
+        return _inconclusive("fewer than 2 seeds a side with an evaluated step", **base)
     low, high = interval(c, alpha)
     bound = math.log(claim.predicate["below"])
     base.update(
