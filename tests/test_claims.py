@@ -499,19 +499,9 @@ def test_the_registry_lists_at_least_16_claims_each_paper_with_its_arxiv_id():
         assert f"arXiv {c.source['arxiv']}" in listed.output
 
 
-def test_every_claim_names_existing_config_keys_and_groups():
-    """Each arm names config keys a run has (or the norm/placement short names); each sweep has seeds."""
-    keys = {"norm", "placement"} | {
-        f"{group}.{key}"
-        for group in ("model", "train")
-        for key in yaml.safe_load(
-            (conf_dir() / group / ("micro.yaml" if group == "model" else "default.yaml")).read_text()
-        )
-    }
+def test_every_claims_sweep_has_the_seeds_its_predicate_needs():
     for c in load_registry():
-        for spec in (c.a, c.b or {}):
-            assert set(spec) <= keys, (c.id, spec)
-        assert c.runs() >= 2 * c.min_seeds or c.kind == "rate", c.id
+        assert c.runs() >= 2 * c.min_seeds, c.id
 
 
 def test_a_users_claim_is_listed_and_reported(tmp_path):
@@ -544,6 +534,8 @@ def test_a_users_claim_is_listed_and_reported(tmp_path):
         (lambda b: b["sweep"].update(overrides=["norm"]), "sweep.overrides"),
         (lambda b: b["compare"].update(colour="red"), "compare.colour"),
         (lambda b: b.update(id="other"), "id"),
+        (lambda b: b["compare"].update(a={"placment": "pre"}), "compare.a.placment"),
+        (lambda b: b["compare"].update(b={"model.n_layers": 4}), "compare.b.model.n_layers"),
     ],
 )
 def test_a_malformed_claim_gets_one_line_naming_the_field(tmp_path, edit, field):

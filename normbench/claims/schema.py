@@ -170,12 +170,31 @@ def _number(path: Path, where: str, value, positive: bool = True) -> float:
     return float(value)
 
 
+def _config_key(key: str) -> bool:
+    """Whether a run's config can hold ``key``: norm, placement, seed, a model or train field, or any
+    key of the norm, placement and data groups (whose fields differ by option)."""
+    group, _, leaf = key.partition(".")
+    if group in ("model", "train"):
+        fields = yaml.safe_load(
+            (conf_dir() / group / ("micro.yaml" if group == "model" else "default.yaml")).read_text()
+        )
+        return leaf in fields
+    return key in ("norm", "placement", "seed") or (group in ("norm", "placement", "data") and bool(leaf))
+
+
 def _arm(path: Path, where: str, value) -> dict:
     if not isinstance(value, dict) or not value:
         _fail(path, where, "must map config keys to values, e.g. {norm: rms, placement: pre}")
     for key, v in value.items():
         if isinstance(v, (dict, list)):
             _fail(path, f"{where}.{key}", f"must be one value, not {type(v).__name__}")
+        if not _config_key(str(key)):
+            _fail(
+                path,
+                f"{where}.{key}",
+                "not a config key",
+                allowed=["norm", "placement", "seed", "model.*", "train.*", "data.*"],
+            )
     return {str(k): v for k, v in value.items()}
 
 
