@@ -512,6 +512,11 @@ def test_a_users_claim_is_listed_and_reported(tmp_path):
     assert (
         listed.exit_code == 0 and "my_claim" in listed.output and "Lovelace & Babbage 2020" in listed.output
     )
+    (tmp_path / "claims" / "my_claim" / "claim.yaml").write_text(
+        (conf / "claim" / "my_claim.yaml").read_text()
+    )
+    without = cli("claims", "report", str(tmp_path / "claims"))
+    assert "holds the runs of claim 'my_claim', not in the registry" in " ".join(without.output.split())
     done = cli("claims", "report", str(tmp_path / "claims"), "--config-dir", str(conf))
     assert done.exit_code == 0, done.output
     frame = pd.read_csv(tmp_path / "claims" / "claims.csv")

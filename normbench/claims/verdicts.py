@@ -147,6 +147,13 @@ def assess_all(
 ) -> list[Verdict]:
     """Every claim's verdict, in registry order; with ``holm``, Holm-corrected across the claims run."""
     found = {c.id: claim_folder(c, folders) for c in claims}
+    for folder in folders:  # claims run from another config folder: their runs would go unread
+        for stored in sorted(folder.glob("*/claim.yaml")):
+            if stored.parent.name not in found:
+                warn(
+                    f"{stored.parent} holds the runs of claim '{stored.parent.name}', not in the registry "
+                    "(its YAML is in another --config-dir?)"
+                )
     verdicts = [assess(c, found[c.id], ALPHA, warn) for c in claims]
     if not holm:
         return verdicts
