@@ -156,6 +156,26 @@ def test_better_each_arm_at_its_own_best_learning_rate(tmp_path):
     assert out.verdict == "reproduced" and len(out.runs) == 6
 
 
+def test_log_compares_the_logs_of_a_metric_that_grows_by_factors(tmp_path):
+    """Logit peaks of 10-20 against 500-5000: raw, the spread hides it; in logs the t interval excludes 0."""
+    a, b = [12.0, 18.0, 10.0], [600.0, 4800.0, 900.0]
+    pair(tmp_path / "runs", [2.0] * 3, [2.0] * 3)
+    for seed, (la, lb) in enumerate(zip(a, b)):
+        for norm, peak in (("rms", la), ("ln", lb)):
+            path = tmp_path / "runs" / f"{norm}_s{seed}" / "summary.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), "max_attn_logit": peak}))
+    for log, word in ((False, "inconclusive"), (True, "reproduced")):
+        claim = write_claim(
+            tmp_path, "logits", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, metric="max_attn_logit"
+        )
+        body = yaml.safe_load(claim.read_text())
+        body["compare"]["log"] = log
+        claim.write_text(yaml.safe_dump(body))
+        out = verdict_of(tmp_path, claim, tmp_path / "runs")
+        d = np.log(a) - np.log(b) if log else np.subtract(a, b)
+        assert out.verdict == word and (out.low, out.high) == pytest.approx(t_interval(d))
+
+
 def test_worse_and_an_equivalence_where_a_difference_was_claimed(tmp_path):
     pair(tmp_path / "runs", [2.001, 1.999, 2.0005], [2.0, 2.0, 2.0])
     claim = write_claim(tmp_path, "worse", kind="worse", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)

@@ -5,9 +5,10 @@ value of ``compare.tune`` as normbench.report.tuning chooses it (the lowest mean
 loss over the completed seeds). Seeds are compared with normbench.report.stats.compare (paired by
 seed when both arms ran the same seeds, Welch otherwise). The words:
 
-- better / worse: the interval of the difference a - b excludes 0 on the claimed side (lower is
-  better for a loss, higher for tokens_per_s and mfu): reproduced; on the other side, or inside
-  ±delta by two one-sided tests (equivalence where a difference was claimed): not reproduced;
+- better / worse: the interval of the difference a - b (of the logs, with ``compare.log``) excludes
+  0 on the claimed side (lower is better for a loss, higher for tokens_per_s and mfu): reproduced;
+  on the other side, or inside ±delta by two one-sided tests (equivalence where a difference was
+  claimed): not reproduced;
 - not_worse: a is at most delta worse than b: the interval's unfavourable end inside delta:
   reproduced; its favourable end beyond delta (worse by more): not reproduced;
 - equivalent: two one-sided tests at margin delta, i.e. the (1 - 2 alpha) interval inside ±delta:
@@ -114,11 +115,14 @@ def at_best(d: ReportData, runs: pd.DataFrame, key: str | None, by: str | None =
     return runs[pd.to_numeric(runs[key], errors="coerce").sub(pd.to_numeric(chosen)).abs().le(1e-15)]
 
 
-def samples(runs: pd.DataFrame, metric: str) -> dict:
-    """{seed: metric} over the completed runs with a finite value (seeds are distinct within an arm)."""
+def samples(runs: pd.DataFrame, metric: str, log: bool = False) -> dict:
+    """{seed: metric} (its natural log with ``log``) over the completed runs with a finite value (and
+    a positive one with ``log``); seeds are distinct within an arm."""
     if metric not in runs:
         return {}
     values = pd.to_numeric(runs[metric], errors="coerce")
+    if log:
+        values = np.log(values.where(values > 0))
     done = runs[runs["status"].eq("completed") & np.isfinite(values)]
     return dict(zip(done["seed"], values[done.index]))
 
@@ -188,8 +192,9 @@ def _several(d: ReportData, arms: dict, by: list) -> str | None:
 def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     a = at_best(d, arm(d.runs, claim.a), claim.tune)
     b = at_best(d, arm(d.runs, claim.b), claim.tune)
-    sa, sb = samples(a, claim.metric), samples(b, claim.metric)
-    base = dict(n_a=len(sa), n_b=len(sb), unit=f"{claim.metric}: a - b", runs=[*a["run_dir"], *b["run_dir"]])
+    sa, sb = samples(a, claim.metric, claim.log), samples(b, claim.metric, claim.log)
+    measure = f"log {claim.metric}" if claim.log else claim.metric
+    base = dict(n_a=len(sa), n_b=len(sb), unit=f"{measure}: a - b", runs=[*a["run_dir"], *b["run_dir"]])
     if reason := _several(d, {"a": a, "b": b}, []) or _too_few(claim, len(sa), len(sb)):
         return _inconclusive(reason, **base)
     c = compare(sa, sb)
@@ -255,8 +260,8 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         sa_runs = runs_a[_matches(runs_a[axis], float(size))]
         if p["of"] == "gap":
             sb_runs = runs_b[_matches(runs_b[axis], float(size))]
-            sa = samples(at_best(d, sa_runs, claim.tune), claim.metric)
-            sb = samples(at_best(d, sb_runs, claim.tune), claim.metric)
+            sa = samples(at_best(d, sa_runs, claim.tune), claim.metric, claim.log)
+            sb = samples(at_best(d, sb_runs, claim.tune), claim.metric, claim.log)
             if min(len(sa), len(sb)) < claim.min_seeds:
                 continue
             c = compare(sa, sb)

@@ -17,6 +17,7 @@
       b: {norm: ln}                     # the one it is compared with (not for a trend of one arm)
       metric: final_val_loss            # a summary field (normbench.report.load.METRICS, max_attn_logit...)
       tune: train.lr                    # each arm at its own best value of this key; null: none
+      log: false                        # compare log(metric): for quantities that grow by factors (logits)
     predicate:
       kind: equivalent                  # better, worse, not_worse, equivalent, trend, rate, steps_to_target,
                                         # stable_lr
@@ -78,6 +79,7 @@ class Claim:
     b: dict | None
     metric: str
     tune: str | None
+    log: bool
     predicate: dict
     min_seeds: int
     scale_dependent: str | None
@@ -230,7 +232,7 @@ def parse_claim(path: Path) -> Claim:
         _fail(path, "sweep", "needs an experiment or overrides")
     if experiment is not None:
         _experiment_path(str(experiment), path)
-    compare = _mapping(path, "compare", body["compare"], ("a", "b", "metric", "tune"), ("a", "metric"))
+    compare = _mapping(path, "compare", body["compare"], ("a", "b", "metric", "tune", "log"), ("a", "metric"))
     a = _arm(path, "compare.a", compare["a"])
     b = _arm(path, "compare.b", compare["b"]) if compare.get("b") is not None else None
     if not isinstance(compare["metric"], str):
@@ -238,6 +240,8 @@ def parse_claim(path: Path) -> Claim:
     tune = compare.get("tune")
     if tune is not None and not isinstance(tune, str):
         _fail(path, "compare.tune", "must be a config key (train.lr) or null")
+    if not isinstance(compare.get("log", False), bool):
+        _fail(path, "compare.log", f"must be true or false, not {compare['log']!r}")
     predicate = body["predicate"]
     kind = predicate.get("kind") if isinstance(predicate, dict) else None
     if kind not in KINDS:
@@ -261,6 +265,7 @@ def parse_claim(path: Path) -> Claim:
         b=b,
         metric=compare["metric"],
         tune=tune,
+        log=compare.get("log", False),
         predicate=dict(predicate),
         min_seeds=min_seeds,
         scale_dependent=body["scale_dependent"],
