@@ -461,8 +461,10 @@ def test_a_verdict_carries_provenance_and_its_scale(tmp_path):
     assert "changed" not in v.provenance
     body = yaml.safe_load(claim.path.read_text())
     (folder / "claim.yaml").write_text(yaml.safe_dump({**body, "predicate": {"kind": "worse"}}))
+    assert "changed" not in assess(claim, folder).provenance  # the comparison is read afresh
+    (folder / "claim.yaml").write_text(yaml.safe_dump({**body, "sweep": {"overrides": ["seed=0,1"]}}))
     assert (
-        f"the claim's predicate changed since these runs ({folder / 'claim.yaml'})"
+        f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})"
         in assess(claim, folder).provenance
     )
 

@@ -125,21 +125,16 @@ def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda 
 
 
 def _changed(claim: Claim, folder: Path) -> str:
-    """A note when the claim's sweep or comparison is no longer the one its runs were made for (the
-    claim.yaml that ``claims run`` copied beside them)."""
+    """A note when the claim's sweep is no longer the one its runs were made for (the claim.yaml that
+    ``claims run`` copied beside them); the comparison and predicate are read afresh from the registry."""
     try:
         then = yaml.safe_load((folder / "claim.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return ""
     now = yaml.safe_load(claim.path.read_text(encoding="utf-8"))
-    moved = [
-        k for k in ("sweep", "compare", "predicate") if isinstance(then, dict) and then.get(k) != now.get(k)
-    ]
-    return (
-        f"the claim's {' and '.join(moved)} changed since these runs ({folder / 'claim.yaml'})"
-        if moved
-        else ""
-    )
+    if not isinstance(then, dict) or then.get("sweep") == now.get("sweep"):
+        return ""
+    return f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})"
 
 
 def assess_all(
