@@ -19,6 +19,7 @@ import typer
 from typer.core import TyperCommand
 
 import normbench
+from normbench.claims.cli import app as claims_app
 from normbench.core.configtree import (  # not normbench.training.config, which imports torch
     added_options,
     group_options,
@@ -97,6 +98,9 @@ def _root(
     ),
 ) -> None:
     """Train, sweep, report and benchmark normalization ablations."""
+
+
+app.add_typer(claims_app, name="claims")
 
 
 def _hydra(args: list[str]) -> None:

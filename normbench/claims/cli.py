@@ -1,0 +1,195 @@
+"""``normbench claims``: list the registry, run claims, report their verdicts, check a claim's YAML.
+
+Typer only at import (``normbench --help`` stays fast); the sweeps and the report load when a
+command needs them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+CONFIG_DIR = typer.Option(
+    None,
+    "--config-dir",
+    help="Your config folder: its claim/*.yaml join the registry (and experiment/, norm/...).",
+)
+
+app = typer.Typer(
+    help=(
+        "The claims registry: every headline claim about normalization as an experiment with a verdict. "
+        "Alone, it lists the claims (id, source, the claim, its sweep's cost)."
+    ),
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(err: Exception) -> None:
+    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _registry(config_dir: Path | None):
+    from normbench.claims.schema import load_registry
+    from normbench.core.errors import ConfigError
+
+    try:
+        return load_registry(config_dir)
+    except ConfigError as err:
+        _fail(err)
+
+
+@app.callback(invoke_without_command=True)
+def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
+    """List the claims (id, source, the claim, its sweep's cost); the subcommands run and judge them."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    registry = _registry(config_dir)
+    table = Table(title=f"{len(registry)} claims", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    table.add_column("source", ratio=1)
+    table.add_column("claim", ratio=3)
+    table.add_column("predicate", no_wrap=True)
+    table.add_column("cost", no_wrap=True)
+    for c in registry:
+        runs = c.runs()
+        cost = f"{runs} runs" + (f", {c.cost_s:.0f} s measured" if c.cost_s else "")
+        table.add_row(c.id, c.cites, c.claim, c.kind, cost)
+    Console().print(table)
+
+
+@app.command(
+    context_settings=HYDRA_ARGS,
+    help="""Run claims' sweeps, each into OUT/ID/ (resumable), through normbench sweep's machinery.
+
+Arguments are claim ids and Hydra overrides (KEY=VALUE), which replace the claim's own value of
+the key in every sweep: train.steps=50 shortens the runs, hydra.launcher.n_jobs=2 runs two at once.
+Running the same command again keeps finished runs and resumes interrupted ones.
+
+[bold]Examples[/bold]
+
+  normbench claims run rms_matches_ln_quality
+
+  normbench claims run --all model=mini hydra.launcher.n_jobs=2
+""",
+)
+def run(
+    ctx: typer.Context,
+    all_claims: bool = typer.Option(False, "--all", help="Every claim of the registry."),
+    out: Path = typer.Option(
+        Path("results/claims"), "--out", "-o", help="Parent folder of the claims' runs."
+    ),
+    config_dir: Path | None = CONFIG_DIR,
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Run again the runs that diverged or failed."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List each claim's runs and which have results."),
+) -> None:
+    from normbench.claims.running import run_claims
+    from normbench.claims.schema import select
+    from normbench.core.errors import ConfigError
+
+    flags = [a for a in ctx.args if a.startswith("-")]
+    if flags:
+        _fail(
+            f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, "
+            "--dry-run, claim ids and KEY=VALUE"
+        )
+    ids = [a for a in ctx.args if "=" not in a]
+    overrides = [a for a in ctx.args if "=" in a]
+    registry = _registry(config_dir)
+    if not ids and not all_claims:
+        _fail("name the claims to run (normbench claims lists them), or --all")
+    try:
+        chosen = registry if all_claims else select(registry, ids)
+        code = run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run)
+    except ConfigError as err:
+        _fail(err)
+    raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(
+        None, help="Folders holding the claims' runs (ID/ below). Default: results/claims"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output folder. Default: the first folder given."
+    ),
+    holm: bool = typer.Option(
+        False, "--holm", help="Holm-correct the verdicts and intervals across the claims run."
+    ),
+    config_dir: Path | None = CONFIG_DIR,
+    markdown: Path | None = typer.Option(
+        None,
+        "--markdown",
+        help="Print the Markdown page (docs/claims.md) of this claims.csv, and nothing else.",
+    ),
+    reports: bool = typer.Option(
+        False, "--reports", help="Also write each claim's own report (normbench report ID/ into ID/report/)."
+    ),
+) -> None:
+    """Every claim's verdict: claims.csv, claims.md, claims.html and this table (claims not run say so)."""
+    from rich.console import Console
+
+    from normbench.claims import output
+    from normbench.claims.verdicts import assess_all
+    from normbench.core.errors import ConfigError
+
+    try:
+        if markdown is not None:
+            typer.echo(output.markdown(output.read_csv(markdown)), nl=False)
+            return
+        paths = paths or [Path("results/claims")]
+        for path in paths:
+            if not path.is_dir():
+                raise ConfigError(f"{path}: no such folder (the claims' runs: normbench claims run ID)")
+        registry = _registry(config_dir)
+        console = Console()
+        verdicts = assess_all(
+            registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
+        )
+        if reports:
+            _claim_reports([v.folder for v in verdicts if v.folder is not None], console)
+        target = out or paths[0]
+        frame = output.write(verdicts, target)
+    except ConfigError as err:
+        _fail(err)
+    output.show(frame, console)
+    console.print(f"wrote {target / 'claims.csv'}, claims.md, claims.html", highlight=False)
+
+
+def _claim_reports(folders: list[Path], console) -> None:
+    """normbench report FOLDER into FOLDER/report/ for each claim run, its output kept off the terminal."""
+    import io
+
+    from rich.console import Console
+
+    from normbench.core.errors import ConfigError
+    from normbench.report import run_report
+
+    for folder in folders:
+        try:
+            run_report([folder], out=folder / "report", console=Console(file=io.StringIO()))
+        except ConfigError as err:
+            console.print(f"[yellow]warning[/yellow] no report for {folder}: {err}", highlight=False)
+
+
+@app.command()
+def check(path: Path = typer.Argument(..., help="A claim YAML (CONFIG_DIR/claim/ID.yaml).")) -> None:
+    """Validate a claim's YAML: one line naming the field that is wrong, exit 2; or what it claims."""
+    from normbench.claims.schema import parse_claim
+    from normbench.core.errors import ConfigError
+
+    try:
+        claim = parse_claim(path)
+        runs = claim.runs()
+    except ConfigError as err:
+        _fail(err)
+    typer.echo(f"ok: {claim.id} ({claim.cites}): {claim.kind}, {runs} runs in its default sweep")

@@ -1,0 +1,238 @@
+"""The registry's outputs: claims.csv (the data), claims.md and claims.html, and the terminal table.
+
+claims.md is made from the CSV's rows alone (``markdown``), so ``normbench claims markdown
+claims.csv`` gives the same page from a stored CSV (docs/claims.md is that command's output). The
+headline is the count of claims reproduced at this scale; the page says whether the intervals
+are corrected for multiplicity.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from normbench.claims.verdicts import COLOURS, WORDS, Verdict
+from normbench.core.errors import ConfigError
+from normbench.core.fileio import write_atomic
+from normbench.report.render import to_markdown
+
+COLUMNS = (
+    "id",
+    "verdict",
+    "scale_note",
+    "estimate",
+    "ci_low",
+    "ci_high",
+    "level",
+    "measure",
+    "n_a",
+    "n_b",
+    "test",
+    "p",
+    "reason",
+    "corrected",
+    "predicate",
+    "source",
+    "claim",
+    "provenance",
+    "runs",
+    "report",
+)
+HTML_COLOURS = {
+    "reproduced": "#1a7f37",
+    "not reproduced": "#c62828",
+    "inconclusive": "#b26a00",
+    "not run": "#777",
+}
+
+
+def _report_link(v: Verdict, out: Path) -> str:
+    """The claim's own report (normbench report DIR/<id>) relative to ``out``, or the command making it."""
+    if v.folder is None:
+        return ""
+    page = v.folder / "report" / "report.html"
+    if page.is_file():
+        return os.path.relpath(page, out)
+    return f"normbench report {v.folder}"
+
+
+def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
+    """claims.csv: one row per claim."""
+    records = []
+    for v in verdicts:
+        o, c = v.outcome, v.claim
+        records.append(
+            {
+                "id": c.id,
+                "verdict": v.word,
+                "scale_note": v.scale_note,
+                "estimate": o.estimate,
+                "ci_low": o.low,
+                "ci_high": o.high,
+                "level": o.level,
+                "measure": o.unit,
+                "n_a": o.n_a,
+                "n_b": o.n_b,
+                "test": o.test,
+                "p": o.p,
+                "reason": o.reason,
+                "corrected": f"Holm, alpha {v.alpha:.3g}" if v.corrected else "no",
+                "predicate": c.kind,
+                "source": c.cites,
+                "claim": c.claim,
+                "provenance": v.provenance,
+                "runs": "" if v.folder is None else os.path.relpath(v.folder, out),
+                "report": _report_link(v, out),
+            }
+        )
+    return pd.DataFrame(records, columns=list(COLUMNS))
+
+
+def _num(value) -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "–"
+    return "–" if not math.isfinite(value) else f"{value:.4g}"
+
+
+def _interval(row) -> str:
+    low, high = _num(row["ci_low"]), _num(row["ci_high"])
+    return (
+        "–"
+        if "–" in (low, high)
+        else f"[{low}, {high}]" + (f" {row['level']}" if _text(row["level"]) else "")
+    )
+
+
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _n(row) -> str:
+    n_a, n_b = _num(row["n_a"]), _num(row["n_b"])
+    return "–" if n_a in ("–", "0") and n_b in ("–", "0") else f"{n_a} / {n_b}"
+
+
+def display(frame: pd.DataFrame) -> pd.DataFrame:
+    """The table a person reads: verdict, estimate, interval, n, source, the claim and the note."""
+    return pd.DataFrame(
+        {
+            "claim": frame["id"],
+            "verdict": frame["verdict"],
+            "estimate": frame["estimate"].map(_num),
+            "interval": [_interval(r) for _, r in frame.iterrows()],
+            "n (a / b)": [_n(r) for _, r in frame.iterrows()],
+            "source": frame["source"],
+            "note": [_text(r["scale_note"]) or _text(r["reason"]) for _, r in frame.iterrows()],
+        }
+    )
+
+
+def headline(frame: pd.DataFrame) -> str:
+    counts = {w: int(frame["verdict"].eq(w).sum()) for w in WORDS}
+    rest = ", ".join(f"{counts[w]} {w}" for w in WORDS[1:] if counts[w])
+    return f"{counts['reproduced']} of {len(frame)} claims reproduced at this scale" + (
+        f" ({rest})" if rest else ""
+    )
+
+
+def _correction(frame: pd.DataFrame) -> str:
+    corrected = frame["corrected"].astype(str).ne("no").any()
+    return (
+        "Intervals and verdicts are Holm-corrected across the claims run (each claim at its level)."
+        if corrected
+        else "Intervals are 95% (90% for equivalence, two one-sided tests) and not corrected for "
+        "multiplicity (normbench claims report --holm corrects them)."
+    )
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """claims.md (and docs/claims.md) from claims.csv's rows."""
+    table = display(frame)
+    table["claim"] = [f"`{i}`" for i in frame["id"]]
+    table["report"] = [f"[report]({r})" if _text(r).endswith(".html") else _text(r) for r in frame["report"]]
+    sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
+    return "\n".join(
+        [
+            "# Claims\n",
+            f"**{headline(frame)}.** {_correction(frame)}\n",
+            to_markdown(table),
+            "## The claims\n",
+            sentences,
+            "",
+        ]
+    )
+
+
+def read_csv(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path, dtype={"id": str}, keep_default_na=False, na_values=[""])
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read claims CSV {path}: {err}") from None
+    missing = [c for c in COLUMNS if c not in frame]
+    if missing:
+        raise ConfigError(f"{path} is not a claims.csv (missing columns {', '.join(missing)})")
+    return frame
+
+
+def page(frame: pd.DataFrame) -> str:
+    """claims.html: the table with each verdict coloured and a link to each claim's report."""
+    shown = display(frame)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in shown.columns)
+    body = []
+    for (_, row), (_, full) in zip(shown.iterrows(), frame.iterrows()):
+        cells = []
+        for col, value in row.items():
+            text = html.escape(_text(value))
+            if col == "verdict":
+                text = f'<b style="color:{HTML_COLOURS.get(value, "#000")}">{text}</b>'
+            if col == "claim":
+                link = _text(full["report"])
+                text = f'<a href="{html.escape(link)}">{text}</a>' if link.endswith(".html") else text
+                text += f'<br><span class="note">{html.escape(full["claim"])}</span>'
+            cells.append(f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    style = (
+        "body{font-family:sans-serif;max-width:1400px;margin:2em auto}"
+        "table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}.note{color:#666}"
+    )
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>Claims</title>"
+        f"<style>{style}</style></head><body>"
+        f"<h1>Claims</h1><p><b>{html.escape(headline(frame))}.</b> {html.escape(_correction(frame))}</p>"
+        f"<table><tr>{head}</tr>{''.join(body)}</table></body></html>\n"
+    )
+
+
+def write(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
+    """claims.csv, claims.md and claims.html in ``out``; returns the CSV's frame."""
+    out.mkdir(parents=True, exist_ok=True)
+    frame = rows(verdicts, out)
+    write_atomic(out / "claims.csv", frame.to_csv(index=False))
+    frame = read_csv(out / "claims.csv")  # the pages from the CSV as stored, as `claims markdown` reads it
+    write_atomic(out / "claims.md", markdown(frame))
+    write_atomic(out / "claims.html", page(frame))
+    return frame
+
+
+def show(frame: pd.DataFrame, console: Console) -> None:
+    """The terminal's table: the same rows, the verdict word coloured."""
+    shown = display(frame)
+    table = Table(title=headline(frame), title_justify="left")
+    for col in shown.columns:  # the words and numbers whole; the source and the note wrap
+        table.add_column(col, no_wrap=col in ("claim", "verdict", "estimate", "n (a / b)"), overflow="fold")
+    for _, row in shown.iterrows():
+        table.add_row(
+            *(Text(_text(v), style=COLOURS.get(v, "") if c == "verdict" else "") for c, v in row.items())
+        )
+    console.print(table)
+    console.print(_correction(frame), soft_wrap=True)

@@ -1,0 +1,62 @@
+"""Running a claim: its sweep into one stable directory, DIR/<id>/, through ``normbench sweep``.
+
+The sweep's overrides are the claim's (its experiment, then its overrides), then the user's (a key
+the user names replaces the claim's value of it: train.steps=3 shortens every run), then
+``hydra.sweep.dir=DIR/<id>``. So running the same claim again resumes it: finished runs are kept,
+interrupted ones continue from their checkpoints (normbench.sweeps.sweep.run_sweep). The claim's
+YAML is copied beside its runs (claim.yaml), the definition its verdict was measured against.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from normbench.claims.schema import Claim
+from normbench.core.errors import ConfigError
+
+
+def _key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def sweep_args(claim: Claim, overrides: list[str], out: Path, config_dir: Path | None = None) -> list[str]:
+    """The Hydra overrides of ``normbench sweep`` for this claim."""
+    given = {_key(o) for o in overrides}
+    if "hydra.sweep.dir" in given:
+        raise ConfigError("claims run chooses each claim's sweep directory", allowed=["--out DIR"])
+    args = [a for a in claim.sweep_args() if _key(a) not in given]
+    search = [f"hydra.searchpath=[file://{config_dir.resolve()}]"] if config_dir is not None else []
+    return [*args, *overrides, *search, f"hydra.sweep.dir={(out / claim.id).resolve()}"]
+
+
+def run_claims(
+    claims: list[Claim],
+    overrides: list[str],
+    out: Path,
+    config_dir: Path | None = None,
+    retry_failed: bool = False,
+    dry_run: bool = False,
+    console: Console | None = None,
+) -> int:
+    """Run each claim's sweep in turn; the exit code: the first non-zero one (130: Ctrl-C stops them all)."""
+    from normbench.model import extensions
+    from normbench.sweeps.sweep import run_sweep
+
+    console = console or Console()
+    extensions.install()  # installed packages' norms and placements, for the plan's composition
+    worst = 0
+    for claim in claims:
+        args = sweep_args(claim, overrides, out, config_dir)
+        console.print(f"[bold]{claim.id}[/bold]: {claim.claim}", soft_wrap=True, highlight=False)
+        if not dry_run:
+            folder = out / claim.id
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(claim.path, folder / "claim.yaml")
+        code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console)
+        if code == 130:
+            return code
+        worst = worst or code
+    return worst

@@ -1,0 +1,173 @@
+"""Verdicts of the registry: each claim's runs found and judged, with provenance, scale and Holm.
+
+A claim's runs are its directory ``DIR/<id>/`` (what ``normbench claims run`` writes), found below
+the folders given; a claim without one is ``not run``. Each verdict carries its evidence (n per
+arm, the estimate, its interval, the test) and where the runs come from: the provenance blocks of
+their summary.json files (normbench.core.provenance.provenance_of; runs stored before provenance
+say so), and the date of their summaries. A claim that may depend on scale says at what size
+it was measured beside its word. ``holm=True`` corrects across the claims that were run: Holm's
+step-down order by each claim's p-value, each judged at its level alpha / (m - rank), its
+interval at that level; a claim after the first one that fails its level cannot read reproduced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from normbench.claims.predicates import ALPHA, Outcome, judge
+from normbench.claims.schema import Claim
+from normbench.core.provenance import provenance_of
+from normbench.core.runs import RunDir
+from normbench.report.load import find_inputs, load_runs
+
+WORDS = ("reproduced", "not reproduced", "inconclusive", "not run")
+COLOURS = {
+    "reproduced": "green",
+    "not reproduced": "red",
+    "inconclusive": "yellow",
+    "not run": "bright_black",
+}
+
+
+@dataclass
+class Verdict:
+    claim: Claim
+    outcome: Outcome
+    folder: Path | None  # the claim's run directory, None when not run
+    params: float = math.nan  # the mean parameter count of the runs judged
+    provenance: str = ""
+    corrected: bool = False
+    alpha: float = ALPHA
+
+    @property
+    def word(self) -> str:
+        return self.outcome.verdict
+
+    @property
+    def scale_note(self) -> str:
+        """'at 0.1M parameters; the paper's setting is 1.3B' beside a claim that may depend on scale."""
+        if not self.claim.scale_dependent or self.word not in ("reproduced", "not reproduced"):
+            return ""
+        size = f"at {self.params / 1e6:.2g}M parameters" if math.isfinite(self.params) else "at this scale"
+        return (
+            f"{self.word} {size}; the {self.claim.source['kind']}'s setting is {self.claim.scale_dependent}"
+        )
+
+
+def claim_folder(claim: Claim, folders: list[Path]) -> Path | None:
+    """DIR/<id> (or DIR itself when it is named after the claim) holding at least one run."""
+    for folder in folders:
+        for candidate in (folder / claim.id, folder):
+            if candidate.name == claim.id and candidate.is_dir() and find_inputs([candidate])[0]:
+                return candidate
+    return None
+
+
+def describe_provenance(run_dirs: list[str]) -> str:
+    """'normbench 29939de, torch 2.13.0+cpu, cpu, ln=native, 2026-11-26' over the runs judged."""
+    blocks, dates, missing = [], set(), 0
+    for run_dir in dict.fromkeys(run_dirs):
+        summary = RunDir(Path(run_dir)).read_summary() or {}
+        block = provenance_of(summary)
+        if not block:  # a run stored before provenance: its env block names the commit, torch and device
+            missing += 1
+            env = summary.get("env") if isinstance(summary.get("env"), dict) else {}
+            block = {"commit": env.get("git_commit"), "torch": env.get("torch"), "device": env.get("device")}
+        blocks.append(block)
+        stamp = (Path(run_dir) / "summary.json").stat().st_mtime if summary else None
+        if stamp:
+            dates.add(time.strftime("%Y-%m-%d", time.gmtime(stamp)))
+    if not blocks:
+        return ""
+
+    def values(key: str) -> str:
+        found = sorted(
+            {
+                str(b[key]) + ("+dirty" if key == "commit" and b.get("dirty") else "")
+                for b in blocks
+                if b.get(key)
+            }
+        )
+        return "/".join(found)
+
+    impls = sorted({f"{k}={v}" for b in blocks for k, v in (b.get("norm_impl") or {}).items()})
+    parts = [
+        f"normbench {values('commit')}" if values("commit") else "",
+        f"torch {values('torch')}" if values("torch") else "",
+        values("device"),
+        " ".join(impls),
+        "/".join(sorted(dates)),
+        f"{missing} of {len(blocks)} runs without provenance (their env read instead)" if missing else "",
+    ]
+    return ", ".join(p for p in parts if p)
+
+
+def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda m: None) -> Verdict:
+    """One claim's verdict from its folder (None: not run)."""
+    if folder is None:
+        return Verdict(claim, Outcome("not run", reason=f"no runs: normbench claims run {claim.id}"), None)
+    run_dirs, _ = find_inputs([folder])
+    d = load_runs(run_dirs, warn)
+    if d.runs.empty:
+        return Verdict(claim, Outcome("not run", reason=f"no finished run in {folder}"), folder)
+    outcome = judge(claim, d, alpha)
+    used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
+    params = pd.to_numeric(used["params"], errors="coerce").mean() if "params" in used else math.nan
+    provenance = ", ".join(p for p in (describe_provenance(outcome.runs), _changed(claim, folder)) if p)
+    return Verdict(claim, outcome, folder, params, provenance, alpha=alpha)
+
+
+def _changed(claim: Claim, folder: Path) -> str:
+    """A note when the claim's sweep is no longer the one its runs were made for (the claim.yaml that
+    ``claims run`` copied beside them); the comparison and predicate are read afresh from the registry."""
+    try:
+        then = yaml.safe_load((folder / "claim.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return ""
+    now = yaml.safe_load(claim.path.read_text(encoding="utf-8"))
+    if not isinstance(then, dict) or then.get("sweep") == now.get("sweep"):
+        return ""
+    return f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})"
+
+
+def assess_all(
+    claims: list[Claim], folders: list[Path], holm: bool = False, warn=lambda m: None
+) -> list[Verdict]:
+    """Every claim's verdict, in registry order; with ``holm``, Holm-corrected across the claims run."""
+    found = {c.id: claim_folder(c, folders) for c in claims}
+    for folder in folders:  # claims run from another config folder: their runs would go unread
+        for stored in sorted(folder.glob("*/claim.yaml")):
+            if stored.parent.name not in found:
+                warn(
+                    f"{stored.parent} holds the runs of claim '{stored.parent.name}', not in the registry "
+                    "(its YAML is in another --config-dir?)"
+                )
+    verdicts = [assess(c, found[c.id], ALPHA, warn) for c in claims]
+    if not holm:
+        return verdicts
+    judged = [i for i, v in enumerate(verdicts) if v.word != "not run" and math.isfinite(v.outcome.p)]
+    order = sorted(judged, key=lambda i: verdicts[i].outcome.p)
+    stopped = False
+    for rank, i in enumerate(order):
+        level = ALPHA / (len(order) - rank)
+        v = assess(claims[i], found[claims[i].id], level, warn)
+        v.corrected = True
+        if stopped and v.word == "reproduced":
+            v.outcome = dataclasses.replace(
+                v.outcome,
+                verdict="inconclusive",
+                reason="Holm: a claim with a smaller p-value was not rejected",
+            )
+        stopped = stopped or v.outcome.p >= level
+        verdicts[i] = v
+    for i, v in enumerate(verdicts):
+        if i not in judged:
+            v.corrected = holm
+    return verdicts

@@ -1,0 +1,703 @@
+"""The claims registry on planted run directories whose verdicts are computed here by hand (scipy)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from conftest import run_cli
+from scipy import stats
+from typer.testing import CliRunner
+
+from normbench.claims import output
+from normbench.claims.predicates import judge
+from normbench.claims.schema import ARXIV, load_registry, parse_claim
+from normbench.claims.verdicts import assess, assess_all
+from normbench.cli import app
+from normbench.core.configtree import conf_dir
+from normbench.core.errors import ConfigError
+from normbench.report.load import find_inputs, load_runs
+
+PROVENANCE = {"commit": "abc1234", "dirty": False, "torch": "2.13.0+cpu", "device": "cpu", "numerics": 1}
+
+
+def plant(
+    root,
+    name,
+    *,
+    seed,
+    final,
+    norm="ln",
+    placement="pre",
+    lr=0.01,
+    status="completed",
+    curve=None,
+    params=1000,
+    provenance=None,
+    **config,
+):
+    """A run directory as training leaves it: config.yaml, metrics.jsonl (step-0 eval, then ``curve``:
+    {step: val_loss}, ending at ``final`` by default) and summary.json. ``config``: dotted keys."""
+    run = root / name
+    run.mkdir(parents=True)
+    cfg = {
+        "seed": seed,
+        "norm": {"name": norm},
+        "placement": {"name": placement},
+        "model": {"n_layer": 2, "d_model": 64},
+        "train": {"lr": lr, "steps": 100, "warmup_steps": 10},
+    }
+    for key, value in config.items():
+        group, leaf = key.split("__")
+        cfg.setdefault(group, {})[leaf] = value
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    curve = curve or {50: final + 0.5, 100: final}
+    evals = [{"kind": "eval", "step": 0, "val_loss": 4.0}]
+    evals += [{"kind": "eval", "step": s, "val_loss": v} for s, v in curve.items()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    summary = {
+        "status": status,
+        "final_val_loss": final if status == "completed" else None,
+        "params": params,
+        "tokens_per_s": 1000.0,
+    }
+    if provenance is not None:
+        summary["provenance"] = provenance
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def write_claim(folder, cid, *, kind, a, b, tune=None, metric="final_val_loss", min_seeds=3, **predicate):
+    """A user's claim YAML in FOLDER/claim/CID.yaml; returns its path."""
+    body = {
+        "id": cid,
+        "claim": f"{cid} holds.",
+        "source": {
+            "kind": "paper",
+            "authors": "Ada Lovelace, Charles Babbage",
+            "year": 2020,
+            "arxiv": "2001.00001",
+            "title": "A planted claim",
+            "setting": "1.3B parameters",
+        },
+        "sweep": {"experiment": None, "overrides": ["norm=ln,rms", "seed=0,1,2"]},
+        "compare": {"a": a, "b": b, "metric": metric, "tune": tune},
+        "predicate": {"kind": kind, **predicate},
+        "min_seeds": min_seeds,
+        "scale_dependent": "1.3B parameters",
+    }
+    path = folder / "claim" / f"{cid}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def verdict_of(tmp_path, claim_path, runs):
+    d = load_runs(find_inputs([runs])[0], lambda m: None)
+    return judge(parse_claim(claim_path), d)
+
+
+def t_interval(d, confidence=0.95):
+    d = np.asarray(d, float)
+    return stats.t.interval(confidence, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+
+
+def pair(root, a_losses, b_losses, a_norm="rms", b_norm="ln", **kw):
+    """Planted rms (a) and ln (b) runs over seeds 0.. at one learning rate."""
+    for seed, (la, lb) in enumerate(zip(a_losses, b_losses)):
+        plant(root, f"{a_norm}_s{seed}", seed=seed, final=la, norm=a_norm, **kw)
+        plant(root, f"{b_norm}_s{seed}", seed=seed, final=lb, norm=b_norm, **kw)
+
+
+# ----------------------------------------------------------------------------- better / worse
+
+
+@pytest.mark.parametrize(
+    "a, b, word",
+    [
+        ([1.90, 1.98, 1.96], [2.00, 2.10, 2.05], "reproduced"),
+        ([2.10, 2.20, 2.16], [2.00, 2.10, 2.05], "not reproduced"),
+        ([1.90, 2.18, 2.00], [2.00, 2.10, 2.05], "inconclusive"),
+    ],
+)
+def test_better_reads_the_paired_t_interval(tmp_path, a, b, word):
+    pair(tmp_path / "runs", a, b)
+    claim = write_claim(tmp_path, "better_claim", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    d = np.subtract(a, b)
+    low, high = t_interval(d)
+    assert out.verdict == word
+    assert (out.estimate, out.low, out.high) == pytest.approx((d.mean(), low, high), abs=1e-12)
+    assert (out.n_a, out.n_b) == (3, 3)
+    if word == "inconclusive":  # the seeds whose t interval would be narrower than |estimate|
+        sd = np.std(d, ddof=1)
+        n = next(n for n in range(2, 1000) if stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < abs(d.mean()))
+        assert f"about {n} seeds per arm" in out.reason
+
+
+def test_better_each_arm_at_its_own_best_learning_rate(tmp_path):
+    """rms is best at 0.03, ln at 0.01: the comparison is between those, not at one shared rate."""
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        plant(runs, f"rms_lo_s{seed}", seed=seed, norm="rms", lr=0.01, final=2.5 + 0.01 * seed)
+        plant(runs, f"rms_hi_s{seed}", seed=seed, norm="rms", lr=0.03, final=1.9 + 0.02 * seed)
+        plant(runs, f"ln_lo_s{seed}", seed=seed, norm="ln", lr=0.01, final=2.0 + 0.01 * seed)
+        plant(runs, f"ln_hi_s{seed}", seed=seed, norm="ln", lr=0.03, final=2.6 - 0.01 * seed)
+    claim = write_claim(
+        tmp_path, "tuned", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, tune="train.lr"
+    )
+    out = verdict_of(tmp_path, claim, runs)
+    assert out.estimate == pytest.approx(np.mean([1.9 - 2.0, 1.92 - 2.01, 1.94 - 2.02]))
+    assert out.verdict == "reproduced" and len(out.runs) == 6
+
+
+def test_log_compares_the_logs_of_a_metric_that_grows_by_factors(tmp_path):
+    """Logit peaks of 10-20 against 500-5000: raw, the spread hides it; in logs the t interval excludes 0."""
+    a, b = [12.0, 18.0, 10.0], [600.0, 4800.0, 900.0]
+    pair(tmp_path / "runs", [2.0] * 3, [2.0] * 3)
+    for seed, (la, lb) in enumerate(zip(a, b)):
+        for norm, peak in (("rms", la), ("ln", lb)):
+            path = tmp_path / "runs" / f"{norm}_s{seed}" / "summary.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), "max_attn_logit": peak}))
+    for log, word in ((False, "inconclusive"), (True, "reproduced")):
+        claim = write_claim(
+            tmp_path, "logits", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, metric="max_attn_logit"
+        )
+        body = yaml.safe_load(claim.read_text())
+        body["compare"]["log"] = log
+        claim.write_text(yaml.safe_dump(body))
+        out = verdict_of(tmp_path, claim, tmp_path / "runs")
+        d = np.log(a) - np.log(b) if log else np.subtract(a, b)
+        assert out.verdict == word and (out.low, out.high) == pytest.approx(t_interval(d))
+
+
+def test_worse_and_an_equivalence_where_a_difference_was_claimed(tmp_path):
+    pair(tmp_path / "runs", [2.001, 1.999, 2.0005], [2.0, 2.0, 2.0])
+    claim = write_claim(tmp_path, "worse", kind="worse", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    assert out.verdict == "not reproduced" and "equivalent within ±0.02" in out.reason
+
+
+def test_an_arm_with_several_runs_per_seed_names_the_key_that_splits_it(tmp_path):
+    pair(tmp_path / "runs", [1.90, 1.98, 1.96], [2.0, 2.1, 2.05], model__n_layer=2)
+    pair(tmp_path / "runs4", [1.80, 1.88, 1.86], [2.0, 2.1, 2.05], model__n_layer=4)
+    claim = write_claim(tmp_path, "split", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    d = load_runs(find_inputs([tmp_path / "runs", tmp_path / "runs4"])[0], lambda m: None)
+    out = judge(parse_claim(claim), d)
+    assert out.verdict == "inconclusive" and "differing in model.n_layer: name it in compare.a" in out.reason
+
+
+def test_fewer_than_min_seeds_gives_no_interval(tmp_path):
+    pair(tmp_path / "runs", [1.9, 1.95], [2.0, 2.1])
+    claim = write_claim(tmp_path, "few", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    assert out.verdict == "inconclusive" and "fewer than min_seeds 3" in out.reason
+    assert math.isnan(out.low) and math.isnan(out.high)
+
+
+def test_a_higher_is_better_metric_turns_the_direction(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, (sa, sb) in enumerate([(1200, 1000), (1250, 1010), (1190, 990)]):
+        for norm, speed in (("rms", sa), ("ln", sb)):
+            run = plant(runs, f"{norm}_s{seed}", seed=seed, final=2.0, norm=norm)
+            summary = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**summary, "tokens_per_s": speed}))
+    claim = write_claim(
+        tmp_path, "fast", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, metric="tokens_per_s"
+    )
+    assert verdict_of(tmp_path, claim, runs).verdict == "reproduced"
+
+
+# ----------------------------------------------------------------------------- equivalent / not_worse
+
+
+@pytest.mark.parametrize(
+    "diffs, word",
+    [
+        ([0.002, -0.003, 0.001], "reproduced"),
+        ([0.10, 0.12, 0.11], "not reproduced"),
+        ([0.03, -0.02, 0.01], "inconclusive"),
+    ],
+)
+def test_equivalent_is_two_one_sided_tests(tmp_path, diffs, word):
+    b = [2.0, 2.1, 2.05]
+    pair(tmp_path / "runs", np.add(b, diffs), b)
+    claim = write_claim(tmp_path, "eq", kind="equivalent", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    d = np.asarray(diffs)
+    low, high = t_interval(d, 0.90)  # TOST at alpha 0.05 is the 90% interval inside ±delta
+    se = stats.sem(d)
+    p = max(stats.t.sf((d.mean() + 0.02) / se, 2), stats.t.cdf((d.mean() - 0.02) / se, 2))
+    assert out.verdict == word
+    assert (out.low, out.high, out.p) == pytest.approx((low, high, p), abs=1e-9)
+    assert out.level.startswith("90%")
+
+
+@pytest.mark.parametrize(
+    "diffs, word",
+    [
+        ([-0.05, -0.02, -0.04], "reproduced"),
+        ([0.10, 0.12, 0.11], "not reproduced"),
+        ([0.03, -0.02, 0.01], "inconclusive"),
+    ],
+)
+def test_not_worse_bounds_the_unfavourable_end(tmp_path, diffs, word):
+    b = [2.0, 2.1, 2.05]
+    pair(tmp_path / "runs", np.add(b, diffs), b)
+    claim = write_claim(tmp_path, "nw", kind="not_worse", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    low, high = t_interval(diffs)
+    assert out.verdict == word and (out.low, out.high) == pytest.approx((low, high), abs=1e-12)
+    assert (high < 0.02) == (word == "reproduced") and (low > 0.02) == (word == "not reproduced")
+
+
+# ----------------------------------------------------------------------------- trend
+
+
+def plant_depths(root, gaps):
+    """post - pre = gaps[size] + the same seed noise at every size (so the WLS slope is the OLS one)."""
+    noise = [0.0, 0.01, -0.01]
+    for size, gap in gaps.items():
+        for seed in range(3):
+            pre = 2.0 + 0.02 * seed
+            plant(root, f"pre_{size}_s{seed}", seed=seed, placement="pre", final=pre, model__n_layer=size)
+            post = pre + gap + noise[seed]
+            plant(root, f"post_{size}_s{seed}", seed=seed, placement="post", final=post, model__n_layer=size)
+
+
+@pytest.mark.parametrize(
+    "gaps, word",
+    [
+        ({2: 0.01, 4: 0.05, 8: 0.10}, "reproduced"),
+        ({2: 0.10, 4: 0.05, 8: 0.01}, "not reproduced"),
+        ({2: 0.01, 4: 0.05, 8: 0.0}, "inconclusive"),
+    ],
+)
+def test_trend_of_the_gap_is_the_slope_per_doubling(tmp_path, gaps, word):
+    plant_depths(tmp_path / "runs", gaps)
+    claim = write_claim(
+        tmp_path,
+        "deeper",
+        kind="trend",
+        a={"placement": "post"},
+        b={"placement": "pre"},
+        axis="model.n_layer",
+        of="gap",
+        direction="increasing",
+    )
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    slope = np.polyfit(np.log2(list(gaps)), list(gaps.values()), 1)[0]
+    assert out.verdict == word and out.estimate == pytest.approx(slope, abs=1e-12)
+    assert out.low < slope < out.high
+
+
+def test_a_trend_needs_two_sizes_with_min_seeds(tmp_path):
+    plant_depths(tmp_path / "runs", {2: 0.01})
+    claim = write_claim(
+        tmp_path,
+        "one_size",
+        kind="trend",
+        a={"placement": "post"},
+        b={"placement": "pre"},
+        axis="model.n_layer",
+        of="gap",
+        direction="increasing",
+    )
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    assert out.verdict == "inconclusive" and "a trend needs 2" in out.reason
+
+
+@pytest.mark.parametrize("moves, word", [(False, "reproduced"), (True, "not reproduced")])
+def test_trend_of_the_best_value_flat_under_a_margin(tmp_path, moves, word):
+    """Per seed the best learning rate at each width: constant (μP) or x4 per doubling (slope 2)."""
+    runs = tmp_path / "runs"
+    grid = [0.0025, 0.01, 0.04, 0.16]
+    for i, width in enumerate((32, 64, 128)):
+        best = grid[i] if moves else grid[1]
+        for seed in range(3):
+            for lr in grid:
+                plant(
+                    runs,
+                    f"w{width}_lr{lr}_s{seed}",
+                    seed=seed,
+                    lr=lr,
+                    final=2.0 + abs(math.log2(lr / best)) + 0.01 * seed,
+                    model__d_model=width,
+                    model__param="mup",
+                )
+    claim = write_claim(
+        tmp_path,
+        "mup",
+        kind="trend",
+        a={"model.param": "mup"},
+        b=None,
+        tune="train.lr",
+        axis="model.d_model",
+        of="best_value",
+        direction="flat",
+        delta=0.5,
+    )
+    out = verdict_of(tmp_path, claim, runs)
+    assert out.verdict == word and out.estimate == pytest.approx(2.0 if moves else 0.0, abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- rate
+
+
+@pytest.mark.parametrize(
+    "a_div, b_div, word", [(0, 6, "reproduced"), (6, 0, "not reproduced"), (1, 2, "inconclusive")]
+)
+def test_rate_is_fishers_exact_test(tmp_path, a_div, b_div, word):
+    runs = tmp_path / "runs"
+    for norm, diverged in (("rms", a_div), ("ln", b_div)):
+        for seed in range(8):
+            status = "diverged" if seed < diverged else "completed"
+            plant(runs, f"{norm}_s{seed}", seed=seed, norm=norm, final=2.0, status=status)
+    claim = write_claim(
+        tmp_path, "rate", kind="rate", a={"norm": "rms"}, b={"norm": "ln"}, direction="fewer", min_seeds=8
+    )
+    out = verdict_of(tmp_path, claim, runs)
+    p = stats.fisher_exact([[a_div, 8 - a_div], [b_div, 8 - b_div]], alternative="less").pvalue
+    assert out.verdict == word and out.p == pytest.approx(p)
+    assert out.estimate == pytest.approx((a_div - b_div) / 8)
+    if word == "inconclusive":
+        assert "runs per arm would settle it" in out.reason
+
+
+# ----------------------------------------------------------------------------- steps to target
+
+
+@pytest.mark.parametrize(
+    "a_steps, word",
+    [([20, 30, 20], "reproduced"), ([100, 90, 100], "not reproduced"), ([30, 70, 50], "inconclusive")],
+)
+def test_steps_to_target_from_the_eval_curves(tmp_path, a_steps, word):
+    """b reaches its mean final loss (2.0) at step 50 in every seed; a at a_steps."""
+    runs = tmp_path / "runs"
+    steps = range(10, 101, 10)
+    for seed, reach in enumerate(a_steps):
+        b_curve = {s: (3.0 if s < 50 else 2.0) for s in steps}
+        a_curve = {s: (2.5 if s < reach else 1.99) for s in steps}
+        plant(runs, f"ln_s{seed}", seed=seed, norm="ln", final=2.0, curve=b_curve)
+        plant(runs, f"rms_s{seed}", seed=seed, norm="rms", final=1.99, curve=a_curve)
+    claim = write_claim(
+        tmp_path, "steps", kind="steps_to_target", a={"norm": "rms"}, b={"norm": "ln"}, below=1.0
+    )
+    out = verdict_of(tmp_path, claim, runs)
+    logs = np.log(np.asarray(a_steps) / 50.0)
+    assert out.verdict == word and out.estimate == pytest.approx(math.exp(logs.mean()))
+    low, high = t_interval(logs)
+    assert (out.low, out.high) == pytest.approx((math.exp(low), math.exp(high)))
+
+
+# ----------------------------------------------------------------------------- stable learning rate
+
+
+@pytest.mark.parametrize(
+    "a_first, b_first, word",
+    [
+        (0.08, 0.04, "reproduced"),
+        (0.02, 0.04, "not reproduced"),
+        (0.04, None, "not reproduced"),  # b never diverged: its true rate is higher still
+        (None, None, "inconclusive"),
+        (None, 0.08, "reproduced"),  # a never diverged: its true ratio is higher still
+    ],
+)
+def test_stable_lr_is_the_largest_rate_that_did_not_diverge(tmp_path, a_first, b_first, word):
+    """Each arm diverges from rate ``first`` up (None: never); factor 1.41."""
+    runs = tmp_path / "runs"
+    for norm, first in (("rms", a_first), ("ln", b_first)):
+        for seed in range(3):
+            for lr in (0.01, 0.02, 0.04, 0.08):
+                status = "diverged" if first and lr >= first else "completed"
+                plant(
+                    runs,
+                    f"{norm}_{lr}_s{seed}",
+                    seed=seed,
+                    norm=norm,
+                    lr=lr,
+                    final=2.0 + lr + seed * 0.01,
+                    status=status,
+                )
+    claim = write_claim(
+        tmp_path,
+        "stable",
+        kind="stable_lr",
+        a={"norm": "rms"},
+        b={"norm": "ln"},
+        tune="train.lr",
+        factor=1.41,
+    )
+    out = verdict_of(tmp_path, claim, runs)
+    assert out.verdict == word
+    stable = {first: (first or 0.16) / 2 for first in (a_first, b_first)}
+    assert out.estimate == pytest.approx(stable[a_first] / stable[b_first])
+    if word == "inconclusive":
+        assert "widen the grid" in out.reason
+
+
+# ------------------------------------------------------------------ verdicts: provenance, scale, Holm
+
+
+def test_a_verdict_carries_provenance_and_its_scale(tmp_path):
+    folder = tmp_path / "claims" / "scaled"
+    for seed, (la, lb) in enumerate(zip([1.90, 1.98, 1.96], [2.0, 2.1, 2.05])):
+        plant(folder, f"rms_s{seed}", seed=seed, final=la, norm="rms", params=120_000, provenance=PROVENANCE)
+        run = plant(folder, f"ln_s{seed}", seed=seed, final=lb, norm="ln", params=120_000, provenance=None)
+        stored = json.loads((run / "summary.json").read_text())
+        stored["env"] = {"torch": "2.12.0+cpu", "device": "cpu", "git_commit": "0ld0ld0"}
+        (run / "summary.json").write_text(json.dumps(stored))
+    claim = parse_claim(write_claim(tmp_path, "scaled", kind="better", a={"norm": "rms"}, b={"norm": "ln"}))
+    v = assess(claim, folder)
+    assert v.word == "reproduced"
+    assert v.scale_note == "reproduced at 0.12M parameters; the paper's setting is 1.3B parameters"
+    assert "normbench 0ld0ld0/abc1234" in v.provenance and "torch 2.12.0+cpu/2.13.0+cpu" in v.provenance
+    assert "3 of 6 runs without provenance (their env read instead)" in v.provenance
+    assert "changed" not in v.provenance
+    body = yaml.safe_load(claim.path.read_text())
+    (folder / "claim.yaml").write_text(yaml.safe_dump({**body, "predicate": {"kind": "worse"}}))
+    assert "changed" not in assess(claim, folder).provenance  # the comparison is read afresh
+    (folder / "claim.yaml").write_text(yaml.safe_dump({**body, "sweep": {"overrides": ["seed=0,1"]}}))
+    assert (
+        f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})"
+        in assess(claim, folder).provenance
+    )
+
+
+def test_holm_corrects_across_the_claims_run(tmp_path):
+    """Three claims: clear (p < 0.05/3), marginal (0.025 < p < 0.05) and null. Uncorrected the first two
+    read reproduced; Holm judges them at 0.05/3 and 0.05/2 in p order: the marginal one turns inconclusive."""
+    root, b = tmp_path / "claims", [2.0, 2.1, 2.05]
+    arms = {"clear": [1.90, 1.98, 1.96], "marginal": [1.95, 2.06, 1.98], "null": [2.05, 2.05, 2.06]}
+    for cid, a in arms.items():
+        pair(root / cid, a, b)
+    claims = [
+        parse_claim(write_claim(tmp_path, cid, kind="better", a={"norm": "rms"}, b={"norm": "ln"}))
+        for cid in arms
+    ]
+    p = {cid: stats.ttest_rel(a, b).pvalue for cid, a in arms.items()}
+    assert p["clear"] < 0.05 / 3 and 0.025 < p["marginal"] < 0.05
+    plain = assess_all(claims, [root])
+    holm = assess_all(claims, [root], holm=True)
+    assert [v.word for v in plain] == ["reproduced", "reproduced", "inconclusive"]
+    assert [v.word for v in holm] == ["reproduced", "inconclusive", "inconclusive"]
+    assert [v.alpha for v in holm] == pytest.approx([0.05 / 3, 0.05 / 2, 0.05])
+    for v, (cid, a) in zip(holm, arms.items()):
+        low, high = t_interval(np.subtract(a, b), 1 - v.alpha)
+        assert (v.outcome.low, v.outcome.high) == pytest.approx((low, high)), cid
+    assert all(v.corrected for v in holm) and not any(v.corrected for v in plain)
+    frame = output.rows(holm, tmp_path)
+    assert "Holm-corrected" in output.markdown(frame) and "not corrected" in output.markdown(
+        output.rows(plain, tmp_path)
+    )
+
+
+# ----------------------------------------------------------------------------- the registry and its commands
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, list(args), env={"COLUMNS": "400"})
+
+
+def test_the_registry_lists_at_least_16_claims_each_paper_with_its_arxiv_id():
+    registry = load_registry()
+    papers = [c for c in registry if c.source["kind"] == "paper"]
+    articles = [c for c in registry if c.source["kind"] == "article"]
+    assert len(registry) >= 16 and len(articles) >= 4
+    assert all(ARXIV.fullmatch(str(c.source["arxiv"])) for c in papers)
+    assert all(c.source["setting"] and c.source["title"] for c in registry)
+    listed = cli("claims")
+    assert listed.exit_code == 0, listed.output
+    for c in registry:
+        assert c.id in listed.output
+    for c in papers:
+        assert f"arXiv {c.source['arxiv']}" in listed.output
+
+
+def test_every_claims_sweep_has_the_seeds_its_predicate_needs():
+    for c in load_registry():
+        assert c.runs() >= 2 * c.min_seeds, c.id
+
+
+def test_a_users_claim_is_listed_and_reported(tmp_path):
+    conf = tmp_path / "myconf"
+    write_claim(conf, "my_claim", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    pair(tmp_path / "claims" / "my_claim", [1.90, 1.98, 1.96], [2.0, 2.1, 2.05])
+    listed = cli("claims", "--config-dir", str(conf))
+    assert (
+        listed.exit_code == 0 and "my_claim" in listed.output and "Lovelace & Babbage 2020" in listed.output
+    )
+    (tmp_path / "claims" / "my_claim" / "claim.yaml").write_text(
+        (conf / "claim" / "my_claim.yaml").read_text()
+    )
+    without = cli("claims", "report", str(tmp_path / "claims"))
+    assert "holds the runs of claim 'my_claim', not in the registry" in " ".join(without.output.split())
+    done = cli("claims", "report", str(tmp_path / "claims"), "--config-dir", str(conf))
+    assert done.exit_code == 0, done.output
+    frame = pd.read_csv(tmp_path / "claims" / "claims.csv")
+    row = frame.set_index("id").loc["my_claim"]
+    assert row["verdict"] == "reproduced" and (row["n_a"], row["n_b"]) == (3, 3)
+    assert frame.set_index("id").loc["rms_matches_ln_quality", "verdict"] == "not run"
+    assert "my_claim" in done.output and "reproduced" in done.output
+    assert "claims reproduced at this scale" in (tmp_path / "claims" / "claims.md").read_text()
+    assert "my_claim" in (tmp_path / "claims" / "claims.html").read_text()
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda b: b["predicate"].update(kind="bigger"), "predicate.kind"),
+        (lambda b: b["source"].update(arxiv="soon"), "source.arxiv"),
+        (lambda b: b["predicate"].pop("delta"), "predicate.delta"),
+        (lambda b: b["compare"].pop("metric"), "compare.metric"),
+        (lambda b: b.update(min_seeds=1), "min_seeds"),
+        (lambda b: b["sweep"].update(overrides=["norm"]), "sweep.overrides"),
+        (lambda b: b["compare"].update(colour="red"), "compare.colour"),
+        (lambda b: b.update(id="other"), "id"),
+        (lambda b: b["compare"].update(a={"placment": "pre"}), "compare.a.placment"),
+        (lambda b: b["compare"].update(b={"model.n_layers": 4}), "compare.b.model.n_layers"),
+    ],
+)
+def test_a_malformed_claim_gets_one_line_naming_the_field(tmp_path, edit, field):
+    path = write_claim(tmp_path, "bad", kind="equivalent", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)
+    body = yaml.safe_load(path.read_text())
+    edit(body)
+    path.write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: {field}:")):
+        parse_claim(path)
+    result = cli("claims", "check", str(path))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert f": {field}:" in result.output and "Traceback" not in result.output
+    listed = cli("claims", "--config-dir", str(tmp_path))
+    assert listed.exit_code == 2 and f": {field}:" in listed.output
+
+
+def test_check_accepts_every_shipped_claim():
+    for c in load_registry():
+        result = cli("claims", "check", str(c.path))
+        assert result.exit_code == 0 and result.output.startswith(f"ok: {c.id}"), result.output
+
+
+def test_reports_writes_each_claims_own_report_and_links_it(tmp_path, monkeypatch):
+    from normbench.report import charts
+
+    monkeypatch.setattr(charts, "CHARTS", ())  # the link, not the drawing, is under test
+    pair(tmp_path / "claims" / "rms_matches_ln_quality", [2.0, 2.1, 2.05], [2.001, 2.099, 2.052])
+    assert cli("claims", "report", str(tmp_path / "claims")).exit_code == 0
+    before = pd.read_csv(tmp_path / "claims" / "claims.csv").set_index("id").loc["rms_matches_ln_quality"]
+    assert before["report"].startswith("normbench report ")
+    assert cli("claims", "report", "--reports", str(tmp_path / "claims")).exit_code == 0
+    row = pd.read_csv(tmp_path / "claims" / "claims.csv").set_index("id").loc["rms_matches_ln_quality"]
+    assert row["report"] == "rms_matches_ln_quality/report/report.html"
+    assert (tmp_path / "claims" / row["report"]).is_file()
+    assert (
+        'href="rms_matches_ln_quality/report/report.html"'
+        in (tmp_path / "claims" / "claims.html").read_text()
+    )
+
+
+def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):
+    pair(tmp_path / "claims" / "rms_matches_ln_quality", [2.0, 2.1, 2.05], [2.001, 2.099, 2.052])
+    assert cli("claims", "report", str(tmp_path / "claims")).exit_code == 0
+    page = cli("claims", "report", "--markdown", str(tmp_path / "claims" / "claims.csv"))
+    assert page.exit_code == 0 and page.output == (tmp_path / "claims" / "claims.md").read_text()
+    assert "| `rms_matches_ln_quality` | reproduced |" in page.output
+
+
+@pytest.mark.parametrize("page", ["benchmarks/claims/claims.md", "docs/claims.md"])
+def test_the_committed_pages_are_the_commands_output(page):
+    """docs/claims.md (when written) and the benchmark's page: normbench claims report --markdown CSV."""
+    path = conf_dir().parent / page
+    if not path.exists():
+        pytest.skip(f"{page} is not written yet")
+    expected = output.markdown(output.read_csv(conf_dir().parent / "benchmarks" / "claims" / "claims.csv"))
+    assert path.read_text() == expected
+
+
+TINY_CLAIM = [
+    "model=tiny",
+    "norm=ln,rms",
+    "train.steps=3",
+    "train.eval_every=1",
+    "train.batch_size=4",
+    "train.eval_batches=1",
+    "data.train_sequences=64",
+    "data.val_sequences=16",
+    "train.progress=false",
+    "train.threads=1",
+    "seed=0",
+]
+
+
+@pytest.mark.slow  # normbench claims run: a sweep's job processes
+def test_claims_run_resumes_an_interrupted_claim_and_keeps_finished_runs(tmp_path):
+    """A run cut short leaves its config.yaml and no summary.json; running the claim again trains it
+    again, keeps the finished run untouched, and the report reads the claim from the same folder."""
+    conf = tmp_path / "conf"
+    path = write_claim(conf, "tiny_claim", kind="equivalent", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.5)
+    body = yaml.safe_load(path.read_text())
+    body["sweep"]["overrides"] = TINY_CLAIM
+    path.write_text(yaml.safe_dump(body))
+    args = ["claims", "run", "tiny_claim", "--config-dir", str(conf), "--out", str(tmp_path / "claims")]
+    first = run_cli(*args, cwd=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    folder = tmp_path / "claims" / "tiny_claim"
+    runs = sorted(d for d in folder.iterdir() if (d / "summary.json").exists())
+    assert [d.name.split("-")[0] for d in runs] == ["ln", "rms"]
+    assert (folder / "claim.yaml").read_text() == path.read_text()
+    kept, cut = runs
+    (cut / "summary.json").unlink()  # as a kill mid-run leaves it
+    before = (kept / "summary.json").stat().st_mtime_ns
+
+    again = run_cli(*args, "train.steps=3", cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1 has results (1 completed), 1 to run (1 interrupted among them)" in " ".join(
+        again.stdout.split()
+    )
+    assert (kept / "summary.json").stat().st_mtime_ns == before
+    assert json.loads((cut / "summary.json").read_text())["status"] == "completed"
+    reported = run_cli("claims", "report", str(tmp_path / "claims"), "--config-dir", str(conf), cwd=tmp_path)
+    assert reported.returncode == 0, reported.stdout + reported.stderr
+    row = pd.read_csv(tmp_path / "claims" / "claims.csv").set_index("id").loc["tiny_claim"]
+    assert (row["n_a"], row["n_b"]) == (1, 1) and row["verdict"] == "inconclusive"
+    assert "fewer than min_seeds 3" in row["reason"]
+
+
+def test_a_claims_sweep_is_its_own_then_the_users_overrides_into_its_folder(tmp_path):
+    from normbench.claims.running import sweep_args
+
+    (claim,) = [c for c in load_registry() if c.id == "rms_matches_ln_quality"]
+    args = sweep_args(claim, ["train.steps=3", "placement=post"], tmp_path, config_dir=tmp_path)
+    assert args == [
+        "experiment=lr_sensitivity",
+        "norm=ln,rms",
+        "train.steps=3",
+        "placement=post",  # the user's value replaces the claim's
+        f"hydra.searchpath=[file://{tmp_path.resolve()}]",
+        f"hydra.sweep.dir={(tmp_path / claim.id).resolve()}",
+    ]
+    with pytest.raises(ConfigError, match="--out DIR"):
+        sweep_args(claim, ["hydra.sweep.dir=elsewhere"], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["claims", "run"], "name the claims to run"),
+        (["claims", "run", "no_such_claim"], "no claim 'no_such_claim'; allowed: bn_batch_one"),
+        (["claims", "run", "--fast", "norm_vs_none"], "unknown option --fast"),
+        (["claims", "report", "no/such/folder"], "no/such/folder: no such folder"),
+        (["claims", "report", "--markdown", "missing.csv"], "cannot read claims CSV missing.csv"),
+    ],
+)
+def test_claims_commands_refuse_bad_input_in_one_line(args, message):
+    result = cli(*args)
+    assert result.exit_code == 2 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
