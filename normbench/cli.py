@@ -34,7 +34,6 @@ CONFIG_DIR = typer.Option(
     "--config-dir",
     help="Your config folder (conf/norm/*.yaml, conf/placement/*.yaml, ...), added to Hydra's search path.",
 )
-PIPED_WIDTH = 10_000  # normbench report piped: wide enough that no table is cut, each sized to its content
 
 
 def _groups_help(config_dir: Path | None = None) -> str:
@@ -311,15 +310,11 @@ def report(
     ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
-    import sys
-
-    from rich.console import Console
-
     from normbench.core.errors import ConfigError
+    from normbench.core.terminal import terminal_console
     from normbench.report import run_report
 
-    # Piped, a table sized to an 80-column default would cut its numbers: size it to its content.
-    console = Console(width=width or (None if sys.stdout.isatty() else PIPED_WIDTH))
+    console = terminal_console(width)
     try:
         run_report(
             paths or [Path("results")],

@@ -47,21 +47,22 @@ def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
     """List the claims (id, source, the claim, its sweep's cost); the subcommands run and judge them."""
     if ctx.invoked_subcommand is not None:
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from normbench.core.terminal import terminal_console
 
     registry = _registry(config_dir)
     table = Table(title=f"{len(registry)} claims", title_justify="left")
     table.add_column("id", no_wrap=True)
-    table.add_column("source", ratio=1)
-    table.add_column("claim", ratio=3)
+    table.add_column("source", min_width=14)
+    table.add_column("claim", min_width=30)
     table.add_column("predicate", no_wrap=True)
     table.add_column("cost", no_wrap=True)
     for c in registry:
         runs = c.runs()
-        cost = f"{runs} runs" + (f", {c.cost_s:.0f} s measured" if c.cost_s else "")
+        cost = f"{runs} runs" + (f", {c.cost_s:.0f} s" if c.cost_s else "")
         table.add_row(c.id, c.cites, c.claim, c.kind, cost)
-    Console().print(table)
+    terminal_console().print(table)
 
 
 @app.command(
@@ -136,11 +137,10 @@ def report(
     ),
 ) -> None:
     """Every claim's verdict: claims.csv, claims.md, claims.html and this table (claims not run say so)."""
-    from rich.console import Console
-
     from normbench.claims import output
     from normbench.claims.verdicts import assess_all
     from normbench.core.errors import ConfigError
+    from normbench.core.terminal import terminal_console
 
     try:
         if markdown is not None:
@@ -151,7 +151,7 @@ def report(
             if not path.is_dir():
                 raise ConfigError(f"{path}: no such folder (the claims' runs: normbench claims run ID)")
         registry = _registry(config_dir)
-        console = Console()
+        console = terminal_console()
         verdicts = assess_all(
             registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
         )
