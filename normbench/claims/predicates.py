@@ -42,7 +42,8 @@ import pandas as pd
 from scipy import stats
 
 from normbench.claims.schema import Claim
-from normbench.report.load import HIGHER_IS_BETTER, ReportData
+from normbench.report.load import ReportData
+from normbench.report.metrics import HIGHER_IS_BETTER
 from normbench.report.scale import fit_trend
 from normbench.report.stats import CONFIDENCE, Comparison, compare
 from normbench.report.tables import varying_keys
