@@ -270,6 +270,20 @@ def plant_depths(root, gaps):
             plant(root, f"post_{size}_s{seed}", seed=seed, placement="post", final=post, model__n_layer=size)
 
 
+def post_gap_grows_with_depth(tmp_path):
+    """A trend claim: Post-LN's gap to Pre-LN grows with model.n_layer."""
+    return write_claim(
+        tmp_path,
+        "deeper",
+        kind="trend",
+        a={"placement": "post"},
+        b={"placement": "pre"},
+        axis="model.n_layer",
+        of="gap",
+        direction="increasing",
+    )
+
+
 @pytest.mark.parametrize(
     "gaps, word",
     [
@@ -280,17 +294,7 @@ def plant_depths(root, gaps):
 )
 def test_trend_of_the_gap_is_the_slope_per_doubling(tmp_path, gaps, word):
     plant_depths(tmp_path / "runs", gaps)
-    claim = write_claim(
-        tmp_path,
-        "deeper",
-        kind="trend",
-        a={"placement": "post"},
-        b={"placement": "pre"},
-        axis="model.n_layer",
-        of="gap",
-        direction="increasing",
-    )
-    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    out = verdict_of(tmp_path, post_gap_grows_with_depth(tmp_path), tmp_path / "runs")
     slope = np.polyfit(np.log2(list(gaps)), list(gaps.values()), 1)[0]
     assert out.verdict == word and out.estimate == pytest.approx(slope, abs=1e-12)
     assert out.low < slope < out.high
@@ -298,17 +302,7 @@ def test_trend_of_the_gap_is_the_slope_per_doubling(tmp_path, gaps, word):
 
 def test_a_trend_needs_two_sizes_with_min_seeds(tmp_path):
     plant_depths(tmp_path / "runs", {2: 0.01})
-    claim = write_claim(
-        tmp_path,
-        "one_size",
-        kind="trend",
-        a={"placement": "post"},
-        b={"placement": "pre"},
-        axis="model.n_layer",
-        of="gap",
-        direction="increasing",
-    )
-    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    out = verdict_of(tmp_path, post_gap_grows_with_depth(tmp_path), tmp_path / "runs")
     assert out.verdict == "inconclusive" and "a trend needs 2" in out.reason
 
 
