@@ -609,6 +609,8 @@ def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):
     page = cli("claims", "report", "--markdown", str(tmp_path / "claims" / "claims.csv"))
     assert page.exit_code == 0 and page.output == (tmp_path / "claims" / "claims.md").read_text()
     assert "| `rms_matches_ln_quality` | reproduced |" in page.output
+    source = "Zhang & Sennrich 2019, arXiv 1910.07467"
+    assert page.output.count(source) == 2  # once per claim of that paper, in the list of claims
 
 
 @pytest.mark.parametrize("page", ["benchmarks/claims/claims.md", "docs/claims.md"])

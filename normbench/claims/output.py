@@ -1,6 +1,6 @@
 """The registry's outputs: claims.csv (the data), claims.md and claims.html, and the terminal table.
 
-claims.md is made from the CSV's rows alone (``markdown``), so ``normbench claims markdown
+claims.md is made from the CSV's rows alone (``markdown``), so ``normbench claims report --markdown
 claims.csv`` gives the same page from a stored CSV (docs/claims.md is that command's output). The
 headline is the count of claims reproduced at this scale; the page says whether the intervals
 are corrected for multiplicity.
@@ -156,7 +156,7 @@ def _correction(frame: pd.DataFrame) -> str:
 
 def markdown(frame: pd.DataFrame) -> str:
     """claims.md (and docs/claims.md) from claims.csv's rows."""
-    table = display(frame)
+    table = display(frame).drop(columns="source")  # the list of claims below names each source once
     table["claim"] = [f"`{i}`" for i in frame["id"]]
     table["report"] = [f"[report]({r})" if _text(r).endswith(".html") else _text(r) for r in frame["report"]]
     sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
