@@ -267,7 +267,9 @@ def test_reference_checkers_find_what_is_missing():
     assert missing_cli_options("\n".join(pages)) == []
     assert missing_cli_options("\n".join(pages).replace("--version", "--xx")) == ["normbench --version"]
     assert missing_cli_options("\n".join(pages).replace("--tune", "--xx")) == ["normbench report --tune"]
-    assert missing_cli_options("\n".join(pages).replace("--holm", "--xx")) == ["normbench claims report --holm"]
+    assert missing_cli_options("\n".join(pages).replace("--holm", "--xx")) == [
+        "normbench claims report --holm"
+    ]
     assert "a section titled `normbench claims run`" in missing_cli_options(
         "\n".join(p for p in pages if "normbench claims run`" not in p)
     )

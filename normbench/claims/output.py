@@ -155,21 +155,21 @@ def _correction(frame: pd.DataFrame) -> str:
 
 
 def markdown(frame: pd.DataFrame) -> str:
-    """claims.md (and docs/claims.md) from claims.csv's rows."""
-    table = display(frame).drop(columns="source")  # the list of claims below names each source once
-    table["claim"] = [f"`{i}`" for i in frame["id"]]
-    table["report"] = [f"[report]({r})" if _text(r).endswith(".html") else _text(r) for r in frame["report"]]
+    """claims.md (and docs/claims.md) from claims.csv's rows: a table of the claims run, one line naming
+    those not run, then every claim with its source."""
+    ran = frame[frame["verdict"].ne("not run")]
+    idle = frame.loc[frame["verdict"].eq("not run"), "id"]
+    table = display(ran).drop(columns="source")  # the list of claims below names each source once
+    table["claim"] = [f"`{i}`" for i in ran["id"]]
+    table.insert(2, "measure", ran["measure"].map(_text))
+    table["report"] = [f"[report]({r})" if _text(r).endswith(".html") else _text(r) for r in ran["report"]]
     sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
-    return "\n".join(
-        [
-            "# Claims\n",
-            f"**{headline(frame)}.** {_correction(frame)}\n",
-            to_markdown(table),
-            "## The claims\n",
-            sentences,
-            "",
-        ]
-    )
+    parts = ["# Claims\n", f"**{headline(frame)}.** {_correction(frame)}\n"]
+    if len(ran):
+        parts.append(to_markdown(table))
+    if len(idle):
+        parts.append(f"Not run (normbench claims run ID...): {', '.join(f'`{i}`' for i in idle)}.\n")
+    return "\n".join([*parts, "## The claims\n", sentences, ""])
 
 
 def read_csv(path: Path) -> pd.DataFrame:
