@@ -601,6 +601,8 @@ def test_reports_writes_each_claims_own_report_and_links_it(tmp_path, monkeypatc
         'href="rms_matches_ln_quality/report/report.html"'
         in (tmp_path / "claims" / "claims.html").read_text()
     )
+    page = (tmp_path / "claims" / "claims.md").read_text()
+    assert "| [`rms_matches_ln_quality`](rms_matches_ln_quality/report/report.html) | reproduced |" in page
 
 
 def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):

@@ -160,13 +160,18 @@ def markdown(frame: pd.DataFrame) -> str:
     ran = frame[frame["verdict"].ne("not run")]
     idle = frame.loc[frame["verdict"].eq("not run"), "id"]
     table = display(ran).drop(columns="source")  # the list of claims below names each source once
-    table["claim"] = [f"`{i}`" for i in ran["id"]]
+    # a claim's own report: its page linked from the id where written, else the one command for all
+    links = [_text(r) if _text(r).endswith(".html") else "" for r in ran["report"]]
+    table["claim"] = [f"[`{i}`]({link})" if link else f"`{i}`" for i, link in zip(ran["id"], links)]
     table.insert(2, "measure", ran["measure"].map(_text))
-    table["report"] = [f"[report]({r})" if _text(r).endswith(".html") else _text(r) for r in ran["report"]]
     sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
     parts = ["# Claims\n", f"**{headline(frame)}.** {_correction(frame)}\n"]
     if len(ran):
         parts.append(to_markdown(table))
+        if not all(links):
+            parts.append(
+                "A claim's own report: normbench report DIR/ID, or normbench claims report --reports.\n"
+            )
     if len(idle):
         parts.append(f"Not run (normbench claims run ID...): {', '.join(f'`{i}`' for i in idle)}.\n")
     return "\n".join([*parts, "## The claims\n", sentences, ""])
