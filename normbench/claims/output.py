@@ -155,25 +155,23 @@ def _correction(frame: pd.DataFrame) -> str:
 
 
 def markdown(frame: pd.DataFrame) -> str:
-    """claims.md (and docs/claims.md) from claims.csv's rows: a table of the claims run, one line naming
-    those not run, then every claim with its source."""
+    """claims.md (and docs/claims.md) from claims.csv's rows: a table of the claims run, then every claim
+    with its source."""
     ran = frame[frame["verdict"].ne("not run")]
-    idle = frame.loc[frame["verdict"].eq("not run"), "id"]
     table = display(ran).drop(columns="source")  # the list of claims below names each source once
-    # a claim's own report: its page linked from the id where written, else the one command for all
+    # a claim's own report: its page linked from the id where written, else the command in the headline
     links = [_text(r) if _text(r).endswith(".html") else "" for r in ran["report"]]
     table["claim"] = [f"[`{i}`]({link})" if link else f"`{i}`" for i, link in zip(ran["id"], links)]
     table.insert(2, "measure", ran["measure"].map(_text))
+    table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], table.pop("interval"))]
     sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
-    parts = ["# Claims\n", f"**{headline(frame)}.** {_correction(frame)}\n"]
+    parts = [
+        "# Claims\n",
+        f"**{headline(frame)}.** {_correction(frame)} Run a claim (those not in the table were not"
+        " run): normbench claims run ID; its report: normbench report DIR/ID.\n",
+    ]
     if len(ran):
         parts.append(to_markdown(table))
-        if not all(links):
-            parts.append(
-                "A claim's own report: normbench report DIR/ID, or normbench claims report --reports.\n"
-            )
-    if len(idle):
-        parts.append(f"Not run (normbench claims run ID...): {', '.join(f'`{i}`' for i in idle)}.\n")
     return "\n".join([*parts, "## The claims\n", sentences, ""])
 
 
