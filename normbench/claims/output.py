@@ -167,8 +167,8 @@ def markdown(frame: pd.DataFrame) -> str:
     sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
     parts = [
         "# Claims\n",
-        f"**{headline(frame)}.** {_correction(frame)} Run a claim (those not in the table were not"
-        " run): normbench claims run ID; its report: normbench report DIR/ID.\n",
+        f"**{headline(frame)}.** {_correction(frame)} Not in the table: not run (normbench claims"
+        " run ID); a claim's report: normbench report DIR/ID.\n",
     ]
     if len(ran):
         parts.append(to_markdown(table))
