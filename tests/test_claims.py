@@ -595,6 +595,8 @@ def test_reports_writes_each_claims_own_report_and_links_it(tmp_path, monkeypatc
         'href="rms_matches_ln_quality/report/report.html"'
         in (tmp_path / "claims" / "claims.html").read_text()
     )
+    page = (tmp_path / "claims" / "claims.md").read_text()
+    assert "| [`rms_matches_ln_quality`](rms_matches_ln_quality/report/report.html) | reproduced |" in page
 
 
 def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):
@@ -603,6 +605,10 @@ def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):
     page = cli("claims", "report", "--markdown", str(tmp_path / "claims" / "claims.csv"))
     assert page.exit_code == 0 and page.output == (tmp_path / "claims" / "claims.md").read_text()
     assert "| `rms_matches_ln_quality` | reproduced |" in page.output
+    source = "Zhang & Sennrich 2019, arXiv 1910.07467"
+    assert page.output.count(source) == 2  # once per claim of that paper, in the list of claims
+    assert "- `rms_faster` (Zhang & Sennrich 2019, arXiv 1910.07467): " in page.output
+    assert "| `rms_faster` |" not in page.output  # not run: listed, not in the table
 
 
 @pytest.mark.parametrize("page", ["benchmarks/claims/claims.md", "docs/claims.md"])

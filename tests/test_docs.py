@@ -207,9 +207,18 @@ def sections(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def commands(group, prefix: str = "normbench"):
+    """(full name, command) of every command of a click group, its sub-apps' commands too."""
+    for name, command in group.commands.items():
+        yield f"{prefix} {name}", command
+        if hasattr(command, "commands"):
+            yield from commands(command, f"{prefix} {name}")
+
+
 def missing_cli_options(text: str) -> list[str]:
-    """Each command of the Typer app needs a section titled with `normbench NAME` that names every one of
-    its options (click's own introspection of the command line, the one users get)."""
+    """Each command of the Typer app, and each of a sub-app's (``normbench claims run``), needs a
+    section titled with its full name that names every one of its options (click's own introspection
+    of the command line, the one users get)."""
     import typer.main
 
     from normbench.cli import app
@@ -217,15 +226,15 @@ def missing_cli_options(text: str) -> list[str]:
     root = typer.main.get_command(app)
     found = sections(text)
     missing = []
-    for name, command in root.commands.items():
-        bodies = [body for title, body in found if f"normbench {name}`" in title]
+    for name, command in commands(root):
+        bodies = [body for title, body in found if f"{name}`" in title]
         if not bodies:
-            missing.append(f"a section titled `normbench {name}`")
+            missing.append(f"a section titled `{name}`")
             continue
         for param in command.params:
             for opt in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
                 if opt.startswith("-") and not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", bodies[0]):
-                    missing.append(f"normbench {name} {opt}")
+                    missing.append(f"{name} {opt}")
     for param in root.params:
         for opt in param.opts:
             if opt not in text:
@@ -252,12 +261,18 @@ def test_reference_checkers_find_what_is_missing():
 
     root = typer.main.get_command(app)
     pages = [" ".join(o for p in root.params for o in p.opts)] + [
-        f"## `normbench {name}`\n\n" + " ".join(o for p in cmd.params for o in [*p.opts, *p.secondary_opts])
-        for name, cmd in root.commands.items()
+        f"## `{name}`\n\n" + " ".join(o for p in cmd.params for o in [*p.opts, *p.secondary_opts])
+        for name, cmd in commands(root)
     ]
     assert missing_cli_options("\n".join(pages)) == []
     assert missing_cli_options("\n".join(pages).replace("--version", "--xx")) == ["normbench --version"]
     assert missing_cli_options("\n".join(pages).replace("--tune", "--xx")) == ["normbench report --tune"]
+    assert missing_cli_options("\n".join(pages).replace("--holm", "--xx")) == [
+        "normbench claims report --holm"
+    ]
+    assert "a section titled `normbench claims run`" in missing_cli_options(
+        "\n".join(p for p in pages if "normbench claims run`" not in p)
+    )
 
 
 # --- every example in the docs composes ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The registry's outputs: claims.csv (the data), claims.md and claims.html, and the terminal table.
 
-claims.md is made from the CSV's rows alone (``markdown``), so ``normbench claims markdown
+claims.md is made from the CSV's rows alone (``markdown``), so ``normbench claims report --markdown
 claims.csv`` gives the same page from a stored CSV (docs/claims.md is that command's output). The
 headline is the count of claims reproduced at this scale; the page says whether the intervals
 are corrected for multiplicity.
@@ -155,21 +155,24 @@ def _correction(frame: pd.DataFrame) -> str:
 
 
 def markdown(frame: pd.DataFrame) -> str:
-    """claims.md (and docs/claims.md) from claims.csv's rows."""
-    table = display(frame)
-    table["claim"] = [f"`{i}`" for i in frame["id"]]
-    table["report"] = [f"[report]({r})" if _text(r).endswith(".html") else _text(r) for r in frame["report"]]
+    """claims.md (and docs/claims.md) from claims.csv's rows: a table of the claims run, then every claim
+    with its source."""
+    ran = frame[frame["verdict"].ne("not run")]
+    table = display(ran).drop(columns="source")  # the list of claims below names each source once
+    # a claim's own report: its page linked from the id where written, else the command in the headline
+    links = [_text(r) if _text(r).endswith(".html") else "" for r in ran["report"]]
+    table["claim"] = [f"[`{i}`]({link})" if link else f"`{i}`" for i, link in zip(ran["id"], links)]
+    table.insert(2, "measure", ran["measure"].map(_text))
+    table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], table.pop("interval"))]
     sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
-    return "\n".join(
-        [
-            "# Claims\n",
-            f"**{headline(frame)}.** {_correction(frame)}\n",
-            to_markdown(table),
-            "## The claims\n",
-            sentences,
-            "",
-        ]
-    )
+    parts = [
+        "# Claims\n",
+        f"**{headline(frame)}.** {_correction(frame)} Not in the table: not run (normbench claims"
+        " run ID); a claim's report: normbench report DIR/ID.\n",
+    ]
+    if len(ran):
+        parts.append(to_markdown(table))
+    return "\n".join([*parts, "## The claims\n", sentences, ""])
 
 
 def read_csv(path: Path) -> pd.DataFrame:
