@@ -158,8 +158,10 @@ Show the composed config with [bold]--cfg job[/bold]; choose the run directory w
 """,
 )
 def train(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
+    from normbench.training import distributed  # torch: train loads it next anyway
+
     grid = [a for a in ctx.args if a in ("-m", "--multirun")]
-    if grid:
+    if grid and not distributed.launched():  # under torchrun the job says what to do instead
         # the same overrides, less the single run's directory
         rest = [a for a in ctx.args if a not in grid and not a.startswith("hydra.run.dir=")]
         _fail(f"train runs one configuration: run a grid with {shlex.join(['normbench', 'sweep', *rest])}")

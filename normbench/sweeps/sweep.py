@@ -440,6 +440,10 @@ def _launch(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if stops and previous:
+            # Stopped by Ctrl-C, the command is ending with 130 and has nothing left to stop: another press
+            # while it writes its closing lines, or while the interpreter exits, changes nothing.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         # What the child leaves behind goes with it (idle workers of a launcher: they hold sweep.log's
         # pipe open); before it has ended, only if the watch itself failed.
         multirun.signal_group(child, signal.SIGKILL)
