@@ -1,4 +1,4 @@
-"""What a tracker adds per run, and a 4-run sweep on Ray against joblib (issue #16).
+"""What a tracker adds per run, and a 4-run sweep on Ray against joblib.
 
     python benchmarks/trackers_and_launchers.py trackers [--repeats 3]
     python benchmarks/trackers_and_launchers.py launchers

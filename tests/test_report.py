@@ -495,7 +495,7 @@ def test_pdf_and_svg_charts(tmp_path, monkeypatch):
         assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")  # always: the page embeds it
 
 
-# --- logit diagnostics (issue #14) and implementation cost (issue #13) --------------------------------------
+# --- logit diagnostics and implementation cost ----------------------------------------------------------
 
 
 def capture_charts(monkeypatch, *names) -> dict:

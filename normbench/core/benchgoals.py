@@ -2,8 +2,8 @@
 
 RMSNorm, ScaleNorm, DyT, Derf and per-token GroupNorm read and write no more memory than
 LayerNorm (each is one pass of elementwise work over the same bytes), so an implementation of
-theirs slower than LayerNorm's native op by more than ``LIMIT`` measures the code, not the norm
-(issue #13); LayerNorm and BatchNorm are held to ``LIMIT`` of their own native op. The bench
+theirs slower than LayerNorm's native op by more than ``LIMIT`` measures the code, not the norm;
+LayerNorm and BatchNorm are held to ``LIMIT`` of their own native op. The bench
 checks its measurements against ``GOALS``; the report, which imports no torch and so not the
 bench, reads bench CSVs against the same numbers.
 """

@@ -2,7 +2,7 @@
 
 The norms that move no more bytes than LayerNorm, and how close to its native op they must run
 (``LIMIT``), come from normbench.core.benchgoals, shared with ``normbench bench``: an
-implementation slower than that measures the code, not the norm (issue #13). The bench chart,
+implementation slower than that measures the code, not the norm. The bench chart,
 the throughput chart and the verdict all carry the one sentence built here, so a throughput
 difference is never read as a property of the norm without it.
 """
