@@ -18,7 +18,6 @@ from conftest import run_cli
 from test_report import make_run, only_charts, report
 
 from normbench.core.errors import ConfigError
-from normbench.report import predict as predict_module
 from normbench.report.predict import LOG_LINEAR, NOT_CONVERGED, fit_law, predict
 
 SEEDS = (0, 1, 2)
@@ -98,18 +97,16 @@ def test_the_fit_recovers_the_planted_law_and_its_prediction_covers_the_truth(tm
     assert (out / "predict.png").stat().st_size > 1000
 
 
-def test_the_interval_covers_the_truth_at_2x_and_4x_in_most_planted_seeds(monkeypatch):
-    """Coverage measured over 40 planted noise draws (bootstrap cut to 100 resamples for time).
-
-    Measured (docs/reports.md#predicting-a-size-you-did-not-run): loss 82% and 80%, gap 88% and
-    92% at 2x and 4x, against the nominal 95%: the interval carries 3 seeds' noise only."""
-    monkeypatch.setattr(predict_module, "BOOTSTRAP", 100)
+def test_the_interval_covers_the_truth_at_2x_and_4x_at_its_stated_rate():
+    """Over 200 planted noise draws (3 seeds, 5 sizes) the 95% intervals of rms's loss and of its gap to
+    ln cover the planted law's value at 2x and 4x the largest size 90-99% of the time (a coverage from
+    200 draws has a standard error of 1.5 points; benchmarks/interval_coverage.py measures 400)."""
     params = gpt_params((16, 24, 32, 48, 64))
     sizes, largest = list(params), max(params.values())
     targets = [2 * largest, 4 * largest]
     rms = law(2.1, 60.0, 0.4)
     hits = {"loss": np.zeros(2), "gap": np.zeros(2)}
-    draws = 40
+    draws = 200
     for draw in range(draws):
         rng = np.random.default_rng(100 + draw)
         samples = {}
@@ -119,15 +116,15 @@ def test_the_interval_covers_the_truth_at_2x_and_4x_in_most_planted_seeds(monkey
                 samples[(name, size)] = {
                     s: truth(params[size]) + common[s] + rng.normal(0, 0.002) for s in range(3)
                 }
-        pred = predict(samples, ["ln", "rms"], "ln", sizes, params, targets, seed=draw)
+        pred = predict(samples, ["ln", "rms"], "ln", sizes, params, targets)
         r = pred[pred["config"].eq("rms")].reset_index()
         for t, target in enumerate(targets):
             hits["loss"][t] += r.at[t, "loss_ci_low"] <= rms(target) <= r.at[t, "loss_ci_high"]
             truth_gap = rms(target) - LN(target)
             hits["gap"][t] += r.at[t, "gap_ci_low"] <= truth_gap <= r.at[t, "gap_ci_high"]
     coverage = {k: v / draws for k, v in hits.items()}
-    print("coverage (2x, 4x):", coverage)
-    assert (coverage["loss"] >= 0.75).all() and (coverage["gap"] >= 0.75).all(), coverage
+    for values in coverage.values():
+        assert ((values >= 0.90) & (values <= 0.99)).all(), coverage
 
 
 def test_a_crossing_beyond_the_grid_is_predicted_and_far_targets_say_so(tmp_path, monkeypatch):

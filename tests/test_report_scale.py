@@ -61,14 +61,15 @@ def plant(root, gap, widths=WIDTHS, seeds=(0, 1, 2)):
 
 
 def hand_fit(gap):
-    """The WLS slope per doubling of params, its unscaled and scaled variances, from numpy's polyfit."""
+    """The least-squares slope per doubling of params (numpy's polyfit), its variance from each size's
+    SE, and the χ² of the sizes around the line in units of their SEs."""
     t = np.log2([PARAMS[w] for w in WIDTHS])
     diffs = np.array([[gap(w) + OWN[w][s] for s in range(3)] for w in WIDTHS])
     se = diffs.std(axis=1, ddof=1) / math.sqrt(3)
-    (slope, _), cov = np.polyfit(t, diffs.mean(axis=1), 1, w=1 / se, cov="unscaled")
-    resid = diffs.mean(axis=1) - np.polyval(np.polyfit(t, diffs.mean(axis=1), 1, w=1 / se), t)
-    chi2 = float(np.sum((resid / se) ** 2)) / (len(t) - 2)
-    return slope, cov[0, 0], cov[0, 0] * chi2
+    slope, intercept = np.polyfit(t, diffs.mean(axis=1), 1)
+    c = (t - t.mean()) / np.sum((t - t.mean()) ** 2)
+    resid = diffs.mean(axis=1) - (intercept + slope * t)
+    return slope, float(np.sum(c**2 * se**2)), float(np.sum((resid / se) ** 2))
 
 
 def test_a_gap_growing_linearly_in_log_params_is_reported_as_growing(tmp_path, monkeypatch):
@@ -78,14 +79,12 @@ def test_a_gap_growing_linearly_in_log_params_is_reported_as_growing(tmp_path, m
     out, text = report([tmp_path], scale_key="model.d_model", baseline="norm=ln")
     trend = pd.read_csv(out / "trend.csv").set_index("config")
     rms = trend.loc["rms"]
-    slope, var_seeds, var_scatter = hand_fit(gap)
+    slope, var_seeds, chi2 = hand_fit(gap)
     assert rms["slope_per_doubling"] == pytest.approx(slope, rel=1e-9) and slope == pytest.approx(
         0.01, abs=2e-3
     )
     half = scipy_stats.t.ppf(0.975, rms["slope_df"]) * math.sqrt(var_seeds)  # the seeds' variance
-    assert rms["lack_of_fit_p"] == pytest.approx(
-        scipy_stats.chi2.sf(var_scatter / var_seeds * 2, 2)
-    )  # 4 sizes: 2 df
+    assert rms["lack_of_fit_p"] == pytest.approx(scipy_stats.chi2.sf(chi2, 2))  # 4 sizes: 2 df
     assert (rms["slope_ci_low"], rms["slope_ci_high"]) == pytest.approx(
         (slope - half, slope + half), rel=1e-9
     )
@@ -288,3 +287,29 @@ def test_with_a_size_axis_each_size_is_a_shade_of_its_configurations_colour(tmp_
         assert all((a >= b - 1e-12).all() and (a > b).any() for a, b in itertools.pairwise(shades))
         markers = [styles[f"{norm} d_model={w}"]["marker"] for w in WIDTHS]
         assert len(set(markers)) == len(WIDTHS)
+
+
+def test_the_slope_is_least_squares_and_its_interval_covers_a_planted_slope_at_its_stated_rate():
+    from normbench.report.scale import fit_trend
+    from normbench.report.stats import compare
+
+    # by hand: sizes 2, 4, 8 (log2 1, 2, 3), gaps 0.1, 0.3, 0.4, SEs 0.1, 0.2, 0.1, 2 df each
+    fit = fit_trend([2, 4, 8], [0.1, 0.3, 0.4], [0.1, 0.2, 0.1], [2, 2, 2])
+    var = (0.5**2) * 0.1**2 + (0.5**2) * 0.1**2  # c = (t - 2) / 2: -0.5, 0, 0.5
+    assert fit.slope == pytest.approx(0.15)
+    assert fit.df == pytest.approx(var**2 / (2 * (0.25 * 0.01) ** 2 / 2))
+    assert fit.high - fit.slope == pytest.approx(scipy_stats.t.ppf(0.975, fit.df) * math.sqrt(var))
+    # 300 planted draws of 5 sizes x 3 seeds: the 95% interval holds the true slope 90-99% of the time
+    sizes, hits, draws = [32, 64, 128, 256, 512], 0, 300
+    for draw in range(draws):
+        rng = np.random.default_rng(draw)
+        fits = []
+        for size in sizes:
+            common = rng.normal(0, 0.02, 3)
+            truth = 0.01 * math.log2(size)
+            a = {k: truth + common[k] + rng.normal(0, 0.005) for k in range(3)}
+            b = {k: common[k] + rng.normal(0, 0.005) for k in range(3)}
+            fits.append(compare(a, b))
+        fit = fit_trend(sizes, [c.diff for c in fits], [c.se for c in fits], [c.df for c in fits])
+        hits += fit.low <= 0.01 <= fit.high
+    assert 0.90 <= hits / draws <= 0.99, hits / draws

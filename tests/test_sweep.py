@@ -210,7 +210,8 @@ def test_kill_9_mid_sweep_then_the_same_command_completes_every_run_once(tmp_pat
 def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path, presses):
     """The first Ctrl-C lets the running jobs stop (at a checkpoint, where the loop saves one); a second
     ends them at once. Either way one line says what finished, what was cut short and how to resume."""
-    args = ["sweep", "seed=0,1", *TINY, "train.steps=2000", "train.threads=1", "hydra.launcher.n_jobs=2"]
+    # Runs far longer than the test: however late the stop reaches a job, none can have finished.
+    args = ["sweep", "seed=0,1", *TINY, "train.steps=50000", "train.threads=1", "hydra.launcher.n_jobs=2"]
     # A terminal's Ctrl-C reaches a process whose SIGINT is at its default, whatever the test runner's is
     # (a shell's background job inherits it ignored).
     proc = subprocess.Popen(

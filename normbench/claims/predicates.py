@@ -14,7 +14,7 @@ seed when both arms ran the same seeds, Welch otherwise). The words:
 - equivalent: two one-sided tests at margin delta, i.e. the (1 - 2 alpha) interval inside ±delta:
   reproduced; the (1 - alpha) interval wholly outside ±delta: not reproduced;
 - trend: the slope of the gap a - b (or of a's per-seed best tuning value, in log2) per doubling of
-  the size key, normbench.report.scale.fit_trend's weighted fit; its interval on the claimed side
+  the size key, normbench.report.scale.fit_trend's least-squares fit; its interval on the claimed side
   (or inside ±delta for flat): reproduced; on the other side (outside ±delta): not reproduced;
 - rate: divergences of a against b, Fisher's exact test (one-sided in the claimed direction);
 - steps_to_target: per seed, the first evaluated step at which a's validation loss reaches the
@@ -291,7 +291,7 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     slope_se = (fit.high - fit.slope) / t95 if fit.high > fit.slope else 0.0
     c = Comparison(fit.slope, None, math.nan, paired=False, se=slope_se, df=fit.df)
     base.update(
-        estimate=fit.slope, test=f"weighted least squares over {len(x)} sizes ({fit.method}), t interval"
+        estimate=fit.slope, test=f"least squares over {len(x)} sizes ({fit.method}), t interval"
     )
     if p["direction"] == "flat":
         delta = p["delta"]

@@ -912,7 +912,7 @@ def chart_predict(d: ReportData):
         "filled markers: measured mean at each size (95% CI), configurations side by side",
         "lines: L = E + A x^-alpha fitted per configuration" if fitted else "",
         f"no power law converged for {', '.join(failed)}: no fitted line" if failed else "",
-        "open diamonds: the prediction with its bootstrap 95% interval" if drawn else "",
+        "open diamonds: the prediction with its 95% interval" if drawn else "",
     ]
     fig.suptitle(_plain("\n".join(line for line in lines if line)))
     _legend(fig, axes)

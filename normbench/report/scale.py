@@ -13,10 +13,10 @@ each configuration at each size (scale.csv):
 
 Across sizes, per configuration (trend.csv): the difference against log2(x), x the size's
 parameters (its tokens when KEY is a token budget or the parameters do not change; KEY's own
-value when neither does), fitted by weighted least squares with weights 1/SE² over the sizes
+value when neither does), fitted by least squares, every size weighted alike, over the sizes
 where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis-how-a-verdict-moves-with-size). The slope's
-variance is the one the seeds give, 1/Σ wᵢ(xᵢ - x̄)², with Welch-Satterthwaite degrees of freedom (from the
-scatter of ≥ 3 sizes only when no size has any spread); with ≥ 3 sizes a χ² test says whether
+variance is the one the seeds give, Σ cᵢ² SEᵢ² with cᵢ = (xᵢ - x̄) / Σ (xⱼ - x̄)², with Welch-Satterthwaite
+degrees of freedom (from the scatter of ≥ 3 sizes only when no size has any spread); with ≥ 3 sizes a χ² test says whether
 the sizes lie off the line by more than their seeds explain (the gap moves, but not in a straight
 line in log x), and the sentence says so. The interval is Student's t.
 The trend word never calls a trend whose interval includes 0. The best value's drift is
@@ -163,32 +163,34 @@ class Fit:
 
 
 def fit_trend(x, gap, se, df) -> Fit:
-    """Weighted least squares of ``gap`` on log2(``x``), weights 1/se²; the slope's 95% interval (module
-    doc)."""
+    """Least squares of ``gap`` on log2(``x``), every size weighted alike; the slope's 95% interval from
+    the sizes' own standard errors (module doc)."""
     t = np.log2(np.asarray(x, float))
     gap, se, df = (np.asarray(v, float) for v in (gap, se, df))
     positive = se[se > 0]
     seeds = bool(len(positive))
-    # a size whose seeds all moved alike ("no spread") must not weigh infinitely: the smallest SE there is
-    se = np.where(se > 0, se, positive.min() if seeds else 1.0)
-    w = 1 / se**2
-    t_bar = np.sum(w * t) / np.sum(w)
-    sxx = np.sum(w * (t - t_bar) ** 2)
-    slope = float(np.sum(w * (t - t_bar) * (gap - np.sum(w * gap) / np.sum(w))) / sxx)
-    intercept = float(np.sum(w * gap) / np.sum(w) - slope * t_bar)
+    tc = t - t.mean()
+    sxx = float(np.sum(tc**2))
+    slope = float(np.sum(tc * gap) / sxx)
+    intercept = float(gap.mean() - slope * t.mean())
     k = len(t)
     if seeds:
-        c2v = (w * (t - t_bar) / sxx) ** 2 * se**2  # each size's share of the slope's variance
-        var, dof, method = 1 / sxx, float(np.sum(c2v) ** 2 / np.sum(c2v**2 / df)), "seeds"
+        # Weights fixed by the design, not by SEs estimated from a few seeds each (1/SE² weights
+        # favour the sizes whose seeds happened to agree, and the interval came out too narrow).
+        c2v = (tc / sxx) ** 2 * se**2  # each size's share of the slope's variance
+        var, method = float(np.sum(c2v)), "seeds"
+        dof = float(var**2 / np.sum(c2v[c2v > 0] ** 2 / df[c2v > 0])) if var > 0 else math.inf
     else:
         var, dof, method = 0.0, math.inf, "no spread"
     lack_of_fit_p = math.nan
     if k >= 3:
-        chi2 = float(np.sum(w * (gap - intercept - slope * t) ** 2))
+        residual = gap - intercept - slope * t
         if seeds:  # do the sizes scatter around the line more than their seeds explain?
+            # a size whose seeds all moved alike ("no spread") must not weigh infinitely: the smallest SE there is
+            chi2 = float(np.sum((residual / np.where(se > 0, se, positive.min())) ** 2))
             lack_of_fit_p = float(stats.chi2.sf(chi2, k - 2))
         else:  # nothing but the scatter to go by
-            var, dof, method = chi2 / (k - 2) / sxx, float(k - 2), "scatter of the sizes"
+            var, dof, method = float(np.sum(residual**2)) / (k - 2) / sxx, float(k - 2), "scatter of the sizes"
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * math.sqrt(var)) if var > 0 else 0.0
     return Fit(
         slope,
@@ -482,7 +484,7 @@ def scale_verdict(s: Scale) -> list[str]:
         f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in "
         f"{m.label} ({m.unit or 'no unit'}; positive: {'better' if m.higher_is_better else 'worse'} than the "
         "baseline), and the difference is fitted against log2 of "
-        f"{x} by weighted least squares (weights 1/SE², t interval on the slope)."
+        f"{x} by least squares (t interval on the slope from the seeds' standard errors)."
     ]
     for trend in s.trend.itertuples(index=False):
         if trend.config == s.baseline:
