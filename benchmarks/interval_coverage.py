@@ -46,7 +46,9 @@ def plant(rng, laws: dict, x: dict, seeds: int, shared: float, own: float) -> di
     for size, n in x.items():
         common = rng.normal(0, shared, seeds)
         for name, truth in laws.items():
-            samples[(name, size)] = {k: float(truth(n)) + common[k] + rng.normal(0, own) for k in range(seeds)}
+            samples[(name, size)] = {
+                k: float(truth(n)) + common[k] + rng.normal(0, own) for k in range(seeds)
+            }
     return samples
 
 
@@ -74,7 +76,9 @@ def predict_coverage(draws: int, seeds: int) -> list[tuple[str, float]]:
                         hits[k, t] += low <= truth <= high
         for k, what in enumerate(("loss", "gap")):
             for t, times in enumerate((2, 4)):
-                rows.append((f"predict {what} at {times}x the largest size: {name}", hits[k, t], counted[k, t]))
+                rows.append(
+                    (f"predict {what} at {times}x the largest size: {name}", hits[k, t], counted[k, t])
+                )
     return rows
 
 
@@ -108,10 +112,15 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=400)
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    table = Table(title=f"coverage of nominal 95% intervals, {args.draws} planted draws, {args.seeds} seeds, 5 sizes")
+    table = Table(
+        title=f"coverage of nominal 95% intervals, {args.draws} planted draws, {args.seeds} seeds, 5 sizes"
+    )
     for column in ("interval", "covered", "draws with an interval"):
         table.add_column(column, justify="left" if column == "interval" else "right")
-    for label, hits, counted in [*predict_coverage(args.draws, args.seeds), *trend_coverage(args.draws, args.seeds)]:
+    for label, hits, counted in [
+        *predict_coverage(args.draws, args.seeds),
+        *trend_coverage(args.draws, args.seeds),
+    ]:
         table.add_row(label, f"{100 * hits / counted:.1f}%" if counted else "-", f"{int(counted)}")
     Console().print(table)
 

@@ -290,9 +290,7 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     t95 = stats.t.ppf(1 - ALPHA / 2, fit.df)
     slope_se = (fit.high - fit.slope) / t95 if fit.high > fit.slope else 0.0
     c = Comparison(fit.slope, None, math.nan, paired=False, se=slope_se, df=fit.df)
-    base.update(
-        estimate=fit.slope, test=f"least squares over {len(x)} sizes ({fit.method}), t interval"
-    )
+    base.update(estimate=fit.slope, test=f"least squares over {len(x)} sizes ({fit.method}), t interval")
     if p["direction"] == "flat":
         delta = p["delta"]
         low, high = interval(c, 2 * alpha)

@@ -265,7 +265,9 @@ def predict(samples: dict, configs: list, baseline, sizes: list, x: dict, target
     ]
 
     def own(i: int, k: int, value: float) -> tuple[float, float, float]:
-        return _t_interval(value, [_part(samples, s, {configs[i]: slopes[i][j, k]}) for j, s in enumerate(sizes)])
+        return _t_interval(
+            value, [_part(samples, s, {configs[i]: slopes[i][j, k]}) for j, s in enumerate(sizes)]
+        )
 
     largest = float(xs.max())
     rows = []
@@ -294,7 +296,9 @@ def predict(samples: dict, configs: list, baseline, sizes: list, x: dict, target
             if i == b:
                 g_lo, g_hi, g_df = 0.0, 0.0, math.inf
             else:
-                g_lo, g_hi, g_df = _t_interval(gap, [_part(samples, s, weights[t][j]) for j, s in enumerate(sizes)])
+                g_lo, g_hi, g_df = _t_interval(
+                    gap, [_part(samples, s, weights[t][j]) for j, s in enumerate(sizes)]
+                )
             rows.append(
                 {
                     "config": config,

@@ -15,10 +15,11 @@ Across sizes, per configuration (trend.csv): the difference against log2(x), x t
 parameters (its tokens when KEY is a token budget or the parameters do not change; KEY's own
 value when neither does), fitted by least squares, every size weighted alike, over the sizes
 where both sides have ≥ 2 seeds (docs/reports.md#the-scale-axis-how-a-verdict-moves-with-size). The slope's
-variance is the one the seeds give, Σ cᵢ² SEᵢ² with cᵢ = (xᵢ - x̄) / Σ (xⱼ - x̄)², with Welch-Satterthwaite
-degrees of freedom (from the scatter of ≥ 3 sizes only when no size has any spread); with ≥ 3 sizes a χ² test says whether
-the sizes lie off the line by more than their seeds explain (the gap moves, but not in a straight
-line in log x), and the sentence says so. The interval is Student's t.
+variance is the one the seeds give, Σ cᵢ² SEᵢ² with cᵢ = (xᵢ - x̄) / Σ (xⱼ - x̄)², with
+Welch-Satterthwaite degrees of freedom (from the scatter of ≥ 3 sizes only when no size has any
+spread); with ≥ 3 sizes a χ² test says whether the sizes lie off the line by more than their
+seeds explain (the gap moves, but not in a straight line in log x), and the sentence says so.
+The interval is Student's t.
 The trend word never calls a trend whose interval includes 0. The best value's drift is
 log10(best at the largest size / best at the smallest) / 0.5, in half-decades.
 """
@@ -186,11 +187,15 @@ def fit_trend(x, gap, se, df) -> Fit:
     if k >= 3:
         residual = gap - intercept - slope * t
         if seeds:  # do the sizes scatter around the line more than their seeds explain?
-            # a size whose seeds all moved alike ("no spread") must not weigh infinitely: the smallest SE there is
+            # a size whose seeds all moved alike ("no spread") counts with the smallest SE there is
             chi2 = float(np.sum((residual / np.where(se > 0, se, positive.min())) ** 2))
             lack_of_fit_p = float(stats.chi2.sf(chi2, k - 2))
         else:  # nothing but the scatter to go by
-            var, dof, method = float(np.sum(residual**2)) / (k - 2) / sxx, float(k - 2), "scatter of the sizes"
+            var, dof, method = (
+                float(np.sum(residual**2)) / (k - 2) / sxx,
+                float(k - 2),
+                "scatter of the sizes",
+            )
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * math.sqrt(var)) if var > 0 else 0.0
     return Fit(
         slope,
