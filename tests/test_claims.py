@@ -216,6 +216,14 @@ def test_a_higher_is_better_metric_turns_the_direction(tmp_path):
 # ----------------------------------------------------------------------------- equivalent / not_worse
 
 
+def judged_pair(tmp_path, diffs, kind: str):
+    """rms = ln + ``diffs`` per seed, judged by a ``kind`` claim with margin 0.02."""
+    b = [2.0, 2.1, 2.05]
+    pair(tmp_path / "runs", np.add(b, diffs), b)
+    claim = write_claim(tmp_path, kind, kind=kind, a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)
+    return verdict_of(tmp_path, claim, tmp_path / "runs")
+
+
 @pytest.mark.parametrize(
     "diffs, word",
     [
@@ -225,10 +233,7 @@ def test_a_higher_is_better_metric_turns_the_direction(tmp_path):
     ],
 )
 def test_equivalent_is_two_one_sided_tests(tmp_path, diffs, word):
-    b = [2.0, 2.1, 2.05]
-    pair(tmp_path / "runs", np.add(b, diffs), b)
-    claim = write_claim(tmp_path, "eq", kind="equivalent", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)
-    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    out = judged_pair(tmp_path, diffs, "equivalent")
     d = np.asarray(diffs)
     low, high = t_interval(d, 0.90)  # TOST at alpha 0.05 is the 90% interval inside ±delta
     se = stats.sem(d)
@@ -247,10 +252,7 @@ def test_equivalent_is_two_one_sided_tests(tmp_path, diffs, word):
     ],
 )
 def test_not_worse_bounds_the_unfavourable_end(tmp_path, diffs, word):
-    b = [2.0, 2.1, 2.05]
-    pair(tmp_path / "runs", np.add(b, diffs), b)
-    claim = write_claim(tmp_path, "nw", kind="not_worse", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)
-    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    out = judged_pair(tmp_path, diffs, "not_worse")
     low, high = t_interval(diffs)
     assert out.verdict == word and (out.low, out.high) == pytest.approx((low, high), abs=1e-12)
     assert (high < 0.02) == (word == "reproduced") and (low > 0.02) == (word == "not reproduced")
@@ -611,14 +613,13 @@ def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):
     assert "| `rms_faster` |" not in page.output  # not run: listed, not in the table
 
 
-@pytest.mark.parametrize("page", ["benchmarks/claims/claims.md", "docs/claims.md"])
+@pytest.mark.parametrize("page", ["results/claims/claims.md", "docs/claims.md"])
 def test_the_committed_pages_are_the_commands_output(page):
-    """docs/claims.md (when written) and the benchmark's page: normbench claims report --markdown CSV."""
-    path = conf_dir().parent / page
-    if not path.exists():
-        pytest.skip(f"{page} is not written yet")
-    expected = output.markdown(output.read_csv(conf_dir().parent / "benchmarks" / "claims" / "claims.csv"))
-    assert path.read_text() == expected
+    """docs/claims.md and the registry's own page: normbench claims report --markdown of the committed CSV,
+    not a hand-edited number."""
+    root = conf_dir().parent
+    expected = output.markdown(output.read_csv(root / "results" / "claims" / "claims.csv"))
+    assert (root / page).read_text() == expected
 
 
 TINY_CLAIM = [

@@ -205,11 +205,16 @@ def test_statistics_in_half_precision_are_flagged_not_failed(userpkg):
     assert line.ok is False and line.mark == "flag" and not line.must
 
 
+def check_json(config_dir, steps: int) -> tuple[int, dict]:
+    """normbench check --json of the folder's norm=mine at model=micro: exit code, lines by name."""
+    args = ["check", "--config-dir", str(config_dir), "norm=mine", "model=micro", "--json"]
+    result = CliRunner().invoke(app, [*args, "--no-compile", "--no-speed", "--steps", str(steps)])
+    return result.exit_code, {line["name"]: line for line in json.loads(result.stdout)["lines"]}
+
+
 def test_a_wider_output_dtype_is_flagged_with_its_cost_and_check_exits_0(userpkg):
-    args = ["check", "--config-dir", str(userpkg / "conf_maxabs"), "norm=mine", "model=micro"]
-    result = CliRunner().invoke(app, [*args, "--json", "--no-compile", "--no-speed", "--steps", "30"])
-    assert result.exit_code == 0, result.output
-    lines = {line["name"]: line for line in json.loads(result.stdout)["lines"]}
+    code, lines = check_json(userpkg / "conf_maxabs", steps=30)
+    assert code == 0, lines
     assert lines["output shape, finite values"]["result"] == "ok"
     assert lines["output dtype"]["result"] == "flag"
     figure = lines["output dtype"]["figure"]
@@ -219,10 +224,8 @@ def test_a_wider_output_dtype_is_flagged_with_its_cost_and_check_exits_0(userpkg
 
 
 def test_a_dead_parameter_names_it_and_check_exits_1_with_json(userpkg):
-    args = ["check", "--config-dir", str(userpkg / "conf_deadparameter"), "norm=mine", "model=micro"]
-    result = CliRunner().invoke(app, [*args, "--json", "--no-compile", "--no-speed", "--steps", "2"])
-    assert result.exit_code == 1, result.output
-    lines = {line["name"]: line for line in json.loads(result.stdout)["lines"]}
+    code, lines = check_json(userpkg / "conf_deadparameter", steps=2)
+    assert code == 1, lines
     assert lines["gradients reach every parameter"]["result"] == "FAIL"
     assert lines["gradients reach every parameter"]["figure"] == "1 of 2 parameters; none to bias"
 

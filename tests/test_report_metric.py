@@ -254,6 +254,16 @@ def test_mixed_torch_and_norm_implementations_are_named_and_provenance_is_summar
     assert set(runs["provenance.numerics"]) == {1}
 
 
+def test_two_norms_each_by_its_own_one_path_are_not_called_mixed(tmp_path, monkeypatch):
+    only_charts(monkeypatch)
+    ln, rms = provenance(), provenance()
+    ln["norm_impl"] = {"ln": "eager"}  # rms by its kernel, ln eagerly: what norm.impl=auto gives
+    plant_provenance(tmp_path, {"ln": [ln, ln], "rms": [rms, rms]})
+    out, text = report([tmp_path])
+    assert "Mixed norm implementations" not in " ".join(text.split())
+    assert "norm implementations ln=eager, rms=fused-cpu." in (out / "summary.md").read_text()
+
+
 def test_failed_runs_never_create_a_group(tmp_path, monkeypatch):
     only_charts(monkeypatch)
     make_run(tmp_path, "ok0", seed=0, final=2.0)

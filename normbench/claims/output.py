@@ -37,6 +37,8 @@ COLUMNS = (
     "test",
     "p",
     "reason",
+    "delta",
+    "spread",
     "corrected",
     "predicate",
     "source",
@@ -45,6 +47,7 @@ COLUMNS = (
     "runs",
     "report",
 )
+LATER = ("delta", "spread")  # columns a claims.csv written by an earlier normbench lacks: read as empty
 HTML_COLOURS = {
     "reproduced": "#1a7f37",
     "not reproduced": "#c62828",
@@ -83,6 +86,8 @@ def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
                 "test": o.test,
                 "p": o.p,
                 "reason": o.reason,
+                "delta": c.predicate.get("delta", math.nan),
+                "spread": o.spread,
                 "corrected": f"Holm, alpha {v.alpha:.3g}" if v.corrected else "no",
                 "predicate": c.kind,
                 "source": c.cites,
@@ -121,6 +126,17 @@ def _n(row) -> str:
     return "–" if n_a in ("–", "0") and n_b in ("–", "0") else f"{n_a} / {n_b}"
 
 
+def _note(row) -> str:
+    """The scale note or the reason, and the claim's margin δ in standard deviations of a seed's a - b
+    measured in its runs: a margin the seeds' own noise would cross is no test of the claim."""
+    note = _text(row["scale_note"]) or _text(row["reason"])
+    delta, spread = _num(row["delta"]), _num(row["spread"])
+    if delta != "–" and spread not in ("–", "0"):
+        margin = f"δ {delta} = {float(row['delta']) / float(row['spread']):.1f} seed SDs"
+        note = f"{note}; {margin}" if note else margin
+    return note
+
+
 def display(frame: pd.DataFrame) -> pd.DataFrame:
     """The table a person reads: verdict, estimate, interval, n, source, the claim and the note."""
     return pd.DataFrame(
@@ -131,7 +147,7 @@ def display(frame: pd.DataFrame) -> pd.DataFrame:
             "interval": [_interval(r) for _, r in frame.iterrows()],
             "n (a / b)": [_n(r) for _, r in frame.iterrows()],
             "source": frame["source"],
-            "note": [_text(r["scale_note"]) or _text(r["reason"]) for _, r in frame.iterrows()],
+            "note": [_note(r) for _, r in frame.iterrows()],
         }
     )
 
@@ -168,7 +184,8 @@ def markdown(frame: pd.DataFrame) -> str:
     parts = [
         "# Claims\n",
         f"**{headline(frame)}.** {_correction(frame)} Not in the table: not run (normbench claims"
-        " run ID); a claim's report: normbench report DIR/ID.\n",
+        " run ID); a claim's report: normbench report DIR/ID. δ: the claim's margin, in standard"
+        " deviations of a seed's a - b here.\n",
     ]
     if len(ran):
         parts.append(to_markdown(table))
@@ -180,10 +197,10 @@ def read_csv(path: Path) -> pd.DataFrame:
         frame = pd.read_csv(path, dtype={"id": str}, keep_default_na=False, na_values=[""])
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot read claims CSV {path}: {err}") from None
-    missing = [c for c in COLUMNS if c not in frame]
+    missing = [c for c in COLUMNS if c not in frame and c not in LATER]
     if missing:
         raise ConfigError(f"{path} is not a claims.csv (missing columns {', '.join(missing)})")
-    return frame
+    return frame.reindex(columns=[*frame.columns, *(c for c in LATER if c not in frame)])
 
 
 def page(frame: pd.DataFrame) -> str:

@@ -67,6 +67,7 @@ class Outcome:
     p: float = math.nan  # the p-value of the test that calls it reproduced (Holm orders by it)
     reason: str = ""
     runs: list = dataclasses.field(default_factory=list)  # the run directories the verdict used
+    spread: float = math.nan  # the seeds' standard deviation of a - b here: what a margin δ is set against
 
 
 def _inconclusive(reason: str, **kw) -> Outcome:
@@ -200,7 +201,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         return _inconclusive(reason, **base)
     c = compare(sa, sb)
     n, delta = min(len(sa), len(sb)), claim.predicate.get("delta")
-    base.update(estimate=c.diff, test=f"difference of means, {c.method}")
+    base.update(estimate=c.diff, test=f"difference of means, {c.method}", spread=_sd(c, n))
     if claim.kind == "equivalent":
         p = tost_p(c.diff, c.se, c.df, delta)
         low, high = interval(dataclasses.replace(c, ci=None), 2 * alpha)

@@ -303,6 +303,14 @@ def _mixed(d: ReportData, column: str, what: str) -> list[str]:
     values = d.runs[column].astype(str)
     if values.nunique() < 2:
         return []
+    if column == "provenance.norm_impl":
+        # 'ln=eager' beside 'rms=fused-cpu' is two norms, each by its one path: mixed only when one norm
+        # ran by two paths
+        paths = {pair.split("=", 1)[0]: set() for value in values for pair in value.split()}
+        for pair in (p for value in values for p in value.split() if "=" in p):
+            paths[pair.split("=", 1)[0]].add(pair)
+        if all(len(v) < 2 for v in paths.values()):
+            return []
     labels = _labels(d)
     parts = [
         f"{value} ({', '.join(dict.fromkeys(labels[values.eq(value)]))})" for value in sorted(values.unique())
