@@ -135,6 +135,9 @@ def report(
     reports: bool = typer.Option(
         False, "--reports", help="Also write each claim's own report (normbench report ID/ into ID/report/)."
     ),
+    headline: bool = typer.Option(
+        False, "--headline", help="With --markdown: only the headline and its table (the README's)."
+    ),
 ) -> None:
     """Every claim's verdict: claims.csv, claims.md, claims.html and this table (claims not run say so)."""
     from normbench.claims import output
@@ -144,7 +147,8 @@ def report(
 
     try:
         if markdown is not None:
-            typer.echo(output.markdown(output.read_csv(markdown)), nl=False)
+            frame = output.read_csv(markdown)
+            typer.echo(output.headline_table(frame) if headline else output.markdown(frame), nl=False)
             return
         paths = paths or [Path("results/claims")]
         for path in paths:

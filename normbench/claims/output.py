@@ -47,6 +47,7 @@ COLUMNS = (
     "runs",
     "report",
 )
+MARGINS = ("equivalent", "not_worse")  # the predicates whose verdict is a margin δ
 LATER = ("delta", "spread")  # columns a claims.csv written by an earlier normbench lacks: read as empty
 HTML_COLOURS = {
     "reproduced": "#1a7f37",
@@ -108,12 +109,12 @@ def _num(value) -> str:
     return "–" if not math.isfinite(value) else f"{value:.4g}"
 
 
-def _interval(row) -> str:
+def _interval(row, level: bool = True) -> str:
     low, high = _num(row["ci_low"]), _num(row["ci_high"])
     return (
         "–"
         if "–" in (low, high)
-        else f"[{low}, {high}]" + (f" {row['level']}" if _text(row["level"]) else "")
+        else f"[{low}, {high}]" + (f" {row['level']}" if level and _text(row["level"]) else "")
     )
 
 
@@ -131,7 +132,7 @@ def _note(row) -> str:
     measured in its runs: a margin the seeds' own noise would cross is no test of the claim."""
     note = _text(row["scale_note"]) or _text(row["reason"])
     delta, spread = _num(row["delta"]), _num(row["spread"])
-    if delta != "–" and spread not in ("–", "0"):
+    if row["predicate"] in MARGINS and delta != "–" and spread not in ("–", "0"):
         margin = f"δ {delta} = {float(row['delta']) / float(row['spread']):.1f} seed SDs"
         note = f"{note}; {margin}" if note else margin
     return note
@@ -160,6 +161,30 @@ def headline(frame: pd.DataFrame) -> str:
     )
 
 
+def _g(value) -> str:
+    return f"{float(value):.3g}".replace("-", "−")
+
+
+def headline_table(frame: pd.DataFrame) -> str:
+    """The headline and the claims that reproduced or not, with estimate and interval (the README's)."""
+    settled = frame[frame["verdict"].isin(WORDS[:2])]
+    settled = settled.iloc[sorted(range(len(settled)), key=lambda i: WORDS.index(settled["verdict"].iloc[i]))]
+    rows = [
+        f"| `{r['id']}` | {r['verdict']} | {_g(r['estimate'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] |"
+        for _, r in settled.iterrows()
+    ]
+    return "\n".join(
+        [
+            f"**{headline(frame)}**; 95% intervals (90%: equivalence), each measure in docs/claims.md.",
+            "",
+            "| claim | verdict | estimate [interval] |",
+            "|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+
+
 def _correction(frame: pd.DataFrame) -> str:
     corrected = frame["corrected"].astype(str).ne("no").any()
     return (
@@ -179,13 +204,15 @@ def markdown(frame: pd.DataFrame) -> str:
     links = [_text(r) if _text(r).endswith(".html") else "" for r in ran["report"]]
     table["claim"] = [f"[`{i}`]({link})" if link else f"`{i}`" for i, link in zip(ran["id"], links)]
     table.insert(2, "measure", ran["measure"].map(_text))
-    table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], table.pop("interval"))]
+    # the level is the headline's (95%, 90% for equivalence); claims.csv keeps it per claim
+    intervals = [_interval(r, level=False) for _, r in ran.iterrows()]
+    table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], intervals)]
+    table.pop("interval")
     sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
     parts = [
         "# Claims\n",
-        f"**{headline(frame)}.** {_correction(frame)} Not in the table: not run (normbench claims"
-        " run ID); a claim's report: normbench report DIR/ID. δ: the claim's margin, in standard"
-        " deviations of a seed's a - b here.\n",
+        f"**{headline(frame)}.** {_correction(frame)} δ: a margin in standard deviations of a seed's"
+        " a - b here. Not run: not in the table. A claim's runs: normbench report DIR/ID.\n",
     ]
     if len(ran):
         parts.append(to_markdown(table))
