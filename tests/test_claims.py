@@ -625,9 +625,10 @@ def test_the_committed_pages_are_the_commands_output(page):
 def test_the_readmes_headline_is_the_commands_output():
     """The README's table of what holds at this scale: claims report --markdown CSV --headline."""
     root = conf_dir().parent
-    frame = output.read_csv(root / "results" / "claims" / "claims.csv")
+    csv = root / "results" / "claims" / "claims.csv"
+    frame = output.read_csv(csv)
     assert output.headline_table(frame) in (root / "README.md").read_text()
-    page = cli("claims", "report", "--markdown", str(root / "results" / "claims" / "claims.csv"), "--headline")
+    page = cli("claims", "report", "--markdown", str(csv), "--headline")
     assert page.exit_code == 0 and page.output == output.headline_table(frame)
 
 
