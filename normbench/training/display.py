@@ -49,7 +49,7 @@ class TrainProgress:
         )
 
 
-def summary_table(summary: dict, run_dir: Path | str | None = None) -> Table | Group:
+def summary_table(summary: dict, run_dir: Path | str) -> Group:
     """The closing table a person reads after a run; under it, where the run is (``run_dir``)."""
     table = Table(title=f"run {summary['status']}", show_header=False)
     table.add_column(style="bold")
@@ -95,7 +95,5 @@ def summary_table(summary: dict, run_dir: Path | str | None = None) -> Table | G
         table.add_row("causal leak train / eval", f"{leak['train']:.1e} / {leak['eval']:.1e}{flag}")
     if summary["error"]:
         table.add_row("error", Text(summary["error"]))  # the error's own words, never markup
-    if run_dir is None:
-        return table
     # one line however long the path: a person copies it
     return Group(table, Text(f"run directory: {run_dir}", no_wrap=True, overflow="ignore"))

@@ -234,6 +234,10 @@ class Run:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, tcfg))
         remember_run(self.model, self.optimizer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tcfg.precision == "fp16")
+        # The optimizer's updates, counted by a hook: fp16's scaler skips an update whose gradients
+        # overflowed, and such a step is no step of the schedule. (A list, not self: no reference cycle.)
+        self.updates = updates = [0]
+        self.optimizer.register_step_post_hook(lambda *_: updates.__setitem__(0, updates[0] + 1))
         self.autocast = torch.autocast(
             self.device.type, dtype=PRECISIONS[self.tcfg.precision], enabled=self.tcfg.precision != "fp32"
         )
@@ -285,16 +289,14 @@ class Run:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.tcfg.grad_clip)
         else:
             grad_norm = global_grad_norm(params)
-        scale = self.scaler.get_scale()
+        updates = self.updates[0]
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.model.after_step()
         if stats:
             stats.after_update()
         self.optimizer.zero_grad(set_to_none=True)
-        # The scaler skips an update whose gradients overflowed, and then lowers its scale: such a
-        # step is no step of the schedule. (get_scale waits for the device: fp16 runs only.)
-        if self.scaler.get_scale() >= scale:
+        if self.updates[0] > updates:
             self.scheduler.step()
         return loss.detach(), grad_norm.detach()
 

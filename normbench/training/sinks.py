@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import sys
 import time
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
@@ -383,10 +382,6 @@ def run_info(run_dir: Path, run, config_hash: str | None = None, resume_step: in
     )
 
 
-def _print_warning(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
 class MetricSinks:
     """Fans each record out to the JSONL file and the configured mirrors.
 
@@ -402,7 +397,8 @@ class MetricSinks:
         enabled: bool = True,
         config_hash: str | None = None,
         resume_at: tuple[int, int] | None = None,
-        warn=_print_warning,
+        *,
+        warn,
     ):
         """``resume_at``: (metrics.jsonl's length, step) at the checkpoint a resumed run continues from;
         ``warn(message)``: says a mirror failed."""
