@@ -66,7 +66,10 @@ def use(mode: str) -> None:
 def run(kind: str, x: torch.Tensor, *args):
     """``kind``'s math on ``x`` with ``args``, by the implementation chosen for x's device."""
     impls = TABLE[kind]
-    if _mode["impl"] != "eager" and not torch.compiler.is_compiling():
+    # a norm with no fused implementation (LayerNorm, BatchNorm) asks nothing more: at small widths
+    # every check here is a visible share of the call
+    fused = impls.fused_cpu is not None or impls.compiled is not None
+    if fused and _mode["impl"] != "eager" and not torch.compiler.is_compiling():
         if x.is_cpu:
             if impls.fused_cpu is not None and x.numel() > 0 and _kernels():
                 return _op(impls.fused_cpu)(x, *args)

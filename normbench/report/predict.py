@@ -20,7 +20,7 @@ it to the prediction. The fit's response to each size's mean is measured by cent
 the configurations of a gap: runs of one seed share the data order and the init), and the sizes'
 shares of the variance are summed: a Student-t interval at Satterthwaite's degrees of freedom, as
 the trend's slope has (normbench.report.scale.fit_trend). A bootstrap over 3 seeds has only ten
-distinct draws and came out far too narrow; this interval covers a planted law's truth at 93-97%
+distinct draws and came out far too narrow; this interval covers a planted law's truth at 94.7-96.0%
 (``python benchmarks/interval_coverage.py``). It carries the seeds' noise only: that the law
 itself holds beyond the grid is an assumption, and a target more than FAR x the largest size
 measured is flagged so.
