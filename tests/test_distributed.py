@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -275,6 +276,24 @@ class FailsOnRank1(nn.Module):
             raise RuntimeError("planted failure on rank 1")
         return nn.functional.rms_norm(x, x.shape[-1:], self.weight)
 """
+
+
+@pytest.mark.slow  # torchrun
+def test_a_completed_run_started_again_under_torchrun_ends_every_rank_at_once(tmp_path):
+    """Rank 0 finds the result and says so; the other ranks end with it instead of waiting for it in the
+    process group until its timeout. A run of another config there ends them too, with rank 0's refusal."""
+    run_dir = tmp_path / "run"
+    for name in ("first", "again", "other"):
+        (tmp_path / name).mkdir()
+    torchrun(tmp_path / "first", f"hydra.run.dir={run_dir}")
+    summary = (run_dir / "summary.json").read_bytes()
+    out, _, code, seconds = start_torchrun(tmp_path / "again", f"hydra.run.dir={run_dir}")
+    assert code == 0 and seconds < 60, out
+    assert "already completed with this config" in out
+    out, _, code, seconds = start_torchrun(tmp_path / "other", "norm=rms", f"hydra.run.dir={run_dir}")
+    assert code != 0 and seconds < 60, out  # torchrun's own code for a failed rank is 1
+    assert "of another config" in out and re.search(r"exitcode\s*: 2", out), out
+    assert (run_dir / "summary.json").read_bytes() == summary
 
 
 @pytest.mark.slow  # torchrun

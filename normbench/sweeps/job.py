@@ -64,6 +64,7 @@ def run_job(cfg: DictConfig, run_dir: str, multirun: bool) -> dict | None:
         # array still running): never two writers in one run directory.
         console.print(f"running elsewhere: {holder}: {run_dir} (skipped)", soft_wrap=True, highlight=False)
         if not multirun:
+            _release_ranks(cfg)
             sys.exit(2)
         return None
     try:
@@ -92,6 +93,8 @@ def _run_locked(
             retry=os.environ.get(RETRY_ENV) == "1",
             resume=str(cfg.train.get("resume")),
         )
+        if not multirun and decision.action in ("reuse", "refuse"):
+            _release_ranks(cfg)
         if settled(decision, run_dir_, console, multirun):
             return decision.result
         if decision.stale is not None and not multirun:  # a sweep says it once for all its runs
@@ -200,8 +203,20 @@ class RunGate(Callback):
             return
         HydraConfig.instance().set_config(config)  # what hydra.run.dir may interpolate (${hydra:...})
         run_dir = RunDir(config.hydra.run.dir)
-        if settled(run_dir.decide(cfg_hash, resume=str(config.train.get("resume"))), run_dir, console, False):
+        decision = run_dir.decide(cfg_hash, resume=str(config.train.get("resume")))
+        if decision.action in ("reuse", "refuse"):
+            _release_ranks(config)
+        if settled(decision, run_dir, console, False):
             sys.exit(0)
+
+
+def _release_ranks(cfg: DictConfig) -> None:
+    """Under torchrun, rank 0 that will not train tells the other ranks so (they end with it)."""
+    from normbench.core.devices import resolve_device
+    from normbench.training import distributed
+
+    if distributed.launched():
+        distributed.release(resolve_device(cfg.train.device))
 
 
 def shown_path(path: Path) -> Path:

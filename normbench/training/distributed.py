@@ -140,6 +140,24 @@ def all_mean(values: torch.Tensor) -> torch.Tensor:
     return values / world_size()
 
 
+def trains(go: bool, device: torch.device) -> bool:
+    """Rank 0's word to every rank, once the group is joined: whether this run trains. A result already
+    in the run directory, or a refusal, ends every rank with rank 0, not rank 0 alone: the others
+    would wait for it in the group until its timeout."""
+    if world_size() == 1:
+        return go
+    flag = torch.tensor([1.0 if go else 0.0], device=device)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def release(device: torch.device) -> None:
+    """Rank 0 with nothing to train: join the group, tell the other ranks, and leave it."""
+    if world_size() > 1:
+        trains(False, setup(device))
+        teardown()
+
+
 def all_max(values: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum of ``values`` over the ranks."""
     if world_size() == 1:

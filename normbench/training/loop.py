@@ -206,6 +206,8 @@ class Run:
         if distributed.is_main():
             self.dir.path.mkdir(parents=True, exist_ok=True)
         self.device = distributed.setup(resolve_device(self.tcfg.device))
+        if not distributed.trains(True, self.device):  # rank 0 found a result, or refused, and said so
+            raise SystemExit(0)
         distributed.local_batch_size(self.tcfg.batch_size)  # a batch that does not split evenly fails here
         if self.tcfg.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError(
