@@ -167,8 +167,9 @@ def _g(value) -> str:
 
 def headline_table(frame: pd.DataFrame) -> str:
     """The headline and the claims that reproduced or not, with estimate and interval (the README's)."""
-    settled = frame[frame["verdict"].isin(WORDS[:2])]
-    settled = settled.iloc[sorted(range(len(settled)), key=lambda i: WORDS.index(settled["verdict"].iloc[i]))]
+    settled = frame[frame["verdict"].isin(WORDS[:2])].sort_values(
+        "verdict", key=lambda v: v.map(WORDS.index), kind="stable"
+    )
     rows = [
         f"| `{r['id']}` | {r['verdict']} | {_g(r['estimate'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] |"
         for _, r in settled.iterrows()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -39,6 +39,12 @@ class Implementations:
     eager: Callable
     fused_cpu: str | None = None  # its torch.ops.normbench op, called with the same arguments
     compiled: Callable | None = None  # plain-op math, same arguments, for torch.compile on a GPU
+    fused: bool = field(init=False, default=False)  # whether it has either
+
+    def __post_init__(self):
+        # read on every forward call: a norm with no fused implementation (LayerNorm, BatchNorm) asks
+        # nothing more, at small widths every check is a visible share of the call
+        object.__setattr__(self, "fused", self.fused_cpu is not None or self.compiled is not None)
 
 
 TABLE: dict[str, Implementations] = {}  # norm name -> its implementations: every built-in norm
@@ -66,10 +72,7 @@ def use(mode: str) -> None:
 def run(kind: str, x: torch.Tensor, *args):
     """``kind``'s math on ``x`` with ``args``, by the implementation chosen for x's device."""
     impls = TABLE[kind]
-    # a norm with no fused implementation (LayerNorm, BatchNorm) asks nothing more: at small widths
-    # every check here is a visible share of the call
-    fused = impls.fused_cpu is not None or impls.compiled is not None
-    if fused and _mode["impl"] != "eager" and not torch.compiler.is_compiling():
+    if impls.fused and _mode["impl"] != "eager" and not torch.compiler.is_compiling():
         if x.is_cpu:
             if impls.fused_cpu is not None and x.numel() > 0 and _kernels():
                 return _op(impls.fused_cpu)(x, *args)

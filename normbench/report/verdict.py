@@ -306,10 +306,8 @@ def _mixed(d: ReportData, column: str, what: str) -> list[str]:
     if column == "provenance.norm_impl":
         # 'ln=eager' beside 'rms=fused-cpu' is two norms, each by its one path: mixed only when one norm
         # ran by two paths
-        paths = {pair.split("=", 1)[0]: set() for value in values for pair in value.split()}
-        for pair in (p for value in values for p in value.split() if "=" in p):
-            paths[pair.split("=", 1)[0]].add(pair)
-        if all(len(v) < 2 for v in paths.values()):
+        kinds = [pair.split("=", 1)[0] for pair in {p for value in values for p in value.split()}]
+        if len(kinds) == len(set(kinds)):
             return []
     labels = _labels(d)
     parts = [

@@ -93,9 +93,7 @@ def _run_locked(
             retry=os.environ.get(RETRY_ENV) == "1",
             resume=str(cfg.train.get("resume")),
         )
-        if not multirun and decision.action in ("reuse", "refuse"):
-            _release_ranks(cfg)
-        if settled(decision, run_dir_, console, multirun):
+        if settled(decision, run_dir_, console, multirun, cfg):
             return decision.result
         if decision.stale is not None and not multirun:  # a sweep says it once for all its runs
             console.print(
@@ -165,9 +163,12 @@ def _run_locked(
     return summary
 
 
-def settled(decision: Decision, run_dir: RunDir, console: Console, multirun: bool) -> bool:
+def settled(decision: Decision, run_dir: RunDir, console: Console, multirun: bool, cfg: DictConfig) -> bool:
     """Whether ``decision`` settles the job without training: a result reused (said so), or a refusal (one
-    line; a single run exits 2). Either way nothing in the run directory has changed."""
+    line; a single run exits 2). Either way nothing in the run directory has changed, and under
+    torchrun the other ranks end with this one."""
+    if decision.action in ("reuse", "refuse") and not multirun:
+        _release_ranks(cfg)
     if decision.action == "reuse":
         again = "" if multirun else "; train.resume=never trains it again"
         console.print(
@@ -204,9 +205,7 @@ class RunGate(Callback):
         HydraConfig.instance().set_config(config)  # what hydra.run.dir may interpolate (${hydra:...})
         run_dir = RunDir(config.hydra.run.dir)
         decision = run_dir.decide(cfg_hash, resume=str(config.train.get("resume")))
-        if decision.action in ("reuse", "refuse"):
-            _release_ranks(config)
-        if settled(decision, run_dir, console, False):
+        if settled(decision, run_dir, console, False, config):
             sys.exit(0)
 
 
