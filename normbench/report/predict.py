@@ -43,7 +43,7 @@ from scipy import optimize, stats
 
 from normbench.core.errors import ConfigError
 from normbench.report.scale import Scale, _x_words, fit_trend
-from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS
+from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, satterthwaite
 from normbench.report.tables import _fmt_value
 
 FAR = 10.0  # a target beyond FAR x the largest measured size is flagged as far
@@ -207,8 +207,9 @@ def _slopes(f, means: np.ndarray, steps: np.ndarray) -> np.ndarray:
 
 
 def _step(samples: dict, config, size) -> float:
+    """The standard error of one configuration's mean at ``size`` (a tiny step without a spread)."""
     values = list(_seeds(samples.get((config, size), {})).values())
-    se = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) >= 2 else 0.0
+    se = float(stats.sem(values)) if len(values) >= 2 else 0.0
     return se if se > 0 else 1e-6
 
 
@@ -238,10 +239,9 @@ def _t_interval(point: float, parts: list[tuple[float, float]]) -> tuple[float, 
     v, df = (np.array(x, float) for x in zip(*parts)) if parts else (np.zeros(0), np.zeros(0))
     if not math.isfinite(point) or not np.isfinite(v).all():
         return math.nan, math.nan, math.nan
-    total = float(v.sum())
+    total, dof = satterthwaite(v, df)
     if total == 0:
         return point, point, math.inf
-    dof = total**2 / float(np.sum(v[v > 0] ** 2 / df[v > 0]))
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof)) * math.sqrt(total)
     return point - half, point + half, dof
 

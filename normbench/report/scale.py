@@ -36,7 +36,7 @@ from scipy import stats
 from normbench.core.errors import ConfigError
 from normbench.report.load import ALIASES, ReportData
 from normbench.report.metrics import DEFAULT, metric
-from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, compare, mean_ci
+from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, compare, mean_ci, satterthwaite
 from normbench.report.tables import _fmt_value, config_label, default_group_keys, fmt_ci, ran, varying_keys
 from normbench.report.tuning import _by_seed, _values, compare_with_best
 
@@ -178,9 +178,8 @@ def fit_trend(x, gap, se, df) -> Fit:
     if seeds:
         # Weights fixed by the design, not by SEs estimated from a few seeds each (1/SE² weights
         # favour the sizes whose seeds happened to agree, and the interval came out too narrow).
-        c2v = (tc / sxx) ** 2 * se**2  # each size's share of the slope's variance
-        var, method = float(np.sum(c2v)), "seeds"
-        dof = float(var**2 / np.sum(c2v[c2v > 0] ** 2 / df[c2v > 0])) if var > 0 else math.inf
+        var, dof = satterthwaite((tc / sxx) ** 2 * se**2, df)  # each size's share of the slope's variance
+        method = "seeds"
     else:
         var, dof, method = 0.0, math.inf, "no spread"
     lack_of_fit_p = math.nan

@@ -68,6 +68,14 @@ class Comparison:
         return f"{'paired by seed' if self.paired else 'Welch'}, {self.ci.method}"
 
 
+def satterthwaite(variances, dfs) -> tuple[float, float]:
+    """The sum of independent variance shares and its Welch-Satterthwaite degrees of freedom (inf with no
+    variance): what a difference of two means, a trend's slope and a prediction all carry."""
+    v, df = np.asarray(variances, float), np.asarray(dfs, float)
+    total, some = float(v.sum()), v > 0
+    return total, (total**2 / float(np.sum(v[some] ** 2 / df[some])) if total > 0 else math.inf)
+
+
 def _finite(values) -> np.ndarray:
     x = np.asarray(values, dtype=float)
     return x[np.isfinite(x)]
@@ -156,12 +164,10 @@ def _compare(a, b) -> Comparison:
                 diff, Interval(float(ci.low), float(ci.high), "t"), float(test.pvalue), **paired
             )
         return Comparison(diff, _bootstrap((pa, pb), _mean_diff, paired=True), float(test.pvalue), **paired)
-    va, vb = np.var(xa, ddof=1) / len(xa), np.var(xb, ddof=1) / len(xb)
-    welch = dict(
-        paired=False,
-        se=float(math.sqrt(va + vb)),  # Satterthwaite's degrees of freedom
-        df=float((va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))) if va + vb else math.inf,
+    var, df = satterthwaite(
+        [np.var(xa, ddof=1) / len(xa), np.var(xb, ddof=1) / len(xb)], [len(xa) - 1, len(xb) - 1]
     )
+    welch = dict(paired=False, se=math.sqrt(var), df=df)
     if np.ptp(xa) == 0 and np.ptp(xb) == 0:
         return Comparison(diff, Interval(diff, diff, "no spread"), math.nan, **welch)
     test = stats.ttest_ind(xa, xb, equal_var=False)
