@@ -262,7 +262,7 @@ def test_not_worse_bounds_the_unfavourable_end(tmp_path, diffs, word):
 
 
 def plant_depths(root, gaps):
-    """post - pre = gaps[size] + the same seed noise at every size (so the WLS slope is the OLS one)."""
+    """post - pre = gaps[size] + the same seed noise at every size (the slope is the planted one)."""
     noise = [0.0, 0.01, -0.01]
     for size, gap in gaps.items():
         for seed in range(3):

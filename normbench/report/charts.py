@@ -773,7 +773,7 @@ def chart_scale_gap(d: ReportData):
                 linestyle=":",
                 linewidth=2.5,
                 alpha=0.7,
-                label="fitted trend (WLS, 1/SE² weights)",
+                label="fitted trend (least squares)",
             )
     return _size_chart(
         fig,

@@ -49,7 +49,7 @@ def method_link(out: Path) -> str:
 SCALE_NOTE = (
     "Each configuration at its best value per size, against the baseline at the same size (paired by seed "
     "when both ran the same seeds). Slope: the fitted change of the difference per doubling of the size's "
-    "parameters (or tokens), weighted least squares with weights 1/SE², 95% t interval; grows / shrinks: "
+    "parameters (or tokens), least squares, 95% t interval from the seeds' SEs; grows / shrinks: "
     "|difference| moves away from / toward 0 as the size grows; no trend: the slope's interval includes 0."
 )
 

@@ -372,7 +372,7 @@ def _trend(table: pd.DataFrame, key: str, order: list[str], baseline: str, tune:
                 slope_ci_low=fit.low,
                 slope_ci_high=fit.high,
                 slope_df=fit.df,
-                slope_method=f"WLS 1/SE², t, variance from the {fit.method}",
+                slope_method=f"least squares, t, variance from the {fit.method}",
                 fitted_first=fit.first,
                 fitted_last=fit.last,
                 lack_of_fit_p=fit.lack_of_fit_p,
