@@ -134,26 +134,93 @@ def test_better_reads_the_paired_t_interval(tmp_path, a, b, word):
     assert out.verdict == word
     assert (out.estimate, out.low, out.high) == pytest.approx((d.mean(), low, high), abs=1e-12)
     assert (out.n_a, out.n_b) == (3, 3)
-    if word == "inconclusive":  # the seeds whose t interval would be narrower than |estimate|
-        sd = np.std(d, ddof=1)
-        n = next(n for n in range(2, 1000) if stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < abs(d.mean()))
-        assert f"about {n} seeds per arm" in out.reason
+    if word == "inconclusive":
+        assert "seeds per arm would settle it with 80% power" in out.reason
+
+
+@pytest.mark.parametrize("effect, sides", [(0.5, 2), (1.0, 2), (0.7, 1)])
+def test_the_seeds_suggested_have_80_percent_power_by_simulation(effect, sides):
+    """The suggested n: a simulated paired t test (normal differences of mean ``effect``, sd 1) rejects
+    in about 80% of 4,000 trials at n, and less at n - 4."""
+    from normbench.claims.predicates import seeds_needed
+
+    n = int(seeds_needed(1.0, effect, 0.05, sides).split()[1])
+    rng = np.random.default_rng(1)
+
+    def rejects(k):
+        d = rng.normal(effect, 1.0, size=(4000, k))
+        t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(k))
+        return np.mean(t > stats.t.ppf(1 - 0.05 / sides, k - 1))
+
+    assert 0.77 < rejects(n) < 0.87 and rejects(n - 4) < 0.79
 
 
 def test_better_each_arm_at_its_own_best_learning_rate(tmp_path):
-    """rms is best at 0.03, ln at 0.01: the comparison is between those, not at one shared rate."""
+    """rms is best at 0.03, ln at 0.01 (both inside the grid): the comparison is between those."""
     runs = tmp_path / "runs"
     for seed in range(3):
-        plant(runs, f"rms_lo_s{seed}", seed=seed, norm="rms", lr=0.01, final=2.5 + 0.01 * seed)
-        plant(runs, f"rms_hi_s{seed}", seed=seed, norm="rms", lr=0.03, final=1.9 + 0.02 * seed)
-        plant(runs, f"ln_lo_s{seed}", seed=seed, norm="ln", lr=0.01, final=2.0 + 0.01 * seed)
-        plant(runs, f"ln_hi_s{seed}", seed=seed, norm="ln", lr=0.03, final=2.6 - 0.01 * seed)
+        for lr, rms, ln in ((0.003, 2.7, 2.3), (0.01, 2.5, 2.0), (0.03, 1.9, 2.6), (0.1, 2.8, 2.9)):
+            plant(runs, f"rms_{lr}_s{seed}", seed=seed, norm="rms", lr=lr, final=rms + 0.02 * seed)
+            plant(runs, f"ln_{lr}_s{seed}", seed=seed, norm="ln", lr=lr, final=ln + 0.01 * seed)
     claim = write_claim(
         tmp_path, "tuned", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, tune="train.lr"
     )
     out = verdict_of(tmp_path, claim, runs)
     assert out.estimate == pytest.approx(np.mean([1.9 - 2.0, 1.92 - 2.01, 1.94 - 2.02]))
     assert out.verdict == "reproduced" and len(out.runs) == 6
+
+
+def test_each_seed_is_read_at_the_value_its_other_seeds_chose(tmp_path):
+    """Seed 2 alone prefers lr 0.01 (a lucky 1.5); seeds 0 and 1 prefer 0.03. Chosen on all seeds the
+    arm would take each seed's best; chosen on the others, seed 2 is read at 0.03 and seeds 0, 1 at
+    the value the other two prefer by their mean (hand-computed below)."""
+    runs = tmp_path / "runs"
+    a = {0.003: [2.9, 2.9, 2.9], 0.01: [2.2, 2.3, 1.5], 0.03: [2.0, 2.1, 2.2], 0.1: [3.0, 3.0, 3.0]}
+    for lr, losses in a.items():
+        for seed, loss in enumerate(losses):
+            plant(runs, f"rms_{lr}_s{seed}", seed=seed, norm="rms", lr=lr, final=loss)
+            plant(runs, f"ln_{lr}_s{seed}", seed=seed, norm="ln", lr=lr, final=2.5 if lr == 0.01 else 3.0)
+    claim = write_claim(tmp_path, "loo", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, tune="train.lr")
+    out = verdict_of(tmp_path, claim, runs)
+    # seed 0: others (1, 2) at 0.01 mean 1.9, at 0.03 mean 2.15 -> 0.01 -> 2.2
+    # seed 1: others (0, 2) at 0.01 mean 1.85, at 0.03 2.1 -> 0.01 -> 2.3
+    # seed 2: others (0, 1) at 0.01 mean 2.25, at 0.03 2.05 -> 0.03 -> 2.2
+    assert out.estimate == pytest.approx(np.mean([2.2, 2.3, 2.2]) - 2.5)
+    assert "chosen on the arm's other seeds" in out.test
+
+
+def test_a_best_value_at_the_grids_edge_is_inconclusive(tmp_path):
+    """rms is best at the grid's largest rate: its best may lie beyond, so no verdict reads."""
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        for lr, rms, ln in ((0.01, 2.5, 2.0), (0.03, 1.9, 2.6), (0.003, 2.7, 2.3)):
+            plant(runs, f"rms_{lr}_s{seed}", seed=seed, norm="rms", lr=0.1 if lr == 0.03 else lr, final=rms)
+            plant(runs, f"ln_{lr}_s{seed}", seed=seed, norm="ln", lr=lr, final=ln + 0.01 * seed)
+    claim = write_claim(tmp_path, "edge", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, tune="train.lr")
+    out = verdict_of(tmp_path, claim, runs)
+    assert out.verdict == "inconclusive" and "a's best train.lr (0.1) is the grid's largest" in out.reason
+
+
+@pytest.mark.parametrize("n, word", [(3, "inconclusive"), (5, "inconclusive"), (6, "reproduced")])
+def test_identical_differences_read_by_the_exact_sign_flip_test(tmp_path, n, word):
+    """Every seed 0.04 better: no spread, so no t interval; the sign-flip test's p is 2 / 2^n (hand
+    count: only the all-plus and all-minus flips are as extreme), below 0.05 from 6 seeds."""
+    b = [2.0 + 0.01 * s for s in range(n)]
+    pair(tmp_path / "runs", [v - 0.04 for v in b], b)
+    claim = write_claim(tmp_path, "same", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    assert out.verdict == word and out.p == pytest.approx(2 / 2**n)
+    assert math.isnan(out.low) and math.isnan(out.high)
+
+
+def test_a_real_effect_of_0_04_over_seed_noise_0_006_reads_reproduced(tmp_path):
+    rng = np.random.default_rng(0)
+    b = 2.0 + rng.normal(0, 0.01, 5)
+    a = b - 0.04 + rng.normal(0, 0.006, 5)
+    pair(tmp_path / "runs", a, b)
+    claim = write_claim(tmp_path, "real", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    assert out.verdict == "reproduced" and out.high < 0
 
 
 def test_log_compares_the_logs_of_a_metric_that_grows_by_factors(tmp_path):
@@ -176,11 +243,18 @@ def test_log_compares_the_logs_of_a_metric_that_grows_by_factors(tmp_path):
         assert out.verdict == word and (out.low, out.high) == pytest.approx(t_interval(d))
 
 
-def test_worse_and_an_equivalence_where_a_difference_was_claimed(tmp_path):
+@pytest.mark.parametrize(
+    "effect, word", [(0.05, "not reproduced"), (0.01, "inconclusive"), (None, "inconclusive")]
+)
+def test_equivalence_refutes_a_difference_only_under_the_claimed_effect(tmp_path, effect, word):
+    """Equivalent within ±0.02: that refutes a claimed 0.05, not a claimed 0.01 (or an unsized one)."""
     pair(tmp_path / "runs", [2.001, 1.999, 2.0005], [2.0, 2.0, 2.0])
-    claim = write_claim(tmp_path, "worse", kind="worse", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02)
+    extra = {"effect": effect} if effect is not None else {}
+    claim = write_claim(
+        tmp_path, "worse", kind="worse", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02, **extra
+    )
     out = verdict_of(tmp_path, claim, tmp_path / "runs")
-    assert out.verdict == "not reproduced" and "equivalent within ±0.02" in out.reason
+    assert out.verdict == word and "equivalent within ±0.02" in out.reason
 
 
 def test_an_arm_with_several_runs_per_seed_names_the_key_that_splits_it(tmp_path):
@@ -252,10 +326,14 @@ def test_equivalent_is_two_one_sided_tests(tmp_path, diffs, word):
     ],
 )
 def test_not_worse_bounds_the_unfavourable_end(tmp_path, diffs, word):
+    """One-sided at 0.05: its bound is the 90% interval's upper end, and its p agrees with it."""
     out = judged_pair(tmp_path, diffs, "not_worse")
-    low, high = t_interval(diffs)
-    assert out.verdict == word and (out.low, out.high) == pytest.approx((low, high), abs=1e-12)
-    assert (high < 0.02) == (word == "reproduced") and (low > 0.02) == (word == "not reproduced")
+    low, high = t_interval(diffs, 0.90)
+    d = np.asarray(diffs)
+    p = stats.t.cdf((d.mean() - 0.02) / stats.sem(d), 2)
+    assert out.verdict == word and (out.low, out.high, out.p) == pytest.approx((low, high, p), abs=1e-12)
+    assert (high < 0.02) == (word == "reproduced") == (p < 0.05)
+    assert (low > 0.02) == (word == "not reproduced")
 
 
 # ----------------------------------------------------------------------------- trend
@@ -308,38 +386,68 @@ def test_a_trend_needs_two_sizes_with_min_seeds(tmp_path):
     assert out.verdict == "inconclusive" and "a trend needs 2" in out.reason
 
 
-@pytest.mark.parametrize("moves, word", [(False, "reproduced"), (True, "not reproduced")])
-def test_trend_of_the_best_value_flat_under_a_margin(tmp_path, moves, word):
-    """Per seed the best learning rate at each width: constant (μP) or x4 per doubling (slope 2)."""
-    runs = tmp_path / "runs"
-    grid = [0.0025, 0.01, 0.04, 0.16]
+def plant_best_values(runs, param, moves, seeds):
+    """Per seed the best learning rate at each width: constant or x4 per doubling (slope 2 in log2)."""
+    grid = [0.000625, 0.0025, 0.01, 0.04, 0.16, 0.64]
     for i, width in enumerate((32, 64, 128)):
-        best = grid[i] if moves else grid[1]
-        for seed in range(3):
+        best = grid[1 + i] if moves else grid[2]
+        for seed in range(seeds):
             for lr in grid:
                 plant(
                     runs,
-                    f"w{width}_lr{lr}_s{seed}",
+                    f"{param}_w{width}_lr{lr}_s{seed}",
                     seed=seed,
                     lr=lr,
                     final=2.0 + abs(math.log2(lr / best)) + 0.01 * seed,
                     model__d_model=width,
-                    model__param="mup",
+                    model__param=param,
                 )
-    claim = write_claim(
+
+
+def transfer_claim(tmp_path, b):
+    return write_claim(
         tmp_path,
         "mup",
         kind="trend",
         a={"model.param": "mup"},
-        b=None,
+        b=b,
         tune="train.lr",
         axis="model.d_model",
         of="best_value",
         direction="flat",
         delta=0.5,
     )
-    out = verdict_of(tmp_path, claim, runs)
-    assert out.verdict == word and out.estimate == pytest.approx(2.0 if moves else 0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "a_moves, b_moves, word",
+    [(False, True, "reproduced"), (False, False, "inconclusive"), (True, True, "not reproduced")],
+)
+def test_a_flat_best_value_needs_its_control_to_move(tmp_path, a_moves, b_moves, word):
+    """μP (a) against SP (b), 6 seeds: a flat μP line reads reproduced only beside an SP line that the
+    same grid sees move."""
+    runs = tmp_path / "runs"
+    plant_best_values(runs, "mup", a_moves, 6)
+    plant_best_values(runs, "sp", b_moves, 6)
+    out = verdict_of(tmp_path, transfer_claim(tmp_path, {"model.param": "sp"}), runs)
+    assert out.verdict == word and out.estimate == pytest.approx(2.0 if a_moves else 0.0, abs=1e-12)
+    if word == "inconclusive":
+        assert "control b's slope" in out.reason
+
+
+def test_a_best_value_read_off_a_grid_carries_its_rounding(tmp_path):
+    """Three seeds, all at the same best rate at every width: the spread is 0, but the grid's step (2
+    in log2) carries 2 / sqrt(12) per seed, so the slope's 90% interval is not a point: hand-computed
+    from three sizes at log2 widths 5, 6, 7 (the slope's variance: 2 x (1/2)^2 x se^2 per size)."""
+    runs = tmp_path / "runs"
+    plant_best_values(runs, "mup", False, 3)
+    out = verdict_of(tmp_path, transfer_claim(tmp_path, None), runs)
+    se_size = 2 / math.sqrt(12) / math.sqrt(3)
+    se_slope = math.sqrt(2 * 0.25 * se_size**2)
+    df = (2 * 0.25 * se_size**2) ** 2 / (2 * (0.25 * se_size**2) ** 2 / 2)
+    half = stats.t.ppf(0.95, df) * se_slope
+    assert (out.low, out.high) == pytest.approx((-half, half))
+    assert out.verdict == ("reproduced" if half < 0.5 else "inconclusive")
 
 
 # ----------------------------------------------------------------------------- rate
@@ -368,59 +476,80 @@ def test_rate_is_fishers_exact_test(tmp_path, a_div, b_div, word):
 # ----------------------------------------------------------------------------- steps to target
 
 
+def plant_speeds(runs, a_rates, b_rates, a_floor=0.0):
+    """Curves 3 - rate * step / 100 (evaluated every 10 steps to 100), never below ``a_floor`` for a."""
+    for seed, (ra, rb) in enumerate(zip(a_rates, b_rates)):
+        steps = range(10, 101, 10)
+        a_curve = {s: max(3.0 - ra * s / 100, a_floor) for s in steps}
+        b_curve = {s: 3.0 - rb * s / 100 for s in steps}
+        plant(runs, f"rms_s{seed}", seed=seed, norm="rms", final=a_curve[100], curve=a_curve)
+        plant(runs, f"ln_s{seed}", seed=seed, norm="ln", final=b_curve[100], curve=b_curve)
+
+
+def first_step(rate, target, floor=0.0):
+    """The first evaluated step of 3 - rate * s / 100 at or below ``target`` (None: never)."""
+    return next((s for s in range(10, 101, 10) if max(3.0 - rate * s / 100, floor) <= target + 1e-12), None)
+
+
 @pytest.mark.parametrize(
-    "a_steps, word",
-    [([20, 30, 20], "reproduced"), ([100, 90, 100], "not reproduced"), ([30, 70, 50], "inconclusive")],
+    "a_rates, word",
+    [
+        ([2.0, 2.2, 2.1, 1.9, 2.3, 2.0], "reproduced"),
+        ([0.5, 0.55, 0.5, 0.6, 0.5, 0.55], "not reproduced"),
+        ([2.0, 2.2, 2.1], "inconclusive"),  # 3 seeds: the exact test cannot reach 0.05
+    ],
 )
-def test_steps_to_target_from_the_eval_curves(tmp_path, a_steps, word):
-    """b reaches its mean final loss (2.0) at step 50 in every seed; a at a_steps."""
+def test_steps_to_target_a_target_both_curves_cross(tmp_path, a_rates, word):
+    """The target is the higher of the arms' mean losses at step 50 (mid-run), so both arms reach it
+    well before their end; the ratio per seed is hand-counted from the curves."""
+    b_rates = [1.0, 1.05, 0.95, 1.0, 1.1, 0.9][: len(a_rates)]
+    plant_speeds(tmp_path / "runs", a_rates, b_rates)
+    claim = write_claim(
+        tmp_path, "steps", kind="steps_to_target", a={"norm": "rms"}, b={"norm": "ln"}, below=1.0
+    )
+    out = verdict_of(tmp_path, claim, tmp_path / "runs")
+    target = max(np.mean([3.0 - r * 0.5 for r in rates]) for rates in (a_rates, b_rates))
+    logs = [math.log(first_step(ra, target) / first_step(rb, target)) for ra, rb in zip(a_rates, b_rates)]
+    assert out.verdict == word and out.estimate == pytest.approx(math.exp(np.mean(logs)))
+
+
+def test_a_run_that_never_reaches_the_target_is_censored(tmp_path):
+    """a is fast but three of its six seeds stall above the target: their steps are lower bounds, so
+    a cannot read faster."""
     runs = tmp_path / "runs"
-    steps = range(10, 101, 10)
-    for seed, reach in enumerate(a_steps):
-        b_curve = {s: (3.0 if s < 50 else 2.0) for s in steps}
-        a_curve = {s: (2.5 if s < reach else 1.99) for s in steps}
-        plant(runs, f"ln_s{seed}", seed=seed, norm="ln", final=2.0, curve=b_curve)
-        plant(runs, f"rms_s{seed}", seed=seed, norm="rms", final=1.99, curve=a_curve)
+    plant_speeds(runs, [2.0] * 6, [1.0, 1.05, 0.95, 1.0, 1.1, 0.9])
+    for seed in range(3):  # stalled at 2.8
+        path = runs / f"rms_s{seed}" / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "val_loss": max(r["val_loss"], 2.8)}) + "\n" for r in rows))
     claim = write_claim(
         tmp_path, "steps", kind="steps_to_target", a={"norm": "rms"}, b={"norm": "ln"}, below=1.0
     )
     out = verdict_of(tmp_path, claim, runs)
-    logs = np.log(np.asarray(a_steps) / 50.0)
-    assert out.verdict == word and out.estimate == pytest.approx(math.exp(logs.mean()))
-    low, high = t_interval(logs)
-    assert (out.low, out.high) == pytest.approx((math.exp(low), math.exp(high)))
+    assert out.verdict == "inconclusive" and "3 run(s) of a never reached it" in out.reason
 
 
 # ----------------------------------------------------------------------------- stable learning rate
 
 
-@pytest.mark.parametrize(
-    "a_first, b_first, word",
-    [
-        (0.08, 0.04, "reproduced"),
-        (0.02, 0.04, "not reproduced"),
-        (0.04, None, "not reproduced"),  # b never diverged: its true rate is higher still
-        (None, None, "inconclusive"),
-        (None, 0.08, "reproduced"),  # a never diverged: its true ratio is higher still
-    ],
-)
-def test_stable_lr_is_the_largest_rate_that_did_not_diverge(tmp_path, a_first, b_first, word):
-    """Each arm diverges from rate ``first`` up (None: never); factor 1.41."""
-    runs = tmp_path / "runs"
+def plant_stability(runs, a_first, b_first, seeds=6, stuck=None, failed=None):
+    """Each arm unstable from rate ``first`` up (None: never), over ``seeds`` seeds; ``stuck``: a's
+    rate at which seed 0 finishes but stays near its start (4.0 -> 3.95); ``failed``: a's rate at
+    which seed 0 failed for another reason."""
     for norm, first in (("rms", a_first), ("ln", b_first)):
-        for seed in range(3):
+        for seed in range(seeds):
             for lr in (0.01, 0.02, 0.04, 0.08):
                 status = "diverged" if first and lr >= first else "completed"
-                plant(
-                    runs,
-                    f"{norm}_{lr}_s{seed}",
-                    seed=seed,
-                    norm=norm,
-                    lr=lr,
-                    final=2.0 + lr + seed * 0.01,
-                    status=status,
-                )
-    claim = write_claim(
+                final = 2.0 + lr + seed * 0.01
+                if norm == "rms" and seed == 0 and lr == stuck:
+                    final = 3.95
+                if norm == "rms" and seed == 0 and lr == failed:
+                    status = "failed"
+                plant(runs, f"{norm}_{lr}_s{seed}", seed=seed, norm=norm, lr=lr, final=final, status=status)
+
+
+def stable_claim(tmp_path):
+    return write_claim(
         tmp_path,
         "stable",
         kind="stable_lr",
@@ -429,12 +558,44 @@ def test_stable_lr_is_the_largest_rate_that_did_not_diverge(tmp_path, a_first, b
         tune="train.lr",
         factor=1.41,
     )
-    out = verdict_of(tmp_path, claim, runs)
+
+
+@pytest.mark.parametrize(
+    "a_first, b_first, seeds, word",
+    [
+        (0.08, 0.04, 6, "reproduced"),
+        (0.08, 0.04, 3, "inconclusive"),  # identical per seed: the exact test needs 6 seeds
+        (0.02, 0.04, 6, "not reproduced"),
+        (0.04, None, 6, "not reproduced"),  # b never went unstable: its true rate is higher still
+        (None, None, 6, "inconclusive"),
+        (None, 0.08, 6, "reproduced"),  # a never went unstable: its true ratio is higher still
+    ],
+)
+def test_stable_lr_is_the_largest_rate_that_stayed_stable(tmp_path, a_first, b_first, seeds, word):
+    plant_stability(tmp_path / "runs", a_first, b_first, seeds)
+    out = verdict_of(tmp_path, stable_claim(tmp_path), tmp_path / "runs")
     assert out.verdict == word
     stable = {first: (first or 0.16) / 2 for first in (a_first, b_first)}
     assert out.estimate == pytest.approx(stable[a_first] / stable[b_first])
-    if word == "inconclusive":
+    if a_first is None and b_first is None:
         assert "widen the grid" in out.reason
+
+
+def test_a_run_stuck_near_its_start_is_not_stable(tmp_path):
+    """a's seed 0 at 0.04 ends at 3.95 from 4.0: it did not learn, so its largest stable rate is 0.02."""
+    plant_stability(tmp_path / "runs", 0.08, 0.04, stuck=0.04)
+    out = verdict_of(tmp_path, stable_claim(tmp_path), tmp_path / "runs")
+    ratios = [0.02 / 0.02] + [0.04 / 0.02] * 5
+    assert out.estimate == pytest.approx(math.exp(np.mean(np.log(ratios))))
+
+
+def test_a_failed_run_is_left_out_and_said_so(tmp_path):
+    """a's seed 0 crashed at 0.08, above its stable 0.04: its limit is unknown, so the seed is left out
+    rather than read as unstable at 0.08 (which would put it at 0.04 against the others' 0.08)."""
+    plant_stability(tmp_path / "runs", None, 0.04, failed=0.08)
+    out = verdict_of(tmp_path, stable_claim(tmp_path), tmp_path / "runs")
+    assert "1 failed run(s) left out" in out.reason and out.n_a == 5
+    assert out.estimate == pytest.approx(0.08 / 0.02)
 
 
 # ------------------------------------------------------------------ verdicts: provenance, scale, Holm

@@ -311,3 +311,17 @@ def test_a_compiled_run_records_the_statistics_an_eager_run_records(tmp_path):
             assert record[key] == (pytest.approx(value, rel=1e-4) if number else value), key
     for key in ("max_attn_logit", "max_log_z", "layer_skip_loss"):
         assert eager[key] is not None and compiled[key] == pytest.approx(eager[key], rel=1e-4), key
+
+
+def test_a_gradient_spike_is_measured_against_the_runs_own_running_median():
+    """Two runs whose norms differ by 100x in scale but spike alike read the same spike: the largest
+    ratio of a step to the median of the 20 steps before it (hand-computed: 5 / 1, then 5 / 1.0)."""
+    from normbench.training.diagnostics import grad_spike
+
+    quiet = [1.0, 1.2, 0.8] * 10  # median of any 20 consecutive: 1.0
+    spiky = [*quiet[:25], 5.0, *quiet[25:]]
+    assert grad_spike(spiky) == pytest.approx(5.0)
+    assert grad_spike([100 * g for g in spiky]) == pytest.approx(5.0)
+    assert grad_spike(quiet) == pytest.approx(1.2)
+    assert grad_spike(quiet[:20]) is None  # no step after a full window
+    assert grad_spike([*spiky, float("nan")]) == pytest.approx(5.0)  # non-finite steps are left out

@@ -124,7 +124,9 @@ def report(
         None, "--out", "-o", help="Output folder. Default: the first folder given."
     ),
     holm: bool = typer.Option(
-        False, "--holm", help="Holm-correct the verdicts and intervals across the claims run."
+        True,
+        "--holm/--no-holm",
+        help="Holm-correct the verdicts and intervals across the claims run (the default).",
     ),
     config_dir: Path | None = CONFIG_DIR,
     markdown: Path | None = typer.Option(

@@ -154,10 +154,17 @@ def display(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def headline(frame: pd.DataFrame) -> str:
+    """'7 of 27 claims reproduced at this scale (...), Holm-corrected across the 16 run': the counts with
+    the multiplicity correction they were read under."""
     counts = {w: int(frame["verdict"].eq(w).sum()) for w in WORDS}
     rest = ", ".join(f"{counts[w]} {w}" for w in WORDS[1:] if counts[w])
-    return f"{counts['reproduced']} of {len(frame)} claims reproduced at this scale" + (
-        f" ({rest})" if rest else ""
+    run = len(frame) - counts["not run"]
+    corrected = frame["corrected"].astype(str).ne("no").any() if "corrected" in frame else False
+    multiplicity = f"Holm-corrected across the {run} run" if corrected else "not corrected for multiplicity"
+    return (
+        f"{counts['reproduced']} of {len(frame)} claims reproduced at this scale"
+        + (f" ({rest})" if rest else "")
+        + f", {multiplicity}"
     )
 
 
@@ -176,7 +183,7 @@ def headline_table(frame: pd.DataFrame) -> str:
     ]
     return "\n".join(
         [
-            f"**{headline(frame)}**; 95% intervals (90%: equivalence), each measure in docs/claims.md.",
+            f"**{headline(frame)}**; 95% intervals (90%: one-sided), measures in docs/claims.md.",
             "",
             "| claim | verdict | estimate [interval] |",
             "|---|---|---|",
@@ -189,10 +196,12 @@ def headline_table(frame: pd.DataFrame) -> str:
 def _correction(frame: pd.DataFrame) -> str:
     corrected = frame["corrected"].astype(str).ne("no").any()
     return (
-        "Intervals and verdicts are Holm-corrected across the claims run (each claim at its level)."
+        "Intervals and verdicts are Holm-corrected across the claims run (each claim at its level); "
+        "'not reproduced' means refuted at this scale: significant the other way, or equivalent within a "
+        "margin smaller than the effect the source reports."
         if corrected
-        else "Intervals are 95% (90% for equivalence, two one-sided tests) and not corrected for "
-        "multiplicity (normbench claims report --holm corrects them)."
+        else "Intervals are 95% (90% for equivalence and non-inferiority, one-sided tests) and not corrected "
+        "for multiplicity (normbench claims report corrects them by default; --no-holm leaves them)."
     )
 
 

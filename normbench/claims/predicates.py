@@ -1,32 +1,55 @@
 """Predicates: a claim's runs -> its verdict word, estimate, interval, n and test.
 
-Each arm is the runs whose config matches the claim's ``compare.a`` (``b``), taken at its own best
-value of ``compare.tune`` as normbench.report.tuning chooses it (the lowest mean final validation
-loss over the completed seeds). Seeds are compared with normbench.report.stats.compare (paired by
-seed when both arms ran the same seeds, Welch otherwise). The words:
+**The arms.** Each arm is the runs whose config matches the claim's ``compare.a`` (``b``). With a
+tuning key (``compare.tune``, the learning rate) each seed is read at the value chosen on the
+arm's *other* seeds (leave one seed out: the lowest mean final validation loss among them, a
+diverged or failed run counting as its loss at initialisation). Choosing on the seeds an arm is
+then compared on flatters the arm whose seeds scatter more; choosing on the others does not. An
+arm whose best value (over all its seeds) is the grid's smallest or largest may do better still
+off the grid: its verdict is inconclusive until the grid is extended. A run that diverged is
+read at its initialisation loss (it learned nothing) where the metric is a loss.
+
+**The tests.** Seeds are compared with normbench.report.stats.compare (paired by seed when both
+arms ran the same seeds, Welch otherwise): t intervals. Where the seeds show no spread at all a t
+interval has width 0 and says nothing; the verdict is then the exact sign-flip (or, unpaired,
+permutation) test's, whose smallest p with n pairs is 2 / 2^n: three identical differences cannot
+read "reproduced". Grid-valued and step-valued outcomes (a best or largest stable learning rate, a
+step count at an evaluation) are discrete: their spread is floored at the grid's resolution
+(a value read on a grid of step h carries h / sqrt(12) of rounding), and the exact test must agree
+with the interval. The words:
 
 - better / worse: the interval of the difference a - b (of the logs, with ``compare.log``) excludes
   0 on the claimed side (lower is better for a loss, higher for tokens_per_s and mfu): reproduced;
-  on the other side, or inside ±delta by two one-sided tests (equivalence where a difference was
-  claimed): not reproduced;
-- not_worse: a is at most delta worse than b: the interval's unfavourable end inside delta:
-  reproduced; its favourable end beyond delta (worse by more): not reproduced;
+  on the other side: not reproduced; equivalent within ±delta by two one-sided tests refutes the
+  claim only where delta is smaller than the effect the source reports (``predicate.effect``): a
+  margin as wide as the claimed effect cannot tell the effect from none;
+- not_worse: a is at most delta worse than b, a one-sided test at alpha whose bound is the
+  (1 - 2 alpha) interval's unfavourable end (as for two one-sided tests): inside delta: reproduced;
+  its favourable end beyond delta (worse by more, one-sided at alpha): not reproduced;
 - equivalent: two one-sided tests at margin delta, i.e. the (1 - 2 alpha) interval inside ±delta:
-  reproduced; the (1 - alpha) interval wholly outside ±delta: not reproduced;
+  reproduced; the (1 - 2 alpha) interval wholly outside ±delta: not reproduced;
 - trend: the slope of the gap a - b (or of a's per-seed best tuning value, in log2) per doubling of
   the size key, normbench.report.scale.fit_trend's least-squares fit; its interval on the claimed side
-  (or inside ±delta for flat): reproduced; on the other side (outside ±delta): not reproduced;
+  (or inside ±delta for flat): reproduced; on the other side (outside ±delta): not reproduced. A
+  flat best value (a transfer claim) needs its control ``b`` beside it (standard parametrization):
+  reproduced only where a's slope is within ±delta and b's is not, so the grid is shown able to
+  see a best value move; where b's does not move either, inconclusive;
 - rate: divergences of a against b, Fisher's exact test (one-sided in the claimed direction);
-- steps_to_target: per seed, the first evaluated step at which a's validation loss reaches the
-  baseline b's mean final loss, over b's own steps to it (a run that never reaches it counts its
-  last step: the ratio is then a lower bound, and said so); the geometric mean ratio with the
-  interval of the log ratio; below the claimed bound: reproduced, above it: not reproduced;
-- stable_lr: per seed, the largest tuning value at which the run did not diverge or fail; the
-  ratio a/b (log2, compared by seed) at least ``factor``: reproduced, below it: not reproduced.
+- steps_to_target: per seed, the first evaluated step at which the validation loss reaches a
+  target both arms' mean curves cross by mid-training (the higher of the two arms' mean losses at
+  the evaluation nearest half the run); the geometric mean ratio a/b with the interval of the log
+  ratio; below the claimed bound: reproduced, above it: not reproduced. A run that never reaches
+  the target is censored at its last step: the ratio is then a bound, and only the side the bound
+  allows can be read;
+- stable_lr: per seed, the largest tuning value at which the run stayed stable: finished, finite and
+  learned (its final validation loss at most STABLE_FRACTION of its own loss at initialisation); the
+  ratio a/b (log2, compared by seed) at least ``factor``: reproduced, below it: not reproduced. A run
+  that failed for another reason (a crash, not the numerics) is not read as unstable: it is left out,
+  with the seed whose limit it hides, and the verdict says so.
 
 Anything else is inconclusive, with the reason: fewer than min_seeds completed seeds (no interval
-is computed from fewer), or an interval too wide, with the seeds per arm that would settle it at
-the measured spread if the estimate held. ``alpha`` is the family level of one claim: 0.05
+is computed from fewer), or an interval too wide, with the seeds per arm that would give 80% power
+at the measured spread if the estimate held. ``alpha`` is the family level of one claim: 0.05
 alone, smaller under Holm's correction (normbench.claims.verdicts), where the intervals are the
 t intervals at that level.
 """
@@ -34,6 +57,7 @@ t intervals at that level.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -47,10 +71,14 @@ from normbench.report.metrics import HIGHER_IS_BETTER
 from normbench.report.scale import fit_trend
 from normbench.report.stats import CONFIDENCE, Comparison, compare
 from normbench.report.tables import varying_keys
-from normbench.report.tuning import tune
 
 ALPHA = 1 - CONFIDENCE
+POWER = 0.8  # the power a suggested seed count is for
 MAX_SEEDS = 1000  # beyond this, "no seed count settles it"
+EXACT_UP_TO = 14  # pairs (2^14 sign flips) enumerated exactly; beyond, a fixed sample of them
+STABLE_FRACTION = 0.9  # a stable run ends at most at this share of its own initial loss
+TUNED_ON = "final_val_loss"  # what the tuning value is chosen by, whatever the claim's metric
+LOSSES = ("final_val_loss", "best_val_loss")  # metrics a diverged run is read at its init loss for
 
 
 @dataclass
@@ -74,6 +102,10 @@ def _inconclusive(reason: str, **kw) -> Outcome:
     return Outcome("inconclusive", reason=reason, **kw)
 
 
+def _join(*notes: str | None) -> str:
+    return "; ".join(n for n in notes if n)
+
+
 # ----------------------------------------------------------------------------- the arms
 
 
@@ -94,76 +126,142 @@ def arm(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
     return runs[mask]
 
 
-def _warn(message: str) -> None:
-    """The tuning's warnings concern the report's LR-sensitivity column, which a verdict does not use."""
+def _learned(runs: pd.DataFrame) -> pd.Series:
+    """Each run's final validation loss, a run that did not complete read at its loss at init."""
+    final = pd.to_numeric(runs[TUNED_ON], errors="coerce")
+    return final.where(runs["status"].eq("completed"), pd.to_numeric(runs["init_val_loss"], errors="coerce"))
 
 
-def best_values(d: ReportData, runs: pd.DataFrame, key: str | None, by: str | None = None) -> dict:
-    """{size: best value of ``key``} for the runs (size None without ``by``), normbench.report.tuning's
-    choice; {} when ``key`` is None or takes one value here (every run counts)."""
-    if key is None or key not in runs or runs[key].nunique() < 2:
-        return {}
-    part = dataclasses.replace(d, runs=runs, keys=[*([by] if by else []), key])
-    tuned = tune(part, key, _warn)
-    return {(row[by] if by else None): row["best_value"] for _, row in tuned.iterrows()}
+def _grid(runs: pd.DataFrame, key: str | None) -> list[float]:
+    if key is None or key not in runs:
+        return []
+    return sorted(pd.to_numeric(runs[key], errors="coerce").dropna().unique())
 
 
-def at_best(d: ReportData, runs: pd.DataFrame, key: str | None, by: str | None = None) -> pd.DataFrame:
-    """The runs at their (per size) best value of ``key``."""
-    best = best_values(d, runs, key, by)
-    if not best:
-        return runs
-    chosen = runs[by].map(best) if by else pd.Series(best[None], index=runs.index)
-    return runs[pd.to_numeric(runs[key], errors="coerce").sub(pd.to_numeric(chosen)).abs().le(1e-15)]
+def at_best(runs: pd.DataFrame, key: str | None, side: str = "a") -> tuple[pd.DataFrame, str | None]:
+    """(the arm's runs, each seed at the value of ``key`` chosen on the arm's other seeds; a note when
+    the arm's best value is at the grid's edge). Every run counts without a key or with one value."""
+    grid = _grid(runs, key)
+    if len(grid) < 2:
+        return runs, None
+    table = pd.DataFrame(
+        {"seed": runs["seed"], "value": pd.to_numeric(runs[key], errors="coerce"), "loss": _learned(runs)},
+        index=runs.index,
+    )
+    chosen = []
+    for seed in table["seed"].unique():
+        others = table[table["seed"].ne(seed)]
+        means = (others if len(others) else table).groupby("value")["loss"].mean().dropna()
+        if len(means):
+            chosen += list(table.index[table["seed"].eq(seed) & table["value"].eq(means.idxmin())])
+    overall = table.groupby("value")["loss"].mean().dropna()
+    edge = None
+    if len(overall) and overall.idxmin() in (grid[0], grid[-1]):
+        end = "smallest" if overall.idxmin() == grid[0] else "largest"
+        edge = f"{side}'s best {key} ({overall.idxmin():g}) is the grid's {end}: extend the grid past it"
+    return runs.loc[chosen], edge
 
 
 def samples(runs: pd.DataFrame, metric: str, log: bool = False) -> dict:
-    """{seed: metric} (its natural log with ``log``) over the completed runs with a finite value (and
-    a positive one with ``log``); seeds are distinct within an arm."""
+    """{seed: metric} (its natural log with ``log``) over the runs with a finite value (and a positive
+    one with ``log``): completed runs, and for a loss also the diverged ones, at their loss at init."""
     if metric not in runs:
         return {}
     values = pd.to_numeric(runs[metric], errors="coerce")
+    done = runs["status"].eq("completed")
+    if metric in LOSSES:
+        values = values.where(done, pd.to_numeric(runs["init_val_loss"], errors="coerce"))
+        done = done | runs["status"].eq("diverged")
     if log:
         values = np.log(values.where(values > 0))
-    done = runs[runs["status"].eq("completed") & np.isfinite(values)]
-    return dict(zip(done["seed"], values[done.index]))
+    kept = runs[done & np.isfinite(values)]
+    return dict(zip(kept["seed"], values[kept.index]))
 
 
-# ----------------------------------------------------------------------------- intervals and seed counts
+# ----------------------------------------------------------------------------- tests and seed counts
 
 
 def interval(c: Comparison, alpha: float) -> tuple[float, float]:
-    """c's interval at confidence 1 - alpha: stats.compare's own at 95%, the t interval otherwise."""
-    if math.isclose(alpha, ALPHA) and c.ci is not None:
+    """c's t interval at confidence 1 - alpha (NaN where there is no spread to build one from)."""
+    if math.isclose(alpha, ALPHA) and c.ci is not None and c.se > 0:
         return c.ci.low, c.ci.high
-    half = 0.0 if not c.se > 0 else float(stats.t.ppf(1 - alpha / 2, c.df) * c.se)
+    if not c.se > 0:
+        return math.nan, math.nan
+    half = float(stats.t.ppf(1 - alpha / 2, c.df) * c.se)
     return c.diff - half, c.diff + half
 
 
 def _t_p(diff: float, se: float, df: float) -> float:
-    """Two-sided p of diff against 0 with standard error se (0 when there is no spread and diff != 0)."""
+    """Two-sided p of diff against 0 with standard error se (1 without spread: see exact_p)."""
     if not se > 0:
-        return 0.0 if diff != 0 else 1.0
+        return 1.0
     return float(2 * stats.t.sf(abs(diff) / se, df))
 
 
 def tost_p(diff: float, se: float, df: float, delta: float) -> float:
     """Two one-sided tests of |diff| < delta: the larger of the two one-sided p-values."""
     if not se > 0:
-        return 0.0 if abs(diff) < delta else 1.0
+        return 1.0
     return float(max(stats.t.sf((diff + delta) / se, df), stats.t.cdf((diff - delta) / se, df)))
 
 
-def seeds_needed(sd: float, margin: float, alpha: float) -> str:
-    """'about N seeds per arm would settle it': the seeds whose t interval half-width is below
-    ``margin`` at the measured spread ``sd`` (the spread of a seed's difference)."""
+def exact_p(a: dict, b: dict, shift: float = 0.0, side: int = 0) -> float:
+    """The exact test of mean(a) - mean(b) against ``shift``, valid for few seeds and ties: the sign-flip
+    test of the per-seed differences when both arms ran the same seeds, the permutation test of the
+    arm labels otherwise. ``side``: 0 two-sided, +1 (a - b > shift), -1 (a - b < shift)."""
+    if set(a) == set(b) and len(a) >= 1:
+        d = np.array([a[s] - b[s] for s in sorted(a)], float) - shift
+        if len(d) <= EXACT_UP_TO:
+            flips = np.array(list(itertools.product((1.0, -1.0), repeat=len(d))))
+        else:  # 2^n is too many: a fixed random sample of the sign flips
+            flips = np.random.default_rng(0).choice((1.0, -1.0), size=(2**EXACT_UP_TO, len(d)))
+        stats_ = flips @ d / len(d)
+        observed = d.mean()
+    else:
+        xa, xb = np.array(list(a.values()), float) - shift, np.array(list(b.values()), float)
+        pooled, n = np.concatenate([xa, xb]), len(xa)
+        if math.comb(len(pooled), n) <= 2**EXACT_UP_TO:
+            picks = [list(i) for i in itertools.combinations(range(len(pooled)), n)]
+        else:  # a fixed random sample of the relabellings
+            rng = np.random.default_rng(0)
+            picks = [list(rng.permutation(len(pooled))[:n]) for _ in range(2**EXACT_UP_TO)]
+        stats_ = np.array([pooled[i].mean() - np.delete(pooled, i).mean() for i in picks])
+        observed = xa.mean() - xb.mean()
+    tol = 1e-12 * max(1.0, abs(observed))
+    if side == 0:
+        return float(np.mean(np.abs(stats_) >= abs(observed) - tol))
+    return float(np.mean(side * stats_ >= side * observed - tol))
+
+
+def floored(c: Comparison, n: int, resolution: float) -> Comparison:
+    """c with its standard error at least that of a difference of two values rounded to a grid of step
+    ``resolution`` (each carries resolution / sqrt(12), the difference sqrt(2) times that)."""
+    floor = resolution / math.sqrt(6) / math.sqrt(max(n, 1))
+    if not resolution > 0 or c.se >= floor:
+        return c
+    df = c.df if math.isfinite(c.df) and c.df > 0 else max(n - 1.0, 1.0)
+    return dataclasses.replace(c, se=floor, df=df, ci=None)
+
+
+def power(n: int, effect: float, alpha: float, sides: int = 2) -> float:
+    """The power of a t test on n paired differences at level alpha for a true mean ``effect`` (in
+    units of the differences' spread): the noncentral t's mass beyond the critical value."""
+    df, nc = n - 1, effect * math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha / sides, df)
+    return float(stats.nct.sf(crit, df, nc) + (stats.nct.cdf(-crit, df, nc) if sides == 2 else 0.0))
+
+
+def seeds_needed(sd: float, margin: float, alpha: float, sides: int = 2) -> str:
+    """'about N seeds per arm would settle it': the fewest seeds at which a t test at level alpha
+    (``sides`` 2: two-sided; 1: one-sided, as each of two one-sided tests) has 80% power for an
+    effect of ``margin`` at the measured spread ``sd`` of a seed's difference."""
     if not margin > 0 or not math.isfinite(sd):
         return "no seed count settles it at this estimate"
     if sd == 0:
-        return "2 seeds per arm would settle it"
+        return "no spread between the seeds: more seeds, so that an exact test can reach its level"
     for n in range(2, MAX_SEEDS):
-        if stats.t.ppf(1 - alpha / 2, n - 1) * sd / math.sqrt(n) < margin:
-            return f"about {n} seeds per arm would settle it (spread {sd:.3g})"
+        if power(n, margin / sd, alpha, sides) >= POWER:
+            return f"about {n} seeds per arm would settle it with 80% power (spread {sd:.3g})"
     return f"more than {MAX_SEEDS} seeds per arm would be needed (spread {sd:.3g})"
 
 
@@ -188,12 +286,21 @@ def _several(d: ReportData, arms: dict, by: list) -> str | None:
     return None
 
 
+def _no_spread(sa: dict, sb: dict, alpha: float) -> tuple[bool, float, str]:
+    """(whether the exact test reaches alpha in the claimed direction, its p, a note) for seeds whose
+    differences show no spread, where a t interval says nothing."""
+    p = exact_p(sa, sb, side=0)
+    n = min(len(sa), len(sb))
+    note = f"no spread between the seeds: the exact test's p is {p:.3g} (at least {2 / 2**n:.3g} with {n})"
+    return p < alpha, p, note
+
+
 # ----------------------------------------------------------------------------- the predicates
 
 
 def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
-    a = at_best(d, arm(d.runs, claim.a), claim.tune)
-    b = at_best(d, arm(d.runs, claim.b), claim.tune)
+    a, edge_a = at_best(arm(d.runs, claim.a), claim.tune, "a")
+    b, edge_b = at_best(arm(d.runs, claim.b), claim.tune, "b")
     sa, sb = samples(a, claim.metric, claim.log), samples(b, claim.metric, claim.log)
     measure = f"log {claim.metric}" if claim.log else claim.metric
     base = dict(n_a=len(sa), n_b=len(sb), unit=f"{measure}: a - b", runs=[*a["run_dir"], *b["run_dir"]])
@@ -201,118 +308,174 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         return _inconclusive(reason, **base)
     c = compare(sa, sb)
     n, delta = min(len(sa), len(sb)), claim.predicate.get("delta")
-    base.update(estimate=c.diff, test=f"difference of means, {c.method}", spread=_sd(c, n))
-    if claim.kind == "equivalent":
-        p = tost_p(c.diff, c.se, c.df, delta)
-        low, high = interval(dataclasses.replace(c, ci=None), 2 * alpha)
-        wide_low, wide_high = interval(c, alpha)
-        base.update(low=low, high=high, p=p, level=f"{100 * (1 - 2 * alpha):.3g}% (TOST, ±{delta:g})")
-        base["test"] = f"two one-sided tests at ±{delta:g}, {c.method}"
-        if p < alpha:
-            return Outcome("reproduced", **base)
-        if wide_low > delta or wide_high < -delta:
-            return Outcome("not reproduced", reason=f"the difference exceeds ±{delta:g}", **base)
-        return _inconclusive(seeds_needed(_sd(c, n), delta - abs(c.diff), alpha), **base)
-    # better / worse / not_worse: the sign of a - b that is an improvement for a
+    chosen = "each seed at the value chosen on the arm's other seeds, " if _grid(a, claim.tune) else ""
+    base.update(estimate=c.diff, test=f"difference of means, {chosen}{c.method}", spread=_sd(c, n))
+    edge = _join(edge_a, edge_b)
     want = 1 if (claim.kind == "worse") != (claim.metric in HIGHER_IS_BETTER) else -1
+    if not c.se > 0:  # identical differences: the exact test decides, and there is no interval
+        significant, p, note = _no_spread(sa, sb, alpha)
+        base.update(p=p, test=f"{base['test']}; exact sign-flip test")
+        if significant and not edge and claim.kind in ("better", "worse"):
+            word = "reproduced" if want * c.diff > 0 else "not reproduced"
+            return Outcome(word, reason=note, **base)
+        return _inconclusive(_join(note, edge), **base)
+    if claim.kind in ("equivalent", "not_worse"):
+        low, high = interval(c, 2 * alpha)
+        base.update(low=low, high=high, level=f"{100 * (1 - 2 * alpha):.3g}%")
+        if claim.kind == "equivalent":
+            base.update(
+                p=tost_p(c.diff, c.se, c.df, delta), test=f"two one-sided tests at ±{delta:g}, {c.method}"
+            )
+            base["level"] += f" (TOST, ±{delta:g})"
+            if low > delta or high < -delta:
+                return Outcome(
+                    "not reproduced", reason=_join(f"the difference exceeds ±{delta:g}", edge), **base
+                )
+            if base["p"] < alpha and not edge:
+                return Outcome("reproduced", **base)
+            needed = seeds_needed(_sd(c, n), delta - abs(c.diff), alpha, sides=1)
+            return _inconclusive(_join(edge, needed), **base)
+        # not_worse: how much worse a is, -want * (a - b), at most delta; one-sided at alpha
+        worse_by = -want * c.diff
+        base["p"] = float(stats.t.cdf((worse_by - delta) / c.se, c.df))
+        base["test"] = f"non-inferiority at {delta:g}, one-sided at {alpha:.3g}, {c.method}"
+        base["level"] += " (one-sided bound)"
+        worst, least = max(-want * low, -want * high), min(-want * low, -want * high)
+        if least > delta:
+            return Outcome("not reproduced", reason=_join(f"a is worse by more than {delta:g}", edge), **base)
+        if worst < delta and not edge:
+            return Outcome("reproduced", **base)
+        return _inconclusive(_join(edge, seeds_needed(_sd(c, n), delta - worse_by, alpha, sides=1)), **base)
+    # better / worse: the sign of a - b that is an improvement for a
     low, high = interval(c, alpha)
     base.update(low=low, high=high, level=f"{100 * (1 - alpha):.3g}%")
-    if claim.kind == "not_worse":  # how much worse a is: -want * (a - b), at most delta
-        worst, least = max(-want * low, -want * high), min(-want * low, -want * high)
-        base["p"] = (
-            float(stats.t.cdf((-want * c.diff - delta) / c.se, c.df))
-            if c.se > 0
-            else float(-want * c.diff >= delta)
-        )
-        base["test"] = f"non-inferiority at {delta:g}, {c.method}"
-        if worst < delta:
-            return Outcome("reproduced", **base)
-        if least > delta:
-            return Outcome("not reproduced", reason=f"a is worse by more than {delta:g}", **base)
-        return _inconclusive(seeds_needed(_sd(c, n), delta + want * c.diff, alpha), **base)
-    claimed = c.diff * want > 0
-    base["p"] = _t_p(c.diff, c.se, c.df) if claimed else 1.0
-    if want * low > 0 and want * high > 0:
-        return Outcome("reproduced", **base)
+    base["p"] = _t_p(c.diff, c.se, c.df) if c.diff * want > 0 else 1.0
     if want * low < 0 and want * high < 0:
-        return Outcome("not reproduced", reason="the difference is significant the other way", **base)
-    if delta is not None and tost_p(c.diff, c.se, c.df, delta) < alpha:
-        return Outcome("not reproduced", reason=f"equivalent within ±{delta:g} (two one-sided tests)", **base)
-    return _inconclusive(seeds_needed(_sd(c, n), abs(c.diff), alpha), **base)
+        return Outcome(
+            "not reproduced", reason=_join("the difference is significant the other way", edge), **base
+        )
+    if want * low > 0 and want * high > 0 and not edge:
+        return Outcome("reproduced", **base)
+    if delta is not None and tost_p(c.diff, c.se, c.df, delta) < alpha and not edge:
+        effect = claim.predicate.get("effect")
+        within = f"equivalent within ±{delta:g} (two one-sided tests)"
+        if effect is not None and delta < effect:
+            return Outcome("not reproduced", reason=f"{within}, smaller than the claimed {effect:g}", **base)
+        claimed = (
+            f"the claimed effect {effect:g}" if effect is not None else "an effect the source does not size"
+        )
+        return _inconclusive(f"{within}, but a margin not smaller than {claimed} cannot refute it", **base)
+    return _inconclusive(_join(edge, seeds_needed(_sd(c, n), abs(c.diff), alpha)), **base)
 
 
-def _per_seed_best(runs: pd.DataFrame, key: str, metric: str) -> dict:
-    """{seed: log2 of the value of ``key`` with the seed's lowest ``metric``} over completed runs."""
-    done = runs[runs["status"].eq("completed") & pd.to_numeric(runs[metric], errors="coerce").notna()]
-    best = done.loc[done.groupby("seed")[metric].idxmin()] if len(done) else done
-    return dict(zip(best["seed"], np.log2(pd.to_numeric(best[key]))))
+def _per_seed_best(runs: pd.DataFrame, key: str) -> dict:
+    """{seed: log2 of the value of ``key`` with the seed's lowest final loss} (diverged: loss at init)."""
+    table = runs.assign(_loss=_learned(runs), _value=pd.to_numeric(runs[key], errors="coerce"))
+    table = table[table["_loss"].notna()]
+    best = table.loc[table.groupby("seed")["_loss"].idxmin()] if len(table) else table
+    return dict(zip(best["seed"], np.log2(best["_value"])))
+
+
+def _log2_step(runs: pd.DataFrame, key: str | None) -> float:
+    """The grid's step in log2 (its smallest gap): the resolution of a value read off it."""
+    grid = [v for v in _grid(runs, key) if v > 0]
+    return float(np.min(np.diff(np.log2(grid)))) if len(grid) >= 2 else 0.0
+
+
+def _slope(claim: Claim, d: ReportData, runs_a: pd.DataFrame, runs_b: pd.DataFrame, alpha: float):
+    """(the least-squares fit over the sizes, its Comparison, sizes used, sizes in all, min seeds, edge)."""
+    p, axis = claim.predicate, claim.predicate["axis"]
+    sizes = sorted(pd.to_numeric(pd.concat([runs_a[axis], runs_b[axis]])).dropna().unique())
+    x, gap, se, df, ns, edges = [], [], [], [], [], []
+    step = _log2_step(runs_a, claim.tune)
+    for size in sizes:
+        sa_runs = runs_a[_matches(runs_a[axis], float(size))]
+        if p["of"] == "gap":
+            sb_runs = runs_b[_matches(runs_b[axis], float(size))]
+            (ra, ea), (rb, eb) = at_best(sa_runs, claim.tune, "a"), at_best(sb_runs, claim.tune, "b")
+            sa, sb = samples(ra, claim.metric, claim.log), samples(rb, claim.metric, claim.log)
+            if min(len(sa), len(sb)) < claim.min_seeds:
+                continue
+            c = compare(sa, sb)
+            gap_i, se_i, df_i, n_i = c.diff, c.se, c.df, min(len(sa), len(sb))
+            edges += [f"at {axis}={size:g} {e}" for e in (ea, eb) if e]
+        else:
+            logs = list(_per_seed_best(sa_runs, claim.tune).values())
+            if len(logs) < claim.min_seeds:
+                continue
+            n_i = len(logs)
+            # a best value read off the grid carries its rounding: step / sqrt(12) per seed
+            sd = max(float(np.std(logs, ddof=1)), step / math.sqrt(12))
+            gap_i, se_i, df_i = float(np.mean(logs)), sd / math.sqrt(n_i), n_i - 1.0
+            _, e = at_best(sa_runs, claim.tune, "the arm")
+            edges += [f"at {axis}={size:g} {e}"] if e else []
+        x.append(size), gap.append(gap_i), se.append(se_i), df.append(df_i), ns.append(n_i)
+    if len(x) < 2:
+        return None, None, len(x), len(sizes), min(ns, default=0), _join(*edges)
+    fit = fit_trend(x, gap, se, df)
+    t95 = stats.t.ppf(1 - ALPHA / 2, fit.df)
+    slope_se = (fit.high - fit.slope) / t95 if fit.high > fit.slope else 0.0
+    c = Comparison(fit.slope, None, math.nan, paired=False, se=slope_se, df=fit.df)
+    return fit, c, len(x), len(sizes), min(ns), _join(*edges)
 
 
 def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     p = claim.predicate
     axis, runs_a = p["axis"], arm(d.runs, claim.a)
-    runs_b = arm(d.runs, claim.b) if p["of"] == "gap" else runs_a.iloc[:0]
+    runs_b = arm(d.runs, claim.b) if claim.b is not None else runs_a.iloc[:0]
     if axis not in d.runs:
         return _inconclusive(f"the runs do not vary {axis}")
     if reason := _several(d, {"a": runs_a, "b": runs_b}, [axis, claim.tune]):
         return _inconclusive(reason)
-    sizes = sorted(pd.to_numeric(pd.concat([runs_a[axis], runs_b[axis]])).dropna().unique())
-    x, gap, se, df, ns = [], [], [], [], []
-    for size in sizes:
-        sa_runs = runs_a[_matches(runs_a[axis], float(size))]
-        if p["of"] == "gap":
-            sb_runs = runs_b[_matches(runs_b[axis], float(size))]
-            sa = samples(at_best(d, sa_runs, claim.tune), claim.metric, claim.log)
-            sb = samples(at_best(d, sb_runs, claim.tune), claim.metric, claim.log)
-            if min(len(sa), len(sb)) < claim.min_seeds:
-                continue
-            c = compare(sa, sb)
-            gap_i, se_i, df_i, n_i = c.diff, c.se, c.df, min(len(sa), len(sb))
-        else:
-            logs = list(_per_seed_best(sa_runs, claim.tune, claim.metric).values())
-            if len(logs) < claim.min_seeds:
-                continue
-            gap_i, se_i, df_i, n_i = float(np.mean(logs)), float(stats.sem(logs)), len(logs) - 1.0, len(logs)
-        x.append(size), gap.append(gap_i), se.append(se_i), df.append(df_i), ns.append(n_i)
-    unit = (
-        "slope of "
-        + ("a - b" if p["of"] == "gap" else f"log2 best {claim.tune}")
-        + f" per doubling of {axis}"
-    )
-    base = dict(unit=unit, n_a=min(ns, default=0), n_b=min(ns, default=0) if p["of"] == "gap" else 0)
-    base["runs"] = [*runs_a["run_dir"], *runs_b["run_dir"]]
-    if len(x) < 2:
+    gap = p["of"] == "gap"
+    fit, c, used, total, n, edge = _slope(claim, d, runs_a, runs_b if gap else runs_a.iloc[:0], alpha)
+    unit = "slope of " + ("a - b" if gap else f"log2 best {claim.tune}") + f" per doubling of {axis}"
+    base = dict(unit=unit, n_a=n, n_b=n if gap else 0, runs=[*runs_a["run_dir"], *runs_b["run_dir"]])
+    if fit is None:
         return _inconclusive(
-            f"{len(x)} of {len(sizes)} sizes of {axis} with min_seeds {claim.min_seeds} seeds per arm: "
+            f"{used} of {total} sizes of {axis} with min_seeds {claim.min_seeds} seeds per arm: "
             "a trend needs 2",
             **base,
         )
-    fit = fit_trend(x, gap, se, df)
-    t95 = stats.t.ppf(1 - ALPHA / 2, fit.df)
-    slope_se = (fit.high - fit.slope) / t95 if fit.high > fit.slope else 0.0
-    c = Comparison(fit.slope, None, math.nan, paired=False, se=slope_se, df=fit.df)
-    base.update(estimate=fit.slope, test=f"least squares over {len(x)} sizes ({fit.method}), t interval")
+    floor = " (grid resolution floored)" if not gap else ""
+    base.update(estimate=fit.slope, test=f"least squares over {used} sizes ({fit.method}){floor}, t interval")
+    if not c.se > 0:
+        return _inconclusive("the sizes show no spread at all: no interval; more seeds or sizes", **base)
     if p["direction"] == "flat":
         delta = p["delta"]
         low, high = interval(c, 2 * alpha)
-        base.update(low=low, high=high, p=tost_p(fit.slope, slope_se, fit.df, delta))
+        base.update(low=low, high=high, p=tost_p(fit.slope, c.se, fit.df, delta))
         base["level"] = f"{100 * (1 - 2 * alpha):.3g}% (TOST, ±{delta:g})"
-        if base["p"] < alpha:
-            return Outcome("reproduced", **base)
-        wide_low, wide_high = interval(c, alpha)
-        if wide_low > delta or wide_high < -delta:
-            return Outcome("not reproduced", reason=f"the slope exceeds ±{delta:g}", **base)
-        return _inconclusive(f"the slope's interval is wider than ±{delta:g}: more seeds or sizes", **base)
+        if low > delta or high < -delta:
+            return Outcome("not reproduced", reason=_join(f"the slope exceeds ±{delta:g}", edge), **base)
+        if base["p"] >= alpha or edge:
+            return _inconclusive(
+                _join(edge, f"the slope's interval is wider than ±{delta:g}: more seeds or sizes"), **base
+            )
+        if not gap and claim.b is not None:  # the control must be seen to move on the same grid
+            control, cc, *_ = _slope(claim, d, runs_b, runs_b.iloc[:0], alpha)
+            if control is None or not cc.se > 0:
+                return _inconclusive("the control arm b has too few sizes or seeds to show its slope", **base)
+            c_low, c_high = interval(cc, 2 * alpha)
+            moves = c_low > delta or c_high < -delta
+            said = f"control b's slope {control.slope:+.2f} [{c_low:+.2f}, {c_high:+.2f}]"
+            if not moves:
+                return _inconclusive(
+                    f"{said} is not outside ±{delta:g} either: on this grid a flat best value cannot be "
+                    "told from a best value that would move without the method; wider sizes or a finer grid",
+                    **base,
+                )
+            return Outcome("reproduced", reason=f"{said} moves", **base)
+        return Outcome("reproduced", **base)
     want = 1 if p["direction"] == "increasing" else -1
     low, high = interval(c, alpha)
-    claimed = fit.slope * want > 0
-    base.update(low=low, high=high, p=_t_p(fit.slope, slope_se, fit.df) if claimed else 1.0)
+    base.update(low=low, high=high, p=_t_p(fit.slope, c.se, fit.df) if fit.slope * want > 0 else 1.0)
     base["level"] = f"{100 * (1 - alpha):.3g}%"
-    if want * low > 0 and want * high > 0:
-        return Outcome("reproduced", **base)
     if want * low < 0 and want * high < 0:
-        return Outcome("not reproduced", reason="the slope is significant the other way", **base)
-    return _inconclusive("the slope's interval includes 0: more seeds or sizes", **base)
+        return Outcome("not reproduced", reason=_join("the slope is significant the other way", edge), **base)
+    if want * low > 0 and want * high > 0 and not edge:
+        return Outcome("reproduced", **base)
+    return _inconclusive(_join(edge, "the slope's interval includes 0: more seeds or sizes"), **base)
 
 
 def _rate(claim: Claim, d: ReportData, alpha: float) -> Outcome:
@@ -356,92 +519,162 @@ def steps_to(evals: pd.DataFrame, run, target: float) -> tuple[float, bool]:
     return (float(curve["step"].iloc[-1]) if len(curve) else math.nan), False
 
 
+def crossing_target(evals: pd.DataFrame, arms: list[pd.DataFrame]) -> tuple[float, float]:
+    """(the loss both arms' mean curves reach by mid-training, that evaluation's step): the higher of
+    the arms' mean validation losses at the evaluation nearest half the run."""
+    curves = evals[evals["step"].gt(0)]
+    last = curves["step"].max()
+    steps = np.sort(curves["step"].unique())
+    mid = float(steps[np.argmin(np.abs(steps - last / 2))])
+    at_mid = curves[curves["step"].eq(mid)].set_index("run")["val_loss"]
+    return max(float(at_mid.reindex(runs.index).mean()) for runs in arms), mid
+
+
 def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
-    a = at_best(d, arm(d.runs, claim.a), claim.tune)
-    b = at_best(d, arm(d.runs, claim.b), claim.tune)
+    a, edge_a = at_best(arm(d.runs, claim.a), claim.tune, "a")
+    b, edge_b = at_best(arm(d.runs, claim.b), claim.tune, "b")
     a, b = (r[r["status"].eq("completed")] for r in (a, b))
     base = dict(
-        n_a=len(a), n_b=len(b), unit="steps ratio a/b to b's final loss", runs=[*a["run_dir"], *b["run_dir"]]
+        n_a=len(a), n_b=len(b), unit="steps ratio a/b to a shared target", runs=[*a["run_dir"], *b["run_dir"]]
     )
     if reason := _several(d, {"a": a, "b": b}, []) or _too_few(claim, len(a), len(b)):
         return _inconclusive(reason, **base)
-    target = float(b["final_val_loss"].mean())
-    logs, unreached = {}, 0
+    target, mid = crossing_target(d.evals, [a, b])
+    logs, censored, spacing = {"a": {}, "b": {}}, {"a": 0, "b": 0}, []
     for side, runs in (("a", a), ("b", b)):
-        logs[side] = {}
         for run, row in runs.iterrows():
             steps, reached = steps_to(d.evals, run, target)
-            unreached += side == "a" and not reached
+            censored[side] += not reached
             if steps > 0:
                 logs[side][row["seed"]] = math.log(steps)
+                evals = np.sort(d.evals.loc[d.evals["run"].eq(run) & d.evals["step"].gt(0), "step"].unique())
+                earlier = evals[evals < steps]
+                spacing.append(math.log(steps / earlier[-1]) if len(earlier) else math.log(2.0))
+    n = min(len(logs["a"]), len(logs["b"]))
     c = compare(logs["a"], logs["b"])
     if c.ci is None:
         return _inconclusive("fewer than 2 seeds a side with an evaluated step", **base)
+    c = floored(c, n, float(np.median(spacing)))  # a step is read at the evaluations: their spacing
     low, high = interval(c, alpha)
     bound = math.log(claim.predicate["below"])
+    side = -1 if c.diff < bound else 1
+    p_exact = exact_p(logs["a"], logs["b"], shift=bound, side=0)
     base.update(
         estimate=math.exp(c.diff),
         low=math.exp(low),
         high=math.exp(high),
         level=f"{100 * (1 - alpha):.3g}%",
-        p=_t_p(c.diff - bound, c.se, c.df) if c.diff < bound else 1.0,
-        test=f"log steps to loss {target:.4f}, {c.method}",
+        p=max(_t_p(c.diff - bound, c.se, c.df), p_exact) if side < 0 else 1.0,
+        test=f"log steps to loss {target:.4f} (both arms' mean by step {mid:g}), {c.method}, "
+        "floored at the evaluations' spacing; exact sign-flip test",
+        spread=_sd(c, n),
     )
-    note = f"; {unreached} run(s) of a never reached it (counted at their last step)" if unreached else ""
-    if high < bound:
-        return Outcome("reproduced", reason=note.lstrip("; "), **base)
-    if low > bound:
+    notes = [
+        f"{k} run(s) of {s} never reached it (censored at their last step)" for s, k in censored.items() if k
+    ]
+    edge = _join(edge_a, edge_b)
+    # a's censored steps are lower bounds (its ratio is higher still): it cannot read "below"; b's
+    # censored steps make the ratio an upper bound: it cannot read "above"
+    significant = p_exact < alpha
+    if high < bound and significant and not censored["a"] and not edge:
+        return Outcome("reproduced", reason=_join(*notes), **base)
+    if low > bound and significant and not censored["b"]:
         return Outcome(
             "not reproduced",
-            reason=f"a needs more than {claim.predicate['below']:g}x b's steps{note}",
+            reason=_join(f"a needs more than {claim.predicate['below']:g}x b's steps", *notes, edge),
             **base,
         )
-    return _inconclusive(seeds_needed(_sd(c, min(len(a), len(b))), abs(c.diff - bound), alpha) + note, **base)
+    if not significant and (high < bound or low > bound):
+        least = 2 / 2**n
+        return _inconclusive(
+            _join(
+                f"the exact sign-flip test's p is {p_exact:.3g} (at least {least:.3g} with {n} seeds)",
+                *notes,
+                edge,
+            ),
+            **base,
+        )
+    return _inconclusive(_join(edge, *notes, seeds_needed(_sd(c, n), abs(c.diff - bound), alpha)), **base)
+
+
+def _stable(runs: pd.DataFrame) -> pd.Series:
+    """Whether each finished run stayed stable: completed with a finite final loss at most
+    STABLE_FRACTION of its own loss at init (one stuck near its start did not learn)."""
+    final = pd.to_numeric(runs["final_val_loss"], errors="coerce")
+    init = pd.to_numeric(runs["init_val_loss"], errors="coerce")
+    learned = final.le(STABLE_FRACTION * init) | init.isna()
+    return runs["status"].eq("completed") & np.isfinite(final) & learned
 
 
 def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     key, factor = claim.tune, claim.predicate["factor"]
-    sides, top = {}, {}
+    sides, top, failed = {}, {}, 0
     for side, spec in (("a", claim.a), ("b", claim.b)):
         runs = arm(d.runs, spec)
-        runs = runs[runs["status"].isin(("completed", "diverged", "failed"))]
+        failed += int(runs["status"].eq("failed").sum())
+        runs = runs[runs["status"].isin(("completed", "diverged"))]
         values = pd.to_numeric(runs[key], errors="coerce") if key in runs else pd.Series(dtype=float)
-        ok = runs[runs["status"].eq("completed")]
+        ok = runs[_stable(runs)]
         stable = ok.assign(_v=values[ok.index]).groupby("seed")["_v"].max()
-        sides[side] = {s: math.log2(v) for s, v in stable.items()}
+        # a seed whose run above its largest stable value failed: where it stops being stable is unknown
+        crashed = arm(d.runs, spec).pipe(lambda r: r[r["status"].eq("failed")])
+        crashed = pd.to_numeric(crashed[key], errors="coerce").groupby(crashed["seed"]).max()
+        sides[side] = {s: math.log2(v) for s, v in stable.items() if not crashed.get(s, -math.inf) > v}
         top[side] = values.max() if len(values) else math.nan
+    left_out = (
+        f"{failed} failed run(s) left out (not a divergence; a seed whose failure hides its limit too)"
+        if failed
+        else ""
+    )
     base = dict(n_a=len(sides["a"]), n_b=len(sides["b"]), unit=f"largest stable {key}, ratio a/b")
     base["runs"] = [*arm(d.runs, claim.a)["run_dir"], *arm(d.runs, claim.b)["run_dir"]]
     arms = {"a": arm(d.runs, claim.a), "b": arm(d.runs, claim.b)}
     if reason := _several(d, arms, [key]) or _too_few(
         claim, len(sides["a"]), len(sides["b"]), "seeds with a stable run"
     ):
-        return _inconclusive(reason, **base)
-    c = compare(sides["a"], sides["b"])
+        return _inconclusive(_join(reason, left_out), **base)
+    n = min(len(sides["a"]), len(sides["b"]))
+    c = floored(compare(sides["a"], sides["b"]), n, _log2_step(pd.concat(arms.values()), key))
     low, high = interval(c, alpha)
     bound = math.log2(factor)
+    p_up, p_down = exact_p(sides["a"], sides["b"], bound, +1), exact_p(sides["a"], sides["b"], bound, -1)
     base.update(
         estimate=2**c.diff,
         low=2**low,
         high=2**high,
         level=f"{100 * (1 - alpha):.3g}%",
-        p=_t_p(c.diff - bound, c.se, c.df) if c.diff >= bound else 1.0,
-        test=f"log2 largest non-diverging {key} per seed, {c.method}",
+        p=max(_t_p(c.diff - bound, c.se, c.df), 2 * p_up) if c.diff >= bound else 1.0,
+        test=f"log2 largest stable {key} per seed, {c.method}, floored at the grid's step; "
+        "exact sign-flip test",
+        spread=_sd(c, n),
     )
-    # An arm that never diverged is censored at the grid's top: its true rate is higher still. So a
-    # censored b makes the ratio an upper bound (only "not reproduced" can be read), a censored a a
+    # An arm that never went unstable is censored at the grid's top: its true rate is higher still. So
+    # a censored b makes the ratio an upper bound (only "not reproduced" can be read), a censored a a
     # lower bound (only "reproduced").
     censored = {side: all(v == math.log2(top[side]) for v in sides[side].values()) for side in sides}
-    if low >= bound - 1e-12 and not censored["b"]:
-        return Outcome("reproduced", **base)
-    if high < bound and not censored["a"]:
-        return Outcome("not reproduced", reason=f"a's largest stable {key} is below {factor:g}x b's", **base)
+    if low >= bound - 1e-12 and 2 * p_up < alpha and not censored["b"]:
+        return Outcome("reproduced", reason=left_out, **base)
+    if high < bound and 2 * p_down < alpha and not censored["a"]:
+        return Outcome(
+            "not reproduced",
+            reason=_join(f"a's largest stable {key} is below {factor:g}x b's", left_out),
+            **base,
+        )
     if censored["a"] or censored["b"]:
         which = " and ".join(side for side in ("a", "b") if censored[side])
         return _inconclusive(
-            f"{which} never diverged up to {key}={max(top.values()):g}: widen the grid", **base
+            _join(f"{which} never went unstable up to {key}={max(top.values()):g}: widen the grid", left_out),
+            **base,
         )
-    return _inconclusive(seeds_needed(_sd(c, base["n_a"]), abs(c.diff - bound), alpha), **base)
+    if low >= bound - 1e-12 or high < bound:
+        p = 2 * min(p_up, p_down)
+        return _inconclusive(
+            _join(
+                f"the exact sign-flip test's p is {p:.3g} (at least {2 / 2**n:.3g} with {n} seeds)", left_out
+            ),
+            **base,
+        )
+    return _inconclusive(_join(seeds_needed(_sd(c, n), abs(c.diff - bound), alpha), left_out), **base)
 
 
 PREDICATES = {

@@ -22,6 +22,8 @@
       kind: equivalent                  # better, worse, not_worse, equivalent, trend, rate, steps_to_target,
                                         # stable_lr
       delta: 0.02                       # the margin (equivalent, not_worse; optional for better/worse)
+      effect: null                      # better/worse: the effect the source reports, in the metric's
+                                        # units; equivalence within delta refutes only when delta < effect
       why: three seeds at this size spread by about 0.005 nats ...
     min_seeds: 3                        # fewer completed seeds per arm: inconclusive, no interval
     scale_dependent: null               # or the source's setting the verdict may not transfer to
@@ -55,8 +57,8 @@ FIELDS = ("id", "claim", "source", "sweep", "compare", "predicate", "min_seeds",
 OPTIONAL = {"scale_dependent": None, "cost_s": None, "min_seeds": 3}
 SOURCE_FIELDS = ("kind", "authors", "year", "arxiv", "title", "setting")
 PREDICATE_FIELDS = {
-    "better": ("delta",),
-    "worse": ("delta",),
+    "better": ("delta", "effect"),
+    "worse": ("delta", "effect"),
     "not_worse": ("delta",),
     "equivalent": ("delta",),
     "trend": ("axis", "of", "direction", "delta"),
@@ -280,6 +282,8 @@ def _check_predicate(path: Path, kind: str, p: dict, b: dict | None, tune: str |
         _fail(path, "compare.b", f"a {kind} predicate compares two arms: give b")
     if kind in ("equivalent", "not_worse") or p.get("delta") is not None:
         _number(path, "predicate.delta", p.get("delta"))
+    if p.get("effect") is not None:
+        _number(path, "predicate.effect", p.get("effect"))
     if kind == "trend":
         if not isinstance(p.get("axis"), str):
             _fail(path, "predicate.axis", "a trend needs its size key, e.g. model.n_layer")

@@ -63,6 +63,9 @@ _TABLE = (
     Metric("mfu", "model FLOPs utilisation", "MFU", "", higher_is_better=True),
     Metric("wall_s", "wall time", "wall s", "s", fmt=".1f"),
     Metric("max_grad_norm", "largest gradient norm", "max grad norm", "", fmt=".3g"),
+    Metric(
+        "max_grad_spike", "largest gradient spike (x its running median)", "max grad spike", "", fmt=".3g"
+    ),
     Metric("clip_fraction", "fraction of steps clipped", "clip fraction", ""),
 )
 METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}

@@ -27,6 +27,7 @@ q and k (``CausalSelfAttention.heads``): one extra q·kᵀ per layer, on that st
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 from torch import nn
@@ -120,6 +121,22 @@ PEAKS = ("max_attn_logit", "max_log_z")
 # Each peak's value before the soft-cap (model.attn_softcap, model.logit_softcap), carried where that cap is
 # on.
 RAW_PEAKS = {"max_attn_logit": "max_attn_logit_raw", "max_log_z": "max_log_z_raw"}
+
+
+SPIKE_WINDOW = 20  # steps: the running median a gradient spike is measured against
+
+
+def grad_spike(norms: list[float], window: int = SPIKE_WINDOW) -> float | None:
+    """The largest ratio of a step's gradient norm to the median of the ``window`` steps before it
+    (finite steps only): a spike relative to the run's own scale, which differs by orders of magnitude
+    between placements (a post-norm stream's gradients are not a pre-norm one's). None before a window."""
+    finite = [g for g in norms if math.isfinite(g)]
+    ratios = [
+        g / median
+        for i, g in enumerate(finite[window:], window)
+        if (median := statistics.median(finite[i - window : i])) > 0
+    ]
+    return max(ratios) if ratios else None
 
 
 def _largest(values) -> float | None:

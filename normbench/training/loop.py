@@ -31,7 +31,7 @@ from normbench.model import impls, kernels, norms
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, hidden_weights, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
-from normbench.training.diagnostics import PEAKS, LayerStats, global_grad_norm, layer_skip_losses
+from normbench.training.diagnostics import PEAKS, LayerStats, global_grad_norm, grad_spike, layer_skip_losses
 from normbench.training.display import TrainProgress
 from normbench.training.perf import (
     PeakMemory,
@@ -702,6 +702,7 @@ def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dic
         "peak_flops": peak,  # per device
         "peak_flops_source": peak_source,
         "max_grad_norm": max(finite_norms) if finite_norms else None,
+        "max_grad_spike": grad_spike(grad_norms),
         **(
             loop.stats.peaks if loop.stats else dict.fromkeys(PEAKS)
         ),  # max_attn_logit, max_log_z over the statistics steps
