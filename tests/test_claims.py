@@ -20,10 +20,18 @@ from normbench.claims.schema import ARXIV, load_registry, parse_claim
 from normbench.claims.verdicts import assess, assess_all
 from normbench.cli import app
 from normbench.core.configtree import conf_dir
+from normbench.core import provenance
 from normbench.core.errors import ConfigError
 from normbench.report.load import find_inputs, load_runs
 
-PROVENANCE = {"commit": "abc1234", "dirty": False, "torch": "2.13.0+cpu", "device": "cpu", "numerics": 1}
+PROVENANCE = {
+    "commit": "abc1234",
+    "dirty": False,
+    "torch": "2.13.0+cpu",
+    "device": "cpu",
+    "numerics": provenance.NUMERICS,
+    "date": "2026-11-20",
+}
 
 
 def plant(
@@ -38,7 +46,7 @@ def plant(
     status="completed",
     curve=None,
     params=1000,
-    provenance=None,
+    provenance=PROVENANCE,
     **config,
 ):
     """A run directory as training leaves it: config.yaml, metrics.jsonl (step-0 eval, then ``curve``:
@@ -603,18 +611,16 @@ def test_a_failed_run_is_left_out_and_said_so(tmp_path):
 
 def test_a_verdict_carries_provenance_and_its_scale(tmp_path):
     folder = tmp_path / "claims" / "scaled"
+    older = {**PROVENANCE, "commit": "0ld0ld0", "torch": "2.12.0+cpu", "date": "2026-11-19"}
     for seed, (la, lb) in enumerate(zip([1.90, 1.98, 1.96], [2.0, 2.1, 2.05])):
-        plant(folder, f"rms_s{seed}", seed=seed, final=la, norm="rms", params=120_000, provenance=PROVENANCE)
-        run = plant(folder, f"ln_s{seed}", seed=seed, final=lb, norm="ln", params=120_000, provenance=None)
-        stored = json.loads((run / "summary.json").read_text())
-        stored["env"] = {"torch": "2.12.0+cpu", "device": "cpu", "git_commit": "0ld0ld0"}
-        (run / "summary.json").write_text(json.dumps(stored))
+        plant(folder, f"rms_s{seed}", seed=seed, final=la, norm="rms", params=120_000)
+        plant(folder, f"ln_s{seed}", seed=seed, final=lb, norm="ln", params=120_000, provenance=older)
     claim = parse_claim(write_claim(tmp_path, "scaled", kind="better", a={"norm": "rms"}, b={"norm": "ln"}))
     v = assess(claim, folder)
     assert v.word == "reproduced"
     assert v.scale_note == "reproduced at 0.12M parameters; the paper's setting is 1.3B parameters"
     assert "normbench 0ld0ld0/abc1234" in v.provenance and "torch 2.12.0+cpu/2.13.0+cpu" in v.provenance
-    assert "3 of 6 runs without provenance (their env read instead)" in v.provenance
+    assert "2026-11-19/2026-11-20" in v.provenance  # the summaries' own dates, the same on any clone
     assert "changed" not in v.provenance
     body = yaml.safe_load(claim.path.read_text())
     (folder / "claim.yaml").write_text(yaml.safe_dump({**body, "predicate": {"kind": "worse"}}))
@@ -624,6 +630,24 @@ def test_a_verdict_carries_provenance_and_its_scale(tmp_path):
         f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})"
         in assess(claim, folder).provenance
     )
+
+
+def test_runs_of_other_numerics_are_left_out_and_named(tmp_path):
+    """A verdict is the code's computation: runs stored before provenance (numerics 0) or by other
+    numerics are not judged; all of them stale: the claim reads not run, with the command that retrains."""
+    folder = tmp_path / "claims" / "stale"
+    old = {**PROVENANCE, "numerics": provenance.NUMERICS - 1}
+    pair(folder, [1.90, 1.98, 1.96], [2.0, 2.1, 2.05])
+    plant(folder, "rms_s3", seed=3, final=9.0, norm="rms", provenance=None)
+    plant(folder, "ln_s3", seed=3, final=1.0, norm="ln", provenance=old)
+    claim = parse_claim(write_claim(tmp_path, "stale", kind="better", a={"norm": "rms"}, b={"norm": "ln"}))
+    v = assess(claim, folder)
+    assert v.word == "reproduced" and (v.outcome.n_a, v.outcome.n_b) == (3, 3)
+    assert "2 run(s) of other numerics left out" in v.outcome.reason
+    only_old = tmp_path / "claims2" / "stale"
+    pair(only_old, [1.90, 1.98, 1.96], [2.0, 2.1, 2.05], provenance=old)
+    v = assess(claim, only_old)
+    assert v.word == "not run" and "normbench claims run stale retrains them" in v.outcome.reason
 
 
 def test_holm_corrects_across_the_claims_run(tmp_path):

@@ -65,7 +65,10 @@ def _dir(tmp_path, summary=None, config_hash=None, checkpoint_hash=None) -> RunD
 )
 def test_decide_answers_reuse_resume_fresh_or_refuse(tmp_path, held, sweep, retry, resume, action):
     status, config_hash, checkpoint_hash = held
-    run = _dir(tmp_path, {"status": status} if status else None, config_hash, checkpoint_hash)
+    current = {"numerics": provenance.NUMERICS}
+    run = _dir(
+        tmp_path, {"status": status, "provenance": current} if status else None, config_hash, checkpoint_hash
+    )
     decision = run.decide(HASH, sweep=sweep, retry=retry, resume=resume)
     assert decision.action == action
     if action == "refuse":

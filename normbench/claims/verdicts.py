@@ -23,8 +23,9 @@ import yaml
 
 from normbench.claims.predicates import ALPHA, Outcome, judge
 from normbench.claims.schema import Claim
-from normbench.core.provenance import provenance_of
+from normbench.core.provenance import NUMERICS, provenance_of
 from normbench.core.runs import RunDir
+from normbench.report.load import NUMERICS as NUMERICS_COLUMN
 from normbench.report.load import find_inputs, load_runs
 
 WORDS = ("reproduced", "not reproduced", "inconclusive", "not run")
@@ -81,9 +82,12 @@ def describe_provenance(run_dirs: list[str]) -> str:
             env = summary.get("env") if isinstance(summary.get("env"), dict) else {}
             block = {"commit": env.get("git_commit"), "torch": env.get("torch"), "device": env.get("device")}
         blocks.append(block)
-        stamp = (Path(run_dir) / "summary.json").stat().st_mtime if summary else None
-        if stamp:
-            dates.add(time.strftime("%Y-%m-%d", time.gmtime(stamp)))
+        if block.get("date"):  # written into the summary: the same on every clone
+            dates.add(str(block["date"]))
+        elif summary:  # a run stored before the date was: its file's time
+            dates.add(
+                time.strftime("%Y-%m-%d", time.gmtime((Path(run_dir) / "summary.json").stat().st_mtime))
+            )
     if not blocks:
         return ""
 
@@ -117,7 +121,19 @@ def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda 
     d = load_runs(run_dirs, warn)
     if d.runs.empty:
         return Verdict(claim, Outcome("not run", reason=f"no finished run in {folder}"), folder)
+    stale = d.runs[NUMERICS_COLUMN].ne(NUMERICS)
+    if stale.all():
+        found = ", ".join(str(v) for v in sorted(d.runs[NUMERICS_COLUMN].unique()))
+        reason = (
+            f"every run is of other numerics ({found}, now {NUMERICS}): "
+            f"normbench claims run {claim.id} retrains them"
+        )
+        return Verdict(claim, Outcome("not run", reason=reason), folder)
+    d.runs = d.runs[~stale]
     outcome = judge(claim, d, alpha)
+    if stale.any():  # the report's rule: runs of other numerics are not the same computation
+        note = f"{int(stale.sum())} run(s) of other numerics left out (normbench claims run retrains them)"
+        outcome.reason = "; ".join(r for r in (outcome.reason, note) if r)
     used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
     params = pd.to_numeric(used["params"], errors="coerce").mean() if "params" in used else math.nan
     provenance = ", ".join(p for p in (describe_provenance(outcome.runs), _changed(claim, folder)) if p)

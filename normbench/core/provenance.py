@@ -6,7 +6,7 @@ the report and the claims registry)::
     {"normbench": "0.1.0", "commit": "29939de", "dirty": false,
      "torch": "2.13.0+cpu", "device": "cpu", "device_name": "AMD EPYC ...", "threads": 2,
      "precision": "fp32", "norm_impl": {"rms": "fused-cpu"}, "compile": "off",
-     "numerics": 1}
+     "numerics": 3, "date": "2026-11-26"}
 
 ``NUMERICS`` is bumped by any change to the code that alters what an existing config computes
 (a schedule, an initialisation, a kernel's arithmetic); its history is the table in docs/runs.md.
@@ -25,11 +25,12 @@ from __future__ import annotations
 import functools
 import platform
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
-NUMERICS = 1
-LEGACY_NUMERICS = 1
+NUMERICS = 3
+LEGACY_NUMERICS = 0  # older than every versioned numerics: a run stored before provenance
 
 
 def provenance_of(summary: Mapping) -> dict:
@@ -60,8 +61,13 @@ def git_state() -> tuple[str | None, bool | None]:
     commit = (git("rev-parse", "--short", "HEAD") or "").strip() or None
     if commit is None:
         return None, None
-    # the package's own files only: results, caches and other untracked files are not the code
-    changes = git("status", "--porcelain", "--untracked-files=no", "--", str(Path(__file__).parents[1]))
+    # the code only (the package, its configs and plugins): results, caches and untracked files are not
+    root = Path(__file__).parents[2]
+    code = [
+        str(Path(__file__).parents[1]),
+        *(str(p) for p in (root / "conf", root / "hydra_plugins") if p.is_dir()),
+    ]
+    changes = git("status", "--porcelain", "--untracked-files=no", "--", *code)
     return commit, None if changes is None else bool(changes.strip())
 
 
@@ -101,4 +107,5 @@ def collect(device, precision: str, norm_impl: Mapping[str, str], compile: str) 
         "norm_impl": dict(norm_impl),
         "compile": compile,
         "numerics": NUMERICS,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),  # UTC: a result's date survives a clone
     }
