@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,8 +21,8 @@ from normbench.claims.predicates import judge
 from normbench.claims.schema import ARXIV, load_registry, parse_claim
 from normbench.claims.verdicts import assess, assess_all
 from normbench.cli import app
-from normbench.core.configtree import conf_dir
 from normbench.core import provenance
+from normbench.core.configtree import conf_dir
 from normbench.core.errors import ConfigError
 from normbench.report.load import find_inputs, load_runs
 
@@ -707,7 +709,8 @@ def test_every_claims_sweep_has_the_seeds_its_predicate_needs():
         assert c.runs() >= 2 * c.min_seeds, c.id
 
 
-def test_a_users_claim_is_listed_and_reported(tmp_path):
+def test_a_users_claim_is_listed_and_reported(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no published registry here
     conf = tmp_path / "myconf"
     write_claim(conf, "my_claim", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
     pair(tmp_path / "claims" / "my_claim", [1.90, 1.98, 1.96], [2.0, 2.1, 2.05])
@@ -786,7 +789,8 @@ def test_reports_writes_each_claims_own_report_and_links_it(tmp_path, monkeypatc
     assert "| [`rms_matches_ln_quality`](rms_matches_ln_quality/report/report.html) | reproduced |" in page
 
 
-def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):
+def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no published registry here
     pair(tmp_path / "claims" / "rms_matches_ln_quality", [2.0, 2.1, 2.05], [2.001, 2.099, 2.052])
     assert cli("claims", "report", str(tmp_path / "claims")).exit_code == 0
     page = cli("claims", "report", "--markdown", str(tmp_path / "claims" / "claims.csv"))
@@ -796,6 +800,60 @@ def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path):
     assert page.output.count(source) == 2  # once per claim of that paper, in the list of claims
     assert "- `rms_faster` (Zhang & Sennrich 2019, arXiv 1910.07467): " in page.output
     assert "| `rms_faster` |" not in page.output  # not run: listed, not in the table
+
+
+def test_a_users_report_keeps_the_published_verdicts_of_claims_they_did_not_run(tmp_path, monkeypatch):
+    """The published registry (results/claims/) recomputes to the same CSV and is never rewritten by a
+    user's own report, whose claims not run read the published verdict, marked as published."""
+    monkeypatch.chdir(tmp_path)
+    published = Path("results/claims")
+    pair(published / "rms_matches_ln_quality", [2.0, 2.1, 2.05], [2.001, 2.099, 2.052])
+    assert cli("claims", "report", str(published)).exit_code == 0
+    stored = (published / "claims.csv").read_bytes()
+    assert cli("claims", "report", str(published)).exit_code == 0
+    assert (published / "claims.csv").read_bytes() == stored  # recomputed, unchanged
+    pair(Path("results/claims-local/norm_vs_none"), [1.9, 1.98, 1.96], [2.0, 2.1, 2.05], b_norm="none")
+    done = cli("claims", "report")  # the user's own folder, results/claims-local
+    assert done.exit_code == 0, done.output
+    assert (published / "claims.csv").read_bytes() == stored
+    mine = pd.read_csv("results/claims-local/claims.csv").set_index("id")
+    assert mine.loc["rms_matches_ln_quality", "verdict"] == "reproduced"
+    assert mine.loc["rms_matches_ln_quality", "provenance"].startswith(
+        "published (results/claims/claims.csv)"
+    )
+    assert not mine.loc["norm_vs_none", "provenance"].startswith("published")
+
+
+def test_a_claim_run_with_overrides_says_so_in_its_row(tmp_path):
+    from normbench.claims.running import record_overrides
+
+    folder = tmp_path / "claims" / "short"
+    pair(folder, [1.90, 1.98, 1.96], [2.0, 2.1, 2.05])
+    claim = parse_claim(write_claim(tmp_path, "short", kind="better", a={"norm": "rms"}, b={"norm": "ln"}))
+    record_overrides(folder, [])  # the registry's own sweep: nothing to say
+    assert "overrides" not in assess(claim, folder).provenance
+    record_overrides(folder, ["train.steps=3"])
+    record_overrides(folder, ["train.steps=3"])
+    v = assess(claim, folder)
+    assert v.provenance.count("run with overrides train.steps=3, not the registry's sweep") == 1
+
+
+def test_the_published_verdicts_recompute_from_their_committed_records(monkeypatch):
+    """results/claims/claims.csv is what claims report computes from the run records committed beside
+    it (the same command, from the repository's root): every word, estimate, interval and provenance."""
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    published = Path("results/claims")
+    fresh = output.rows(assess_all(load_registry(), [published], holm=True), published)
+    stored = output.read_csv(published / "claims.csv")
+    fresh = output.read_csv(io.StringIO(fresh.to_csv(index=False)))
+    assert list(fresh["id"]) == list(stored["id"])
+    for column in output.COLUMNS:
+        a, b = fresh[column], stored[column]
+        if pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b):
+            assert np.allclose(a, b, rtol=1e-9, atol=0, equal_nan=True), column
+        else:
+            assert list(a.fillna("").astype(str)) == list(b.fillna("").astype(str)), column
 
 
 @pytest.mark.parametrize("page", ["results/claims/claims.md", "docs/claims.md"])

@@ -11,6 +11,9 @@ from pathlib import Path
 import typer
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+# The published registry (its run records and verdicts, committed) and a user's own claims runs.
+PUBLISHED = Path("results/claims")
+LOCAL = Path("results/claims-local")
 CONFIG_DIR = typer.Option(
     None,
     "--config-dir",
@@ -84,7 +87,10 @@ def run(
     ctx: typer.Context,
     all_claims: bool = typer.Option(False, "--all", help="Every claim of the registry."),
     out: Path = typer.Option(
-        Path("results/claims"), "--out", "-o", help="Parent folder of the claims' runs."
+        LOCAL,
+        "--out",
+        "-o",
+        help=f"Parent folder of the claims' runs ({PUBLISHED}: the published registry, from a clean commit).",
     ),
     config_dir: Path | None = CONFIG_DIR,
     retry_failed: bool = typer.Option(
@@ -118,7 +124,9 @@ def run(
 @app.command()
 def report(
     paths: list[Path] = typer.Argument(
-        None, help="Folders holding the claims' runs (ID/ below). Default: results/claims"
+        None,
+        help=f"Folders holding the claims' runs (ID/ below). Default: {LOCAL}; {PUBLISHED} recomputes "
+        "the published verdicts from their committed records.",
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Output folder. Default: the first folder given."
@@ -152,10 +160,11 @@ def report(
             frame = output.read_csv(markdown)
             typer.echo(output.headline_table(frame) if headline else output.markdown(frame), nl=False)
             return
-        paths = paths or [Path("results/claims")]
+        paths = paths or [LOCAL]
         for path in paths:
-            if not path.is_dir():
+            if not path.is_dir() and path != LOCAL:
                 raise ConfigError(f"{path}: no such folder (the claims' runs: normbench claims run ID)")
+        paths = [p for p in paths if p.is_dir()]
         registry = _registry(config_dir)
         console = terminal_console()
         verdicts = assess_all(
@@ -163,8 +172,8 @@ def report(
         )
         if reports:
             _claim_reports([v.folder for v in verdicts if v.folder is not None], console)
-        target = out or paths[0]
-        frame = output.write(verdicts, target)
+        target = out or (paths[0] if paths else LOCAL)
+        frame = output.write(verdicts, target, PUBLISHED / "claims.csv")
     except ConfigError as err:
         _fail(err)
     output.show(frame, console)

@@ -270,10 +270,32 @@ def page(frame: pd.DataFrame) -> str:
     )
 
 
-def write(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
-    """claims.csv, claims.md and claims.html in ``out``; returns the CSV's frame."""
+def with_published(frame: pd.DataFrame, published: Path | None, out: Path) -> pd.DataFrame:
+    """The claims not run here read from the published claims.csv (``published``), their provenance
+    marked 'published' (it names the commit that computed them): a user's own report never replaces
+    the published verdict of a claim they did not run. Nothing to fill when ``out`` is the published
+    folder itself, or without one."""
+    if published is None or not published.is_file() or out.resolve() == published.parent.resolve():
+        return frame
+    stored = read_csv(published).set_index("id")
+    frame = frame.copy()
+    for i, row in frame.iterrows():
+        if row["verdict"] == "not run" and row["id"] in stored.index:
+            old = stored.loc[row["id"]]
+            if old["verdict"] == "not run":
+                continue
+            frame.loc[i, list(COLUMNS[1:])] = [old[c] for c in COLUMNS[1:]]
+            frame.loc[i, "provenance"] = f"published ({published}): {_text(old['provenance'])}"
+            folder = published.parent / _text(old["runs"])
+            frame.loc[i, "runs"] = os.path.relpath(folder, out) if _text(old["runs"]) else ""
+    return frame
+
+
+def write(verdicts: list[Verdict], out: Path, published: Path | None = None) -> pd.DataFrame:
+    """claims.csv, claims.md and claims.html in ``out`` (claims not run: from ``published``, see
+    with_published); returns the CSV's frame."""
     out.mkdir(parents=True, exist_ok=True)
-    frame = rows(verdicts, out)
+    frame = with_published(rows(verdicts, out), published, out)
     write_atomic(out / "claims.csv", frame.to_csv(index=False))
     frame = read_csv(out / "claims.csv")  # the pages from the CSV as stored, as `claims markdown` reads it
     write_atomic(out / "claims.md", markdown(frame))

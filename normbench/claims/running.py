@@ -4,7 +4,9 @@ The sweep's overrides are the claim's (its experiment, then its overrides), then
 the user names replaces the claim's value of it: train.steps=3 shortens every run), then
 ``hydra.sweep.dir=DIR/<id>``. So running the same claim again resumes it: finished runs are kept,
 interrupted ones continue from their checkpoints (normbench.sweeps.sweep.run_sweep). The claim's
-YAML is copied beside its runs (claim.yaml), the definition its verdict was measured against.
+YAML is copied beside its runs (claim.yaml), the definition its verdict was measured against, and
+every set of the user's own overrides it was run with is recorded (overrides.yaml), so a verdict
+from runs that differ from the registry's sweep says how.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 
 from normbench.claims.schema import Claim
 from normbench.core.errors import ConfigError
+from normbench.core.fileio import write_atomic
 
 
 def _key(override: str) -> str:
@@ -30,6 +34,25 @@ def sweep_args(claim: Claim, overrides: list[str], out: Path, config_dir: Path |
     args = [a for a in claim.sweep_args() if _key(a) not in given]
     search = [f"hydra.searchpath=[file://{config_dir.resolve()}]"] if config_dir is not None else []
     return [*args, *overrides, *search, f"hydra.sweep.dir={(out / claim.id).resolve()}"]
+
+
+OVERRIDES = "overrides.yaml"
+
+
+def recorded_overrides(folder: Path) -> list[list[str]]:
+    """Every set of a user's overrides the claim's runs in ``folder`` were made with ([] for none)."""
+    try:
+        sets = yaml.safe_load((folder / OVERRIDES).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return []
+    return [list(map(str, s)) for s in sets if isinstance(s, list)] if isinstance(sets, list) else []
+
+
+def record_overrides(folder: Path, overrides: list[str]) -> None:
+    """Add this run's overrides (the registry's own sweep: none) to the folder's record."""
+    sets = recorded_overrides(folder)
+    if overrides and overrides not in sets:
+        write_atomic(folder / OVERRIDES, yaml.safe_dump([*sets, list(overrides)]))
 
 
 def run_claims(
@@ -55,6 +78,7 @@ def run_claims(
             folder = out / claim.id
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(claim.path, folder / "claim.yaml")
+            record_overrides(folder, overrides)
         code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console)
         if code == 130:
             return code

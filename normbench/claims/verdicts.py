@@ -22,6 +22,7 @@ import pandas as pd
 import yaml
 
 from normbench.claims.predicates import ALPHA, Outcome, judge
+from normbench.claims.running import recorded_overrides
 from normbench.claims.schema import Claim
 from normbench.core.provenance import NUMERICS, provenance_of
 from normbench.core.runs import RunDir
@@ -141,16 +142,20 @@ def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda 
 
 
 def _changed(claim: Claim, folder: Path) -> str:
-    """A note when the claim's sweep is no longer the one its runs were made for (the claim.yaml that
-    ``claims run`` copied beside them); the comparison and predicate are read afresh from the registry."""
+    """How the claim's runs differ from the registry's sweep: the user's overrides they were run with
+    (overrides.yaml), and a sweep changed since (the claim.yaml ``claims run`` copied beside them); the
+    comparison and predicate are read afresh from the registry."""
+    notes = [
+        f"run with overrides {' '.join(s)}, not the registry's sweep" for s in recorded_overrides(folder)
+    ]
     try:
         then = yaml.safe_load((folder / "claim.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return ""
+        then = None
     now = yaml.safe_load(claim.path.read_text(encoding="utf-8"))
-    if not isinstance(then, dict) or then.get("sweep") == now.get("sweep"):
-        return ""
-    return f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})"
+    if isinstance(then, dict) and then.get("sweep") != now.get("sweep"):
+        notes.append(f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})")
+    return "; ".join(notes)
 
 
 def assess_all(
