@@ -50,6 +50,8 @@ def _dir(tmp_path, summary=None, config_hash=None, checkpoint_hash=None) -> RunD
         (("completed", OTHER, None), False, False, "auto", "refuse"),  # another config's result is kept
         (("completed", OTHER, None), False, False, "never", "refuse"),  # whatever train.resume says
         (("failed", OTHER, None), False, False, "auto", "refuse"),
+        (("completed", None, None), False, False, "auto", "refuse"),  # a result whose config is unknown
+        (("completed", None, None), False, False, "never", "refuse"),
         ((None, OTHER, None), False, False, "auto", "refuse"),  # another config, killed before a checkpoint
         ((None, OTHER, None), False, False, "never", "fresh"),
         (("completed", OTHER, None), True, False, "auto", "fresh"),  # a result of another config
@@ -72,7 +74,8 @@ def test_decide_answers_reuse_resume_fresh_or_refuse(tmp_path, held, sweep, retr
     decision = run.decide(HASH, sweep=sweep, retry=retry, resume=resume)
     assert decision.action == action
     if action == "refuse":
-        assert "another config" in decision.reason and "hydra.run.dir=" in decision.reason
+        whose = "another config" if config_hash else "whose config.yaml is missing or unreadable"
+        assert whose in decision.reason and "hydra.run.dir=" in decision.reason
         # train.resume=never starts an unfinished run over; it never replaces a result
         assert ("train.resume=never" in decision.reason) == (status is None)
 
@@ -269,3 +272,18 @@ def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path, monkeypa
     assert [r.get("val_loss") for r in read_metrics(run_dir) if r["kind"] == "eval"] == [
         r.get("val_loss") for r in read_metrics(reference) if r["kind"] == "eval"
     ]
+
+
+def test_train_from_python_keeps_its_config_and_a_later_cli_run_cannot_wipe_it(tmp_path):
+    """train() writes config.yaml as the CLI does; a result without one (written by hand, or by an
+    older normbench) is refused by a single run of any config: one line, every file kept."""
+    from conftest import train_tiny
+
+    summary = train_tiny(tmp_path / "py", "train.steps=2")
+    stored = RunDir(tmp_path / "py").config_hash()
+    assert stored is not None and stored == summary["config_hash"]
+    (tmp_path / "py" / "config.yaml").unlink()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "py").iterdir() if p.is_file()}
+    decision = RunDir(tmp_path / "py").decide("0" * 16)
+    assert decision.action == "refuse" and "config.yaml is missing or unreadable" in decision.reason
+    assert {p.name: p.read_bytes() for p in (tmp_path / "py").iterdir() if p.is_file()} == before

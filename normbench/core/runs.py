@@ -199,7 +199,8 @@ class RunDir:
           ``retry`` (--retry-failed), for a sweep job (``sweep``); completed or diverged for a single
           run with ``resume`` auto (train.resume=never trains it again);
         - ``refuse``: a single run finds a run of another config: a result (whatever ``resume``: a
-          run directory never loses a result), or with ``resume`` auto a checkpoint or an unfinished
+          run directory never loses a result, nor one whose config.yaml is missing or unreadable),
+          or with ``resume`` auto a checkpoint or an unfinished
           run (training would either mix it into this run or destroy it). A sweep job's directory is
           named after its config, so anything else in it is stale: ``fresh``;
         - ``resume``: this config started here and has no result: training continues from its
@@ -220,7 +221,7 @@ class RunDir:
             return Decision(
                 "refuse",
                 result,
-                f"{self.path} holds {other} of another config: give this run its own directory "
+                f"{self.path} holds {other}: give this run its own directory "
                 "(hydra.run.dir=...)"
                 + (" or start it over there with train.resume=never" if summary is None else ""),
             )
@@ -250,13 +251,18 @@ class RunDir:
     ) -> str | None:
         """What of another config this directory holds that a single run must not replace: its result, or
         (``resume`` auto) its checkpoint or unfinished run; None when nothing."""
-        if summary is not None:  # config.yaml says whose (a run trained from Python has none: nobody's)
-            return f"a {summary.get('status') or 'stored'} run" if stored not in (None, cfg_hash) else None
+        if summary is not None:  # config.yaml says whose; a result without a readable one is still a result
+            if stored == cfg_hash:
+                return None
+            whose = (
+                "of another config" if stored is not None else "whose config.yaml is missing or unreadable"
+            )
+            return f"a {summary.get('status') or 'stored'} run {whose}"
         if resume != "auto":
             return None
         if self.checkpoint_hash() not in (None, cfg_hash):
-            return "a checkpoint"
-        return "an unfinished run" if stored not in (None, cfg_hash) else None
+            return "a checkpoint of another config"
+        return "an unfinished run of another config" if stored not in (None, cfg_hash) else None
 
     def prepare(self, decision: Decision) -> None:
         """Make the directory ready to train after ``decide``: keep what a resume needs, clear the rest."""

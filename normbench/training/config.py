@@ -39,6 +39,7 @@ class RunConfig:
     # chosen logger -> its options (normbench.training.sinks); JSONL is always on
     logger: dict = field(default_factory=dict)
     sweep: str | None = None  # the sweep this run belongs to, if any: trackers group its runs by it
+    source: DictConfig | None = None  # the composed config it was parsed from: config.yaml's content
     config_hash: str | None = None  # the run's identity (see config_hash): a checkpoint must match it
     norm_impl: str = "auto"  # norm.impl: which implementation the norms run (normbench.model.impls)
 
@@ -119,6 +120,7 @@ def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
         },
         config_hash=cfg_hash or config_hash(cfg),
         norm_impl=norm_impl,
+        source=cfg,
     )
     run.model.validate()
     run.train.validate()

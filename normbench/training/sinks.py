@@ -371,7 +371,7 @@ def logger_options(names) -> dict[str, type]:
 def run_info(run_dir: Path, run, config_hash: str | None = None, resume_step: int | None = None) -> RunInfo:
     """RunInfo from a RunConfig: the config without the loggers themselves, the sweep as the group."""
     config = asdict(run) if is_dataclass(run) else {}
-    for key in ("logger", "sweep"):
+    for key in ("logger", "sweep", "source"):  # the source config is the same settings, untyped
         config.pop(key, None)
     return RunInfo(
         name=Path(run_dir).resolve().name,
