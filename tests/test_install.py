@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import skip_unless_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ["model=micro", "train.steps=6", "train.eval_every=3", "train.eval_batches=1", "train.log_every=3"]
@@ -34,14 +35,14 @@ def plain(tmp_path_factory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("plain")
     built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp / "dist", ROOT, cwd=tmp)
     if built.returncode:
-        pytest.skip(f"cannot build the wheel here (no build backend to be had?): {built.stderr[-300:]}")
+        skip_unless_ci(f"cannot build the wheel here (no build backend to be had?): {built.stderr[-300:]}")
     _run(sys.executable, "-m", "venv", tmp / "venv", cwd=tmp).check_returncode()
     bin_ = tmp / "venv" / "bin"
     torch = f"torch=={__import__('torch').__version__.split('+')[0]}"  # the one on this disk: no download
     for what in ([torch], [next((tmp / "dist").glob("normbench-*.whl"))]):
         installed = _run(bin_ / "python", "-m", "pip", "install", "-q", *what, cwd=tmp)
         if installed.returncode:
-            pytest.skip(f"cannot install {what[0]} into a fresh venv here: {installed.stderr[-300:]}")
+            skip_unless_ci(f"cannot install {what[0]} into a fresh venv here: {installed.stderr[-300:]}")
     work = tmp / "work"
     work.mkdir()
     return bin_, work

@@ -17,6 +17,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -46,6 +47,7 @@ from normbench.training.preemption import StopSignals
 from normbench.training.sinks import MetricSinks
 
 RESUME = ("auto", "never")
+COMPILE = (False, True, "auto")
 DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's own choice for this process, before any run sets it
 LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
 
@@ -74,7 +76,9 @@ class TrainConfig:
     threads: int  # 0 leaves PyTorch's default
     diverge_threshold: float | None  # default 3 x ln(vocab size)
     progress: bool
-    compile: bool  # torch.compile the model for training; falls back to eager with a message
+    # torch.compile the model for training: true must compile (a failure is an error), auto falls back to
+    # eager with a message, false does not compile
+    compile: Any
     tf32: bool  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
     checkpoint_every: int | None  # steps between checkpoints; None: every eval_every; 0 turns them off
     resume: str  # auto: continue from the run directory's checkpoint of this config; never: start fresh
@@ -112,6 +116,8 @@ class TrainConfig:
             raise ConfigError(f"unknown train.resume '{self.resume}'", allowed=RESUME)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown train.precision '{self.precision}'", allowed=list(PRECISIONS))
+        if self.compile not in COMPILE:
+            raise ConfigError(f"unknown train.compile '{self.compile}'", allowed=["false", "true", "auto"])
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -265,6 +271,11 @@ class Run:
             self.step_model, self.compile_error = compile_model(
                 self.step_model, self.model, *self.train_batch(first), self.autocast
             )
+            if self.compile_error and self.tcfg.compile is True:
+                raise ConfigError(
+                    f"train.compile=true: torch.compile failed here ({self.compile_error})",
+                    allowed=["train.compile=auto (falls back to eager, and says so)", "train.compile=false"],
+                )
 
     def train_batch(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's share of the next global training batch, on the device."""
