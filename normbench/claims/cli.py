@@ -187,13 +187,18 @@ def _claim_reports(folders: list[Path], console) -> None:
 
 @app.command()
 def check(path: Path = typer.Argument(..., help="A claim YAML (CONFIG_DIR/claim/ID.yaml).")) -> None:
-    """Validate a claim's YAML: one line naming the field that is wrong, exit 2; or what it claims."""
+    """Validate a claim: its YAML, then its sweep composed (every job) with its arms, tuned key and scale
+    found in it. One line naming the field that is wrong, exit 2; or what it claims."""
+    from normbench.claims.checking import check_claim
     from normbench.claims.schema import parse_claim
     from normbench.core.errors import ConfigError
 
     try:
         claim = parse_claim(path)
-        runs = claim.runs()
+        checked = check_claim(claim)
     except ConfigError as err:
         _fail(err)
-    typer.echo(f"ok: {claim.id} ({claim.cites}): {claim.kind}, {runs} runs in its default sweep")
+    typer.echo(
+        f"ok: {claim.id} ({claim.cites}): {claim.kind}, {checked.jobs} runs in its default sweep, "
+        f"at model={claim.scale['model']}"
+    )

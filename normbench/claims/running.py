@@ -5,6 +5,8 @@ the user names replaces the claim's value of it: train.steps=3 shortens every ru
 ``hydra.sweep.dir=DIR/<id>``. So running the same claim again resumes it: finished runs are kept,
 interrupted ones continue from their checkpoints (normbench.sweeps.sweep.run_sweep). The claim's
 YAML is copied beside its runs (claim.yaml), the definition its verdict was measured against.
+Before any claim runs, each one's sweep is composed with the user's overrides and checked
+(normbench.claims.checking): a mistyped key or an arm no job matches stops the command there.
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ def _key(override: str) -> str:
     return override.partition("=")[0].lstrip("+~")
 
 
-def sweep_args(claim: Claim, overrides: list[str], out: Path, config_dir: Path | None = None) -> list[str]:
-    """The Hydra overrides of ``normbench sweep`` for this claim."""
+def claim_args(claim: Claim, overrides: list[str], config_dir: Path | None = None) -> list[str]:
+    """The claim's sweep with the user's overrides (replacing the claim's value of a key they name),
+    and the user's config folder on Hydra's search path."""
     given = {_key(o) for o in overrides}
-    if "hydra.sweep.dir" in given:
-        raise ConfigError("claims run chooses each claim's sweep directory", allowed=["--out DIR"])
     args = [a for a in claim.sweep_args() if _key(a) not in given]
     search = [f"hydra.searchpath=[file://{config_dir.resolve()}]"] if config_dir is not None else []
-    return [*args, *overrides, *search, f"hydra.sweep.dir={(out / claim.id).resolve()}"]
+    return [*args, *overrides, *search]
+
+
+def sweep_args(claim: Claim, overrides: list[str], out: Path, config_dir: Path | None = None) -> list[str]:
+    """The Hydra overrides of ``normbench sweep`` for this claim."""
+    if "hydra.sweep.dir" in {_key(o) for o in overrides}:
+        raise ConfigError("claims run chooses each claim's sweep directory", allowed=["--out DIR"])
+    return [*claim_args(claim, overrides, config_dir), f"hydra.sweep.dir={(out / claim.id).resolve()}"]
 
 
 def run_claims(
@@ -42,11 +50,14 @@ def run_claims(
     console: Console | None = None,
 ) -> int:
     """Run each claim's sweep in turn; the exit code: the first non-zero one (130: Ctrl-C stops them all)."""
+    from normbench.claims.checking import check_claim
     from normbench.model import extensions
     from normbench.sweeps.sweep import run_sweep
 
     console = console or Console()
     extensions.install()  # installed packages' norms and placements, for the plan's composition
+    for claim in claims:  # every claim's sweep composed and its comparison found in it, before any run
+        check_claim(claim, overrides, config_dir)
     worst = 0
     for claim in claims:
         args = sweep_args(claim, overrides, out, config_dir)
