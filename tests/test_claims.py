@@ -541,6 +541,10 @@ def test_a_users_claim_is_listed_and_reported(tmp_path):
     frame = pd.read_csv(tmp_path / "claims" / "claims.csv")
     row = frame.set_index("id").loc["my_claim"]
     assert row["verdict"] == "reproduced" and (row["n_a"], row["n_b"]) == (3, 3)
+    assert row["scale"] == "mini, 0.001M parameters"  # the claim's model, and its runs' parameter count
+    assert frame.set_index("id").loc["norm_vs_none", "scale"] == "mini"  # not run: no count known
+    page = (tmp_path / "claims" / "claims.md").read_text()
+    assert "| claim | verdict | scale | measure |" in page and "| mini, 0.001M parameters |" in page
     assert frame.set_index("id").loc["rms_matches_ln_quality", "verdict"] == "not run"
     assert "my_claim" in done.output and "reproduced" in done.output
     assert "claims reproduced at this scale" in (tmp_path / "claims" / "claims.md").read_text()
