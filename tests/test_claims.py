@@ -670,8 +670,7 @@ def test_the_articles_claims_run_at_mini_or_larger():
 
 def test_the_point_wise_norms_are_compared_at_one_alpha0():
     """DyT's 7B-LLaMA recipe (alpha0 0.8 before attention, 0.2 elsewhere) is not given to one arm only."""
-    from normbench.claims.checking import check_claim, job_row
-    from normbench.claims.running import claim_args
+    from normbench.claims.checking import check_claim, claim_args, job_row
     from normbench.sweeps.planning import job_configs
 
     for cid in ("dyt_matches_rms", "derf_beats_dyt"):

@@ -37,6 +37,19 @@ class Checked:
     models: tuple[str, ...]  # the conf/model options its jobs compose
 
 
+def override_key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def claim_args(claim: Claim, overrides: list[str], config_dir: Path | None = None) -> list[str]:
+    """The claim's sweep with the user's overrides (replacing the claim's value of a key they name),
+    and the user's config folder on Hydra's search path."""
+    given = {override_key(o) for o in overrides}
+    args = [a for a in claim.sweep_args() if override_key(a) not in given]
+    search = [f"hydra.searchpath=[file://{config_dir.resolve()}]"] if config_dir is not None else []
+    return [*args, *overrides, *search]
+
+
 def claim_config_dir(path: Path) -> Path | None:
     """The user's config folder a claim YAML sits in (CONFIG_DIR/claim/ID.yaml), None for normbench's."""
     folder = path.resolve().parent
@@ -125,7 +138,6 @@ def _swept(configs: list, jobs: pd.DataFrame) -> list[str]:
 def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None = None) -> Checked:
     """Compose the claim's sweep (with the user's ``overrides``) and check its comparison against the
     jobs; ConfigError, one line naming the claim's field, on the first mistake."""
-    from normbench.claims.running import _key, claim_args
     from normbench.model import extensions
     from normbench.sweeps.planning import job_configs
 
@@ -145,7 +157,7 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
     if claim.kind == "trend":
         _check_varies(claim, "predicate.axis", claim.predicate["axis"], jobs, swept)
     models = tuple(sorted({str(cfg.hydra.runtime.choices.get("model")) for _, cfg in configs}))
-    if "model" not in {_key(o) for o in overrides} and models != (claim.scale["model"],):
+    if "model" not in {override_key(o) for o in overrides} and models != (claim.scale["model"],):
         ran = ",".join(models)
         raise ConfigError(
             f"{claim.path}: scale.model: '{claim.scale['model']}', but the sweep runs model={ran}"

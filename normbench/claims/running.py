@@ -16,26 +16,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from normbench.claims.checking import claim_args, override_key
 from normbench.claims.schema import Claim
 from normbench.core.errors import ConfigError
 
 
-def _key(override: str) -> str:
-    return override.partition("=")[0].lstrip("+~")
-
-
-def claim_args(claim: Claim, overrides: list[str], config_dir: Path | None = None) -> list[str]:
-    """The claim's sweep with the user's overrides (replacing the claim's value of a key they name),
-    and the user's config folder on Hydra's search path."""
-    given = {_key(o) for o in overrides}
-    args = [a for a in claim.sweep_args() if _key(a) not in given]
-    search = [f"hydra.searchpath=[file://{config_dir.resolve()}]"] if config_dir is not None else []
-    return [*args, *overrides, *search]
-
-
 def sweep_args(claim: Claim, overrides: list[str], out: Path, config_dir: Path | None = None) -> list[str]:
     """The Hydra overrides of ``normbench sweep`` for this claim."""
-    if "hydra.sweep.dir" in {_key(o) for o in overrides}:
+    if "hydra.sweep.dir" in {override_key(o) for o in overrides}:
         raise ConfigError("claims run chooses each claim's sweep directory", allowed=["--out DIR"])
     return [*claim_args(claim, overrides, config_dir), f"hydra.sweep.dir={(out / claim.id).resolve()}"]
 
