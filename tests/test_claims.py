@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import run_cli, train_tiny
 from scipy import stats
 from typer.testing import CliRunner
 
 from normbench.claims import output
 from normbench.claims.predicates import judge
-from normbench.claims.schema import ARXIV, load_registry, parse_claim
+from normbench.claims.schema import ARXIV, METRIC_NAMES, load_registry, parse_claim
 from normbench.claims.verdicts import assess, assess_all
 from normbench.cli import app
 from normbench.core import provenance
@@ -98,6 +98,7 @@ def write_claim(folder, cid, *, kind, a, b, tune=None, metric="final_val_loss", 
         "sweep": {"experiment": None, "overrides": ["norm=ln,rms", "seed=0,1,2"]},
         "compare": {"a": a, "b": b, "metric": metric, "tune": tune},
         "predicate": {"kind": kind, **predicate},
+        "scale": {"model": "mini", "why": "the default model, as the sweep composes it."},
         "min_seeds": min_seeds,
         "scale_dependent": "1.3B parameters",
     }
@@ -728,6 +729,10 @@ def test_a_users_claim_is_listed_and_reported(tmp_path, monkeypatch):
     frame = pd.read_csv(tmp_path / "claims" / "claims.csv")
     row = frame.set_index("id").loc["my_claim"]
     assert row["verdict"] == "reproduced" and (row["n_a"], row["n_b"]) == (3, 3)
+    assert row["scale"] == "mini, 0.001M parameters"  # the claim's model, and its runs' parameter count
+    assert frame.set_index("id").loc["norm_vs_none", "scale"] == "mini"  # not run: no count known
+    page = (tmp_path / "claims" / "claims.md").read_text()
+    assert "| claim | verdict | scale | measure |" in page and "| mini, 0.001M parameters |" in page
     assert frame.set_index("id").loc["rms_matches_ln_quality", "verdict"] == "not run"
     assert "my_claim" in done.output and "reproduced" in done.output
     assert "claims reproduced at this scale" in (tmp_path / "claims" / "claims.md").read_text()
@@ -764,12 +769,122 @@ def test_a_malformed_claim_gets_one_line_naming_the_field(tmp_path, edit, field)
 
 
 def test_check_accepts_every_shipped_claim():
+    """Each claim's sweep composes, job by job, and holds both its arms, its tuned key and its scale."""
     for c in load_registry():
         result = cli("claims", "check", str(c.path))
         assert result.exit_code == 0 and result.output.startswith(f"ok: {c.id}"), result.output
+        assert f"{c.runs()} runs in its default sweep, at model={c.scale['model']}" in result.output
+
+
+def refused(tmp_path, edit, **claim):
+    """``claims check`` of a planted claim after ``edit``: its one line, exit 2, no traceback."""
+    path = write_claim(
+        tmp_path, "bad", **{"kind": "better", "a": {"norm": "rms"}, "b": {"norm": "ln"}, **claim}
+    )
+    body = yaml.safe_load(path.read_text())
+    edit(body)
+    path.write_text(yaml.safe_dump(body))
+    result = cli("claims", "check", str(path))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "Traceback" not in result.output and str(path) in " ".join(result.output.split())
+    return " ".join(result.output.split())
+
+
+def test_check_refuses_a_mistyped_override_key_naming_the_nearest(tmp_path):
+    message = refused(tmp_path, lambda b: b["sweep"]["overrides"].append("train.stepz=5"))
+    assert "sweep: unknown key train.stepz; did you mean train.steps?" in message
+
+
+def test_check_refuses_an_arm_no_job_of_the_sweep_matches(tmp_path):
+    message = refused(tmp_path, lambda b: b["compare"].update(a={"norm": "gn"}))
+    assert "compare.a: no job of the sweep has norm=gn; the sweep offers norm=ln, rms" in message
+    together = refused(tmp_path, lambda b: b["compare"].update(b={"norm": "ln", "placement": "post"}))
+    assert (
+        "compare.b: no job of the sweep has placement=post with norm=ln; the sweep offers placement=pre"
+        in (together)
+    )
+    missing = refused(tmp_path, lambda b: b["compare"].update(a={"norm": "rms", "norm.epz": 1e-5}))
+    assert "compare.a.norm.epz: not a key of the sweep's config; did you mean norm.eps?" in missing
+
+
+def test_check_refuses_a_metric_normbench_does_not_write(tmp_path):
+    message = refused(tmp_path, lambda b: b["compare"].update(metric="final_loss"))
+    assert (
+        "compare.metric: 'final_loss' is not a metric normbench writes; did you mean final_val_loss?"
+        in message
+    )
+    assert "allowed: final_val_loss, best_val_loss" in message and "causal_leak.train" in message
+
+
+def test_check_refuses_a_tuned_key_the_sweep_does_not_vary(tmp_path):
+    message = refused(tmp_path, lambda b: b["compare"].update(tune="train.lr"))
+    assert "compare.tune: the sweep runs train.lr at one value (0.003); allowed: norm, null" in message
+    assert "the seed is what is repeated" in refused(tmp_path, lambda b: b["compare"].update(tune="seed"))
+
+
+def test_check_refuses_a_scale_other_than_the_model_the_sweep_runs(tmp_path):
+    message = refused(tmp_path, lambda b: b["scale"].update(model="micro"))
+    assert "scale.model: 'micro', but the sweep runs model=mini" in message
+    assert "scale: missing" in refused(tmp_path, lambda b: b.pop("scale"))
+    assert "scale.model: 'huge' is not a model size; allowed: micro, mini" in refused(
+        tmp_path, lambda b: b["scale"].update(model="huge")
+    )
+
+
+def test_claims_run_refuses_a_broken_claim_before_launching_any(tmp_path):
+    conf = tmp_path / "conf"
+    write_claim(conf, "good", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    path = write_claim(conf, "bad", kind="better", a={"norm": "gn"}, b={"norm": "ln"})
+    out = tmp_path / "claims"
+    result = cli("claims", "run", "good", "bad", "--config-dir", str(conf), "--out", str(out))
+    assert result.exit_code == 2 and f"{path}: compare.a: no job of the sweep has norm=gn" in " ".join(
+        result.output.split()
+    )
+    assert not out.exists()  # not even the good claim's folder: nothing ran
+    user = cli(
+        "claims", "run", "good", "model=tiny", "--config-dir", str(conf), "--out", str(out), "--dry-run"
+    )
+    assert user.exit_code == 0, user.output  # the user's model=... is the size asked for, not a mistake
+
+
+def test_the_articles_claims_run_at_mini_or_larger():
+    """At micro (2 x 64) even normalization against none is inconclusive: the founding articles' claims
+    run where a norm's effect shows."""
+    articles = [c for c in load_registry() if c.source["kind"] == "article"]
+    assert articles and all(c.scale["model"] in ("mini", "small") for c in articles), [
+        (c.id, c.scale["model"]) for c in articles
+    ]
+
+
+def test_the_point_wise_norms_are_compared_at_one_alpha0():
+    """DyT's 7B-LLaMA recipe (alpha0 0.8 before attention, 0.2 elsewhere) is not given to one arm only."""
+    from normbench.claims.checking import check_claim, claim_args, job_row
+    from normbench.sweeps.planning import job_configs
+
+    for cid in ("dyt_matches_rms", "derf_beats_dyt"):
+        (claim,) = [c for c in load_registry() if c.id == cid]
+        check_claim(claim)
+        alphas = set()
+        for _, cfg in job_configs(claim_args(claim, [])):
+            row = job_row(cfg)
+            if row["norm"] in ("dyt", "derf"):
+                positions = [row.get(f"norm.alpha_init_{p}") for p in ("attn", "mlp", "final")]
+                alphas |= {row["norm.alpha_init"], *(a for a in positions if a is not None)}
+        assert alphas == {0.5}, (cid, alphas)
+
+
+def test_every_metric_a_claim_may_name_is_in_a_runs_summary(tmp_path):
+    from normbench.core.fileio import leaves
+
+    # with soft-caps: a capped run also writes each peak before the cap (*_raw)
+    caps = ("train.stats_every=1", "model.attn_softcap=50", "model.logit_softcap=30")
+    summary = leaves(train_tiny(tmp_path / "run", *caps))
+    report_only = {"floor_gap"}  # the report computes it: final_val_loss - floor_loss
+    assert [m for m in METRIC_NAMES if m not in summary and m not in report_only] == []
 
 
 def test_reports_writes_each_claims_own_report_and_links_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no published registry here
     from normbench.report import charts
 
     monkeypatch.setattr(charts, "CHARTS", ())  # the link, not the drawing, is under test

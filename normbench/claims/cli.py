@@ -23,7 +23,7 @@ CONFIG_DIR = typer.Option(
 app = typer.Typer(
     help=(
         "The claims registry: every headline claim about normalization as an experiment with a verdict. "
-        "Alone, it lists the claims (id, source, the claim, its sweep's cost)."
+        "Alone, it lists the claims (id, source, the claim, the model size it runs at, its sweep's cost)."
     ),
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
@@ -47,7 +47,8 @@ def _registry(config_dir: Path | None):
 
 @app.callback(invoke_without_command=True)
 def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
-    """List the claims (id, source, the claim, its sweep's cost); the subcommands run and judge them."""
+    """List the claims (id, source, the claim, its model size, its sweep's cost); the subcommands run and
+    judge them."""
     if ctx.invoked_subcommand is not None:
         return
     from rich.table import Table
@@ -60,11 +61,12 @@ def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
     table.add_column("source", min_width=14)
     table.add_column("claim", min_width=30)
     table.add_column("predicate", no_wrap=True)
+    table.add_column("scale", no_wrap=True)
     table.add_column("cost", no_wrap=True)
     for c in registry:
         runs = c.runs()
         cost = f"{runs} runs" + (f", {c.cost_s:.0f} s" if c.cost_s else "")
-        table.add_row(c.id, c.cites, c.claim, c.kind, cost)
+        table.add_row(c.id, c.cites, c.claim, c.kind, c.scale["model"], cost)
     terminal_console().print(table)
 
 
@@ -198,13 +200,18 @@ def _claim_reports(folders: list[Path], console) -> None:
 
 @app.command()
 def check(path: Path = typer.Argument(..., help="A claim YAML (CONFIG_DIR/claim/ID.yaml).")) -> None:
-    """Validate a claim's YAML: one line naming the field that is wrong, exit 2; or what it claims."""
+    """Validate a claim: its YAML, then its sweep composed (every job) with its arms, tuned key and scale
+    found in it. One line naming the field that is wrong, exit 2; or what it claims."""
+    from normbench.claims.checking import check_claim
     from normbench.claims.schema import parse_claim
     from normbench.core.errors import ConfigError
 
     try:
         claim = parse_claim(path)
-        runs = claim.runs()
+        checked = check_claim(claim)
     except ConfigError as err:
         _fail(err)
-    typer.echo(f"ok: {claim.id} ({claim.cites}): {claim.kind}, {runs} runs in its default sweep")
+    typer.echo(
+        f"ok: {claim.id} ({claim.cites}): {claim.kind}, {checked.jobs} runs in its default sweep, "
+        f"at model={claim.scale['model']}"
+    )

@@ -26,6 +26,7 @@ from normbench.report.render import to_markdown
 COLUMNS = (
     "id",
     "verdict",
+    "scale",
     "scale_note",
     "estimate",
     "ci_low",
@@ -49,6 +50,8 @@ COLUMNS = (
 )
 MARGINS = ("equivalent", "not_worse")  # the predicates whose verdict is a margin δ
 LATER = ("delta", "spread")  # columns a claims.csv written by an earlier normbench lacks: read as empty
+# Columns an earlier claims.csv lacks, left out of its pages (which stay as that normbench wrote them).
+SHOWN_IF_WRITTEN = ("scale",)
 HTML_COLOURS = {
     "reproduced": "#1a7f37",
     "not reproduced": "#c62828",
@@ -67,6 +70,12 @@ def _report_link(v: Verdict, out: Path) -> str:
     return f"normbench report {v.folder}"
 
 
+def scale(v: Verdict) -> str:
+    """'mini, 0.81M parameters': the claim's model size, with the mean parameter count of its runs."""
+    size = v.claim.scale["model"]
+    return f"{size}, {v.params / 1e6:.2g}M parameters" if math.isfinite(v.params) else size
+
+
 def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
     """claims.csv: one row per claim."""
     records = []
@@ -76,6 +85,7 @@ def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
             {
                 "id": c.id,
                 "verdict": v.word,
+                "scale": scale(v),
                 "scale_note": v.scale_note,
                 "estimate": o.estimate,
                 "ci_low": o.low,
@@ -139,11 +149,12 @@ def _note(row) -> str:
 
 
 def display(frame: pd.DataFrame) -> pd.DataFrame:
-    """The table a person reads: verdict, estimate, interval, n, source, the claim and the note."""
+    """The table a person reads: verdict, scale, estimate, interval, n, source, the claim and the note."""
     return pd.DataFrame(
         {
             "claim": frame["id"],
             "verdict": frame["verdict"],
+            **({"scale": frame["scale"].map(_text)} if "scale" in frame else {}),
             "estimate": frame["estimate"].map(_num),
             "interval": [_interval(r) for _, r in frame.iterrows()],
             "n (a / b)": [_n(r) for _, r in frame.iterrows()],
@@ -213,7 +224,7 @@ def markdown(frame: pd.DataFrame) -> str:
     # a claim's own report: its page linked from the id where written, else the command in the headline
     links = [_text(r) if _text(r).endswith(".html") else "" for r in ran["report"]]
     table["claim"] = [f"[`{i}`]({link})" if link else f"`{i}`" for i, link in zip(ran["id"], links)]
-    table.insert(2, "measure", ran["measure"].map(_text))
+    table.insert(table.columns.get_loc("estimate"), "measure", ran["measure"].map(_text))
     # the level is the headline's (95%, 90% for equivalence); claims.csv keeps it per claim
     intervals = [_interval(r, level=False) for _, r in ran.iterrows()]
     table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], intervals)]
@@ -234,7 +245,7 @@ def read_csv(path: Path) -> pd.DataFrame:
         frame = pd.read_csv(path, dtype={"id": str}, keep_default_na=False, na_values=[""])
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot read claims CSV {path}: {err}") from None
-    missing = [c for c in COLUMNS if c not in frame and c not in LATER]
+    missing = [c for c in COLUMNS if c not in frame and c not in LATER and c not in SHOWN_IF_WRITTEN]
     if missing:
         raise ConfigError(f"{path} is not a claims.csv (missing columns {', '.join(missing)})")
     return frame.reindex(columns=[*frame.columns, *(c for c in LATER if c not in frame)])
@@ -284,7 +295,7 @@ def with_published(frame: pd.DataFrame, published: Path | None, out: Path) -> pd
             old = stored.loc[row["id"]]
             if old["verdict"] == "not run":
                 continue
-            frame.loc[i, list(COLUMNS[1:])] = [old[c] for c in COLUMNS[1:]]
+            frame.loc[i, list(COLUMNS[1:])] = [old.get(c, math.nan) for c in COLUMNS[1:]]
             frame.loc[i, "provenance"] = f"published ({published}): {_text(old['provenance'])}"
             folder = published.parent / _text(old["runs"])
             frame.loc[i, "runs"] = os.path.relpath(folder, out) if _text(old["runs"]) else ""

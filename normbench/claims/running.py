@@ -6,7 +6,9 @@ the user names replaces the claim's value of it: train.steps=3 shortens every ru
 interrupted ones continue from their checkpoints (normbench.sweeps.sweep.run_sweep). The claim's
 YAML is copied beside its runs (claim.yaml), the definition its verdict was measured against, and
 every set of the user's own overrides it was run with is recorded (overrides.yaml), so a verdict
-from runs that differ from the registry's sweep says how.
+from runs that differ from the registry's sweep says how. Before any claim runs, each one's sweep is
+composed with the user's overrides and checked (normbench.claims.checking): a mistyped key or an arm
+no job matches stops the command there.
 """
 
 from __future__ import annotations
@@ -17,23 +19,17 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
+from normbench.claims.checking import claim_args, override_key
 from normbench.claims.schema import Claim
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
 
 
-def _key(override: str) -> str:
-    return override.partition("=")[0].lstrip("+~")
-
-
 def sweep_args(claim: Claim, overrides: list[str], out: Path, config_dir: Path | None = None) -> list[str]:
     """The Hydra overrides of ``normbench sweep`` for this claim."""
-    given = {_key(o) for o in overrides}
-    if "hydra.sweep.dir" in given:
+    if "hydra.sweep.dir" in {override_key(o) for o in overrides}:
         raise ConfigError("claims run chooses each claim's sweep directory", allowed=["--out DIR"])
-    args = [a for a in claim.sweep_args() if _key(a) not in given]
-    search = [f"hydra.searchpath=[file://{config_dir.resolve()}]"] if config_dir is not None else []
-    return [*args, *overrides, *search, f"hydra.sweep.dir={(out / claim.id).resolve()}"]
+    return [*claim_args(claim, overrides, config_dir), f"hydra.sweep.dir={(out / claim.id).resolve()}"]
 
 
 OVERRIDES = "overrides.yaml"
@@ -65,11 +61,14 @@ def run_claims(
     console: Console | None = None,
 ) -> int:
     """Run each claim's sweep in turn; the exit code: the first non-zero one (130: Ctrl-C stops them all)."""
+    from normbench.claims.checking import check_claim
     from normbench.model import extensions
     from normbench.sweeps.sweep import run_sweep
 
     console = console or Console()
     extensions.install()  # installed packages' norms and placements, for the plan's composition
+    for claim in claims:  # every claim's sweep composed and its comparison found in it, before any run
+        check_claim(claim, overrides, config_dir)
     worst = 0
     for claim in claims:
         args = sweep_args(claim, overrides, out, config_dir)

@@ -25,6 +25,9 @@
       effect: null                      # better/worse: the effect the source reports, in the metric's
                                         # units; equivalence within delta refutes only when delta < effect
       why: three seeds at this size spread by about 0.005 nats ...
+    scale:
+      model: mini                       # the conf/model option every run of the sweep composes
+      why: the smallest size where ...  # one sentence: why the claim can show at this size
     min_seeds: 3                        # fewer completed seeds per arm: inconclusive, no interval
     scale_dependent: null               # or the source's setting the verdict may not transfer to
     cost_s: null                        # the default sweep's measured seconds on a 2-core CPU
@@ -34,6 +37,10 @@ best_value: a's per-seed best tuning value, in log2) and ``direction`` (increasi
 flat with ``delta``); rate has ``direction`` (more, fewer: a's divergences against b's);
 steps_to_target has ``below`` (the ratio of steps the claim bounds, 1: faster); stable_lr has
 ``factor`` (a's largest non-diverging value at least this multiple of b's).
+
+``compare.metric`` is one of ``METRIC_NAMES``: the report's metrics and the summary fields a run
+writes. ``normbench.claims.checking`` composes the sweep and checks the rest against its jobs: the
+overrides' keys, each arm, the tuned key and the trend's axis, and ``scale.model``.
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ from pathlib import Path
 import yaml
 
 from normbench.core.configtree import conf_dir, group_options
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, did_you_mean
+from normbench.report.metrics import METRICS
 
 KINDS = ("better", "worse", "not_worse", "equivalent", "trend", "rate", "steps_to_target", "stable_lr")
 SOURCE_KINDS = ("paper", "article")
@@ -53,7 +61,18 @@ TREND_OF = ("gap", "best_value")
 TREND_DIRECTIONS = ("increasing", "decreasing", "flat")
 RATE_DIRECTIONS = ("more", "fewer")
 # Every field of a claim, and which of them a user may leave out (with the default).
-FIELDS = ("id", "claim", "source", "sweep", "compare", "predicate", "min_seeds", "scale_dependent", "cost_s")
+FIELDS = (
+    "id",
+    "claim",
+    "source",
+    "sweep",
+    "compare",
+    "predicate",
+    "scale",
+    "min_seeds",
+    "scale_dependent",
+    "cost_s",
+)
 OPTIONAL = {"scale_dependent": None, "cost_s": None, "min_seeds": 3}
 SOURCE_FIELDS = ("kind", "authors", "year", "arxiv", "title", "setting")
 PREDICATE_FIELDS = {
@@ -66,6 +85,20 @@ PREDICATE_FIELDS = {
     "steps_to_target": ("below",),
     "stable_lr": ("factor",),
 }
+SCALE_FIELDS = ("model", "why")
+# What compare.metric may name: the report's metrics (normbench.report.metrics), then the numeric fields
+# of a run's summary.json a claim compares (the logit peaks, the causal-leak probe in each mode, the size).
+METRIC_NAMES = (
+    *METRICS,
+    "max_attn_logit",
+    "max_log_z",
+    "max_attn_logit_raw",
+    "max_log_z_raw",
+    "causal_leak.train",
+    "causal_leak.eval",
+    "params",
+    "flops_per_token",
+)
 ARXIV = re.compile(r"\d{4}\.\d{4,5}")
 ID = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -84,6 +117,7 @@ class Claim:
     log: bool
     predicate: dict
     min_seeds: int
+    scale: dict  # model: the conf/model option the sweep runs at; why: one sentence
     scale_dependent: str | None
     cost_s: float | None
     path: Path = field(compare=False)
@@ -151,6 +185,12 @@ def _experiment_path(name: str, claim_path: Path) -> Path:
     )
 
 
+def _user_options(claim_path: Path, group: str) -> list[str]:
+    """The options of ``group`` in the config folder a user's claim is in (CONFIG_DIR/claim/ID.yaml)."""
+    folder = claim_path.parent.parent / group
+    return [p.stem for p in folder.glob("*.yaml")] if claim_path.parent.name == "claim" else []
+
+
 def _fail(path: Path, where: str, what: str, allowed=None) -> None:
     raise ConfigError(f"{path}: {where}: {what}", allowed=allowed)
 
@@ -208,7 +248,9 @@ def parse_claim(path: Path) -> Claim:
         body = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"{path}: not readable YAML ({str(err).splitlines()[0]})") from None
-    body = _mapping(path, "", body, FIELDS, ("id", "claim", "source", "sweep", "compare", "predicate"))
+    body = _mapping(
+        path, "", body, FIELDS, ("id", "claim", "source", "sweep", "compare", "predicate", "scale")
+    )
     body = {**OPTIONAL, **body}
     cid = body["id"]
     if not isinstance(cid, str) or not ID.fullmatch(cid):
@@ -237,8 +279,12 @@ def parse_claim(path: Path) -> Claim:
     compare = _mapping(path, "compare", body["compare"], ("a", "b", "metric", "tune", "log"), ("a", "metric"))
     a = _arm(path, "compare.a", compare["a"])
     b = _arm(path, "compare.b", compare["b"]) if compare.get("b") is not None else None
-    if not isinstance(compare["metric"], str):
-        _fail(path, "compare.metric", "must be a summary.json field name")
+    metric = compare["metric"]
+    if metric not in METRIC_NAMES:
+        near = did_you_mean(str(metric), METRIC_NAMES)
+        _fail(
+            path, "compare.metric", f"{metric!r} is not a metric normbench writes{near}", allowed=METRIC_NAMES
+        )
     tune = compare.get("tune")
     if tune is not None and not isinstance(tune, str):
         _fail(path, "compare.tune", "must be a config key (train.lr) or null")
@@ -250,6 +296,12 @@ def parse_claim(path: Path) -> Claim:
         _fail(path, "predicate.kind", f"{kind!r} is not a predicate", allowed=KINDS)
     predicate = _mapping(path, "predicate", predicate, ("kind", "why", *PREDICATE_FIELDS[kind]))
     _check_predicate(path, kind, predicate, b, tune)
+    scale = _mapping(path, "scale", body["scale"], SCALE_FIELDS, SCALE_FIELDS)
+    models = sorted({*group_options("model"), *_user_options(path, "model")})
+    if scale["model"] not in models:
+        _fail(path, "scale.model", f"{scale['model']!r} is not a model size", allowed=models)
+    if not isinstance(scale["why"], str):
+        _fail(path, "scale.why", "must be one sentence of text")
     min_seeds = body["min_seeds"]
     if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 2:
         _fail(path, "min_seeds", f"must be an integer ≥ 2 (an interval needs two seeds), not {min_seeds!r}")
@@ -270,6 +322,7 @@ def parse_claim(path: Path) -> Claim:
         log=compare.get("log", False),
         predicate=dict(predicate),
         min_seeds=min_seeds,
+        scale={"model": str(scale["model"]), "why": " ".join(scale["why"].split())},
         scale_dependent=body["scale_dependent"],
         cost_s=body["cost_s"],
         path=path,

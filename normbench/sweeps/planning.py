@@ -18,6 +18,8 @@ import hashlib
 import itertools
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -254,8 +256,11 @@ def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str], sw
     return Plan(sweep_dir, jobs, varying, launcher)
 
 
-def plan_sweep(args: list[str]) -> Plan:
-    """``make_plan`` for these command-line overrides, in this process: what the sweeper will plan."""
+@contextmanager
+def multirun(args: list[str]) -> Iterator[tuple[ConfigLoader, DictConfig, list[str]]]:
+    """Hydra's multirun config for these command-line overrides, composed in this process as the
+    sweeper receives it: (the loader, the master config, the sweep's overrides: the experiment's
+    hydra.sweeper.params, then the task overrides)."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
@@ -271,9 +276,27 @@ def plan_sweep(args: list[str]) -> Plan:
                 raise ConfigError(composition_error(err)) from None
             params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
             task = OmegaConf.to_container(master.hydra.overrides.task)
-            return make_plan(loader, master, [*params, *task], pin_sweep_dir(master))
+            yield loader, master, [*params, *task]
     finally:
         GlobalHydra.instance().clear()
+
+
+def plan_sweep(args: list[str]) -> Plan:
+    """``make_plan`` for these command-line overrides, in this process: what the sweeper will plan."""
+    with multirun(args) as (loader, master, overrides):
+        return make_plan(loader, master, overrides, pin_sweep_dir(master))
+
+
+def job_configs(args: list[str]) -> list[tuple[list[str], DictConfig]]:
+    """Every job of the grid these overrides sweep, with its config composed as the sweeper composes
+    it (its hydra node kept: hydra.runtime.choices names the options chosen); nothing is run, and no
+    run directory is read."""
+    with multirun(args) as (loader, master, overrides):
+        try:
+            parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
+            return [(job, composing.compose(loader, master, job)) for job in grid(parsed)]
+        except (HydraException, OmegaConfBaseException) as err:
+            raise ConfigError(composition_error(err)) from None
 
 
 def _state_before(job: Job) -> str:
