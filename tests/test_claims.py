@@ -946,6 +946,7 @@ def test_a_claim_run_with_overrides_says_so_in_its_row(tmp_path):
     pair(folder, [1.90, 1.98, 1.96], [2.0, 2.1, 2.05])
     claim = parse_claim(write_claim(tmp_path, "short", kind="better", a={"norm": "rms"}, b={"norm": "ln"}))
     record_overrides(folder, [])  # the registry's own sweep: nothing to say
+    record_overrides(folder, ["hydra.launcher.n_jobs=2"])  # how it ran, not what it computed
     assert "overrides" not in assess(claim, folder).provenance
     record_overrides(folder, ["train.steps=3"])
     record_overrides(folder, ["train.steps=3"])

@@ -45,7 +45,10 @@ def recorded_overrides(folder: Path) -> list[list[str]]:
 
 
 def record_overrides(folder: Path, overrides: list[str]) -> None:
-    """Add this run's overrides (the registry's own sweep: none) to the folder's record."""
+    """Add this run's overrides (the registry's own sweep: none) to the folder's record. Hydra's own
+    (hydra.launcher.n_jobs=2, a search path) choose how the sweep runs, not what it computes: not recorded
+    (the threads a run had are in its provenance)."""
+    overrides = [o for o in overrides if not override_key(o).startswith("hydra.")]
     sets = recorded_overrides(folder)
     if overrides and overrides not in sets:
         write_atomic(folder / OVERRIDES, yaml.safe_dump([*sets, list(overrides)]))
