@@ -37,6 +37,8 @@ def ln(norm, x):
 
 def run_by_hand(model, idx, block_fn):
     x = model.tok_emb(idx) + model.pos_emb(torch.arange(idx.shape[1]))
+    if not isinstance(model.norm_embedding, torch.nn.Identity):
+        x = ln(model.norm_embedding, x)  # reordered's (and peri's) norm on the embedding layer's output
     for layer, block in enumerate(model.blocks, start=1):
         x = block_fn(layer, block, x)
     return model.head(ln(model.norm_final, x))
