@@ -249,8 +249,9 @@ class GPT(nn.Module):
                 f"placement.embedding_norm must be true or false, got {embedding_norm!r}",
                 allowed=["false", "true"],
             )
-        # A norm on the embedding layer's output (Peri-LN; placement.embedding_norm): the embeddings enter
-        # the stream at the unit scale of the sub-layers' normalized outputs. Elsewhere none, and no parameters.
+        # A norm on the embedding layer's output (placement.embedding_norm; peri's and reordered's): the
+        # embeddings enter the stream at the unit scale of the sub-layers' normalized outputs, which would
+        # drown GPT-2's N(0, 0.02) ones. Elsewhere none, and no parameters (the state dict is as before).
         self.norm_embedding = make_norm() if embedding_norm else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
