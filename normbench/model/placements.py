@@ -180,12 +180,12 @@ class PeriNormBlock(Block):
 
     Each sub-layer's input and output are normalized, the stream never is. Every sub-layer then adds
     about unit RMS to the stream, so the embeddings must enter at that scale too: GPT-2's N(0, 0.02)
-    token embedding would be 1/50 of the first sub-layer's output and the token's identity lost by the
-    last layer. Peri-LN normalizes the embedding layer's output as well (an output norm on the
-    embedding module, as on every other); here that is ``placement.embedding_norm`` (on in
-    conf/placement/peri.yaml and by default), one more norm of the run's ``norm=``, so d_model more
-    parameters (2 d_model for norm=ln). Gemma 2 instead multiplies the embeddings by sqrt(d_model)
-    and has no embedding norm; ``placement.embedding_norm=false`` gives the bare sandwich.
+    token embedding would be a fiftieth of the first sub-layer's output, and the token's identity is
+    lost by the last layer (the model stays at the untrained loss). So the embedding layer's output is
+    normalized as well, before the first block (``placement.embedding_norm``, on by default; OLMo-core's
+    Peri-LN runs take the same ``embedding_norm``): one more norm of the run's ``norm=``, d_model more
+    parameters (2 d_model for norm=ln). Gemma 2 has no embedding norm and multiplies the embeddings by
+    sqrt(d_model) instead; ``placement.embedding_norm=false`` gives the bare sandwich.
     """
 
     embedding_norm = True
@@ -319,9 +319,9 @@ class ReorderedNormBlock(Block):
     start at N(0, 0.02) (every parameter, untied from the head) and have trillions of tokens to
     grow: in a few hundred steps they do not, and the token's identity is lost under the sub-layers'
     outputs. So the embedding layer's output is normalized here too (``placement.embedding_norm``,
-    on by default, as OLMo-core's ``embedding_norm`` option does and as Peri-LN does): one more norm
+    on by default, as OLMo-core's ``embedding_norm`` option does, and as peri's): one more norm
     of the run's ``norm=``, d_model more parameters (2 d_model for norm=ln).
-    ``placement.embedding_norm=false`` is OLMo 2's model exactly.
+    ``placement.embedding_norm=false`` is OLMo 2's wiring exactly.
     """
 
     embedding_norm = True
