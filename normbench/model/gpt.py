@@ -244,14 +244,10 @@ class GPT(nn.Module):
         # Rotary embeddings (llama) rotate q and k in every attention layer instead of learned positions.
         self.pos_emb = None if cfg.architecture.rotary else nn.Embedding(cfg.block_size, cfg.d_model)
         embedding_norm = placement.get("embedding_norm", block_cls.embedding_norm)
-        if not isinstance(embedding_norm, bool):
-            raise ConfigError(
-                f"placement.embedding_norm must be true or false, got {embedding_norm!r}",
-                allowed=["false", "true"],
-            )
         # A norm on the embedding layer's output (placement.embedding_norm; peri's and reordered's): the
         # embeddings enter the stream at the unit scale of the sub-layers' normalized outputs, which would
         # drown GPT-2's N(0, 0.02) ones. Elsewhere none, and no parameters (the state dict is as before).
+        # placement_options (above) checked that it is a bool.
         self.norm_embedding = make_norm() if embedding_norm else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(

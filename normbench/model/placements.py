@@ -67,8 +67,15 @@ NOT_OPTIONS = ("name", "final_norm", "embedding_norm", "_target_")
 
 
 def placement_options(placement: dict) -> dict:
-    """The placement config's block options (all but NOT_OPTIONS), checked against its class."""
+    """The placement config's block options (all but NOT_OPTIONS), checked against its class, and
+    placement.embedding_norm checked."""
     cls = placement_class(placement.get("name"), placement.get("_target_"))
+    embedding_norm = placement.get("embedding_norm", cls.embedding_norm)
+    if not isinstance(embedding_norm, bool):
+        raise ConfigError(
+            f"placement.embedding_norm must be true or false, got {embedding_norm!r}",
+            allowed=["false", "true"],
+        )
     params = inspect.signature(cls.__init__).parameters
     allowed = [p.name for p in params.values() if p.kind is p.KEYWORD_ONLY]
     options = {k: v for k, v in placement.items() if k not in NOT_OPTIONS}
