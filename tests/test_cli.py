@@ -165,6 +165,10 @@ BAD = [
         ["+placement.post_fraction=0.5"],
         "placement 'pre' has no option post_fraction; allowed: placement.final_norm",
     ),
+    (
+        ["placement=peri", "placement.embedding_norm=3"],
+        "placement.embedding_norm must be true or false, got 3; allowed: false, true",
+    ),
     (["train.z_loss=-1"], "train.z_loss must be >= 0, got -1"),
     (
         ["placement=ngpt", "model.attn_gate=true"],

@@ -243,6 +243,12 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         # Rotary embeddings (llama) rotate q and k in every attention layer instead of learned positions.
         self.pos_emb = None if cfg.architecture.rotary else nn.Embedding(cfg.block_size, cfg.d_model)
+        embedding_norm = placement.get("embedding_norm", block_cls.embedding_norm)
+        # A norm on the embedding layer's output (placement.embedding_norm; peri's and reordered's): the
+        # embeddings enter the stream at the unit scale of the sub-layers' normalized outputs, which would
+        # drown GPT-2's N(0, 0.02) ones. Elsewhere none, and no parameters (the state dict is as before).
+        # placement_options (above) checked that it is a bool.
+        self.norm_embedding = make_norm() if embedding_norm else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             block_cls(
@@ -324,7 +330,7 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
-        x = self.hooks.embedded(self.drop(x))
+        x = self.hooks.embedded(self.drop(self.norm_embedding(x)))
         for block in self.blocks:
             x = block(x)
         logits = self.hooks(self.head(self.norm_final(x)))

@@ -61,13 +61,21 @@ def placement_class(name: str, target: str | None = None) -> type[Block]:
     return PLACEMENTS[name]
 
 
-# Keys of a placement config that are not its block's options.
-NOT_OPTIONS = ("name", "final_norm", "_target_")
+# Keys of a placement config that are not its block's options: the model reads final_norm and
+# embedding_norm (a norm before the head, a norm on the embedding layer's output).
+NOT_OPTIONS = ("name", "final_norm", "embedding_norm", "_target_")
 
 
 def placement_options(placement: dict) -> dict:
-    """The placement config's block options (all but NOT_OPTIONS), checked against its class."""
+    """The placement config's block options (all but NOT_OPTIONS), checked against its class, and
+    placement.embedding_norm checked."""
     cls = placement_class(placement.get("name"), placement.get("_target_"))
+    embedding_norm = placement.get("embedding_norm", cls.embedding_norm)
+    if not isinstance(embedding_norm, bool):
+        raise ConfigError(
+            f"placement.embedding_norm must be true or false, got {embedding_norm!r}",
+            allowed=["false", "true"],
+        )
     params = inspect.signature(cls.__init__).parameters
     allowed = [p.name for p in params.values() if p.kind is p.KEYWORD_ONLY]
     options = {k: v for k, v in placement.items() if k not in NOT_OPTIONS}
@@ -75,7 +83,7 @@ def placement_options(placement: dict) -> dict:
     if unknown:
         raise ConfigError(
             f"placement '{cls.placement_name}' has no option {', '.join(unknown)}",
-            allowed=[f"placement.{k}" for k in ("final_norm", *allowed)],
+            allowed=[f"placement.{k}" for k in ("final_norm", "embedding_norm", *allowed)],
         )
     cls.check_options(**options)
     return options
@@ -128,6 +136,9 @@ class Block(nn.Module):
     attention_cls = CausalSelfAttention  # nGPT's attention subclasses it
     model_hooks = ModelHooks  # what the placement does to the embeddings, logits and weights
     builds_norms = True  # False: the block calls no make_norm, so norm= is ignored (nGPT, ReZero)
+    # True: the model normalizes the embedding layer's output with the run's norm before the first block,
+    # unless placement.embedding_norm says otherwise (normbench.model.gpt.GPT builds it, as the final norm)
+    embedding_norm = False
     scales_norms = False  # True: the block already scales its norms by 1/sqrt(l) (model.ln_scaling)
 
     def __init__(self, spec: BlockSpec, make_norm: Callable[..., nn.Module]):
@@ -171,7 +182,20 @@ class PostNormBlock(Block):
 
 @register_placement("peri")
 class PeriNormBlock(Block):
-    """x + N_out(f(N_in(x))): the sandwich of Gemma 2 and Peri-LN."""
+    """x + N_out(f(N_in(x))), and a norm on the embedding layer's output: Peri-LN (Kim et al. 2025,
+    arXiv 2502.02732), the sandwich of Gemma 2.
+
+    Each sub-layer's input and output are normalized, the stream never is. Every sub-layer then adds
+    about unit RMS to the stream, so the embeddings must enter at that scale too: GPT-2's N(0, 0.02)
+    token embedding would be a fiftieth of the first sub-layer's output, and the token's identity is
+    lost by the last layer (the model stays at the untrained loss). So the embedding layer's output is
+    normalized as well, before the first block (``placement.embedding_norm``, on by default; OLMo-core's
+    Peri-LN runs take the same ``embedding_norm``): one more norm of the run's ``norm=``, d_model more
+    parameters (2 d_model for norm=ln). Gemma 2 has no embedding norm and multiplies the embeddings by
+    sqrt(d_model) instead; ``placement.embedding_norm=false`` gives the bare sandwich.
+    """
+
+    embedding_norm = True
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
@@ -294,11 +318,20 @@ class MixLNBlock(Block):
 
 @register_placement("reordered")
 class ReorderedNormBlock(Block):
-    """x + N(f(x)): the norm on each sub-layer's output only, none on its input (OLMo 2).
+    """x + N(f(x)): the norm on each sub-layer's output only, none on its input (OLMo 2, arXiv 2501.00656).
 
     The residual stream is never normalized and neither is the sub-layer's input, so OLMo 2
-    pairs it with QK-norm (``model.qk_norm=rms``) to keep the attention logits in check.
+    pairs it with QK-norm (``model.qk_norm=rms model.qk_norm_scope=flat``) to keep the attention
+    logits in check. Every sub-layer adds about unit RMS to the stream while OLMo 2's embeddings
+    start at N(0, 0.02) (every parameter, untied from the head) and have trillions of tokens to
+    grow: in a few hundred steps they do not, and the token's identity is lost under the sub-layers'
+    outputs. So the embedding layer's output is normalized here too (``placement.embedding_norm``,
+    on by default, as OLMo-core's ``embedding_norm`` option does, and as peri's): one more norm
+    of the run's ``norm=``, d_model more parameters (2 d_model for norm=ln).
+    ``placement.embedding_norm=false`` is OLMo 2's wiring exactly.
     """
+
+    embedding_norm = True
 
     def __init__(self, spec, make_norm):
         super().__init__(spec, make_norm)
