@@ -545,3 +545,42 @@ def test_the_compile_trial_runs_on_the_batch_the_first_step_trains_on(tmp_path, 
     x, y = state.data.train_batch(cfg.train.batch_size, torch.Generator().manual_seed(cfg.seed))
     assert torch.equal(trial[0][0], x) and torch.equal(trial[0][1], y)
     assert torch.equal(state.train_batch(state.batch_gen)[0], x)  # the first step draws that same batch
+
+
+# What a fixed configuration computes under this code's NUMERICS: its first three training losses per
+# placement (norm=ln, eager, one thread, the tiny corpus of conftest.tiny), to 1e-4.
+FIRST_LOSSES = {
+    "numerics": 3,
+    "deepnorm": [4.182343, 4.151493, 4.135655],
+    "hybrid": [4.177251, 4.143025, 4.14103],
+    "lns": [4.179797, 4.136832, 4.124158],
+    "mixln": [4.179102, 4.135831, 4.123259],
+    "ngpt": [4.196224, 4.162149, 4.174835],
+    "peri": [4.168266, 4.124576, 4.134057],
+    "post": [4.180968, 4.151704, 4.138258],
+    "pre": [4.179102, 4.135831, 4.123259],
+    "reordered": [4.168206, 4.126244, 4.134083],
+    "rezero": [4.159181, 4.158494, 4.158184],
+}
+
+
+@pytest.mark.parametrize("placement", sorted(k for k in FIRST_LOSSES if k != "numerics"))
+def test_a_change_in_what_a_config_computes_bumps_numerics(tmp_path, placement):
+    """A stored result is reused only under the code's numerics (normbench.core.provenance): a change to
+    what a config computes (an init, a schedule, a placement's wiring) must bump NUMERICS, and then these
+    pinned losses with it."""
+    train_tiny(
+        tmp_path,
+        f"placement={placement}",
+        "norm=ln",
+        "norm.impl=eager",
+        "train.threads=1",
+        "train.steps=3",
+        "train.log_every=1",
+    )
+    losses = [r["train_loss"] for r in read_metrics(tmp_path) if r.get("kind") == "train"]
+    assert FIRST_LOSSES["numerics"] == provenance.NUMERICS, "NUMERICS changed: pin the new first losses"
+    assert losses == pytest.approx(FIRST_LOSSES[placement], abs=1e-4), (
+        f"placement={placement} computes other losses than numerics {provenance.NUMERICS} did: "
+        "bump NUMERICS in normbench/core/provenance.py (and its table in docs/runs.md), then pin these"
+    )
