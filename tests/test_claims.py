@@ -1071,3 +1071,23 @@ def test_claims_commands_refuse_bad_input_in_one_line(args, message):
     result = cli(*args)
     assert result.exit_code == 2 and message in result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_a_difference_the_other_way_at_the_grids_edge_is_inconclusive(tmp_path):
+    """rms is clearly worse, but both arms are best at the grid's largest rate: beyond it either could
+    gain more, so the verdict says what this grid reads and stays inconclusive."""
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        for lr, rms, ln in (
+            (0.003, 2.9, 2.8),
+            (0.01, 2.7, 2.5),
+            (0.03, 2.4 + 0.01 * seed, 2.2 + 0.02 * seed),
+        ):
+            plant(runs, f"rms_{lr}_s{seed}", seed=seed, norm="rms", lr=lr, final=rms)
+            plant(runs, f"ln_{lr}_s{seed}", seed=seed, norm="ln", lr=lr, final=ln)
+    claim = write_claim(
+        tmp_path, "edge2", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, tune="train.lr"
+    )
+    out = verdict_of(tmp_path, claim, runs)
+    assert out.verdict == "inconclusive"
+    assert "is the grid's largest" in out.reason and "on this grid it would read not reproduced" in out.reason

@@ -106,6 +106,14 @@ def _join(*notes: str | None) -> str:
     return "; ".join(n for n in notes if n)
 
 
+def _settled(word: str, reason: str, edge: str | None, **base) -> Outcome:
+    """The verdict ``word``, unless an arm's best value sits at the grid's edge: off the grid it may do
+    better still, so the word is only what this grid reads, and the verdict inconclusive."""
+    if edge:
+        return _inconclusive(_join(edge, f"on this grid it would read {word} ({reason})"), **base)
+    return Outcome(word, reason=reason, **base)
+
+
 # ----------------------------------------------------------------------------- the arms
 
 
@@ -328,9 +336,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
             )
             base["level"] += f" (TOST, ±{delta:g})"
             if low > delta or high < -delta:
-                return Outcome(
-                    "not reproduced", reason=_join(f"the difference exceeds ±{delta:g}", edge), **base
-                )
+                return _settled("not reproduced", f"the difference exceeds ±{delta:g}", edge, **base)
             if base["p"] < alpha and not edge:
                 return Outcome("reproduced", **base)
             needed = seeds_needed(_sd(c, n), delta - abs(c.diff), alpha, sides=1)
@@ -342,7 +348,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         base["level"] += " (one-sided bound)"
         worst, least = max(-want * low, -want * high), min(-want * low, -want * high)
         if least > delta:
-            return Outcome("not reproduced", reason=_join(f"a is worse by more than {delta:g}", edge), **base)
+            return _settled("not reproduced", f"a is worse by more than {delta:g}", edge, **base)
         if worst < delta and not edge:
             return Outcome("reproduced", **base)
         return _inconclusive(_join(edge, seeds_needed(_sd(c, n), delta - worse_by, alpha, sides=1)), **base)
@@ -351,9 +357,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     base.update(low=low, high=high, level=f"{100 * (1 - alpha):.3g}%")
     base["p"] = _t_p(c.diff, c.se, c.df) if c.diff * want > 0 else 1.0
     if want * low < 0 and want * high < 0:
-        return Outcome(
-            "not reproduced", reason=_join("the difference is significant the other way", edge), **base
-        )
+        return _settled("not reproduced", "the difference is significant the other way", edge, **base)
     if want * low > 0 and want * high > 0 and not edge:
         return Outcome("reproduced", **base)
     if delta is not None and tost_p(c.diff, c.se, c.df, delta) < alpha and not edge:
@@ -447,7 +451,7 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         base.update(low=low, high=high, p=tost_p(fit.slope, c.se, fit.df, delta))
         base["level"] = f"{100 * (1 - 2 * alpha):.3g}% (TOST, ±{delta:g})"
         if low > delta or high < -delta:
-            return Outcome("not reproduced", reason=_join(f"the slope exceeds ±{delta:g}", edge), **base)
+            return _settled("not reproduced", f"the slope exceeds ±{delta:g}", edge, **base)
         if base["p"] >= alpha or edge:
             return _inconclusive(
                 _join(edge, f"the slope's interval is wider than ±{delta:g}: more seeds or sizes"), **base
@@ -472,7 +476,7 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     base.update(low=low, high=high, p=_t_p(fit.slope, c.se, fit.df) if fit.slope * want > 0 else 1.0)
     base["level"] = f"{100 * (1 - alpha):.3g}%"
     if want * low < 0 and want * high < 0:
-        return Outcome("not reproduced", reason=_join("the slope is significant the other way", edge), **base)
+        return _settled("not reproduced", "the slope is significant the other way", edge, **base)
     if want * low > 0 and want * high > 0 and not edge:
         return Outcome("reproduced", **base)
     return _inconclusive(_join(edge, "the slope's interval includes 0: more seeds or sizes"), **base)
@@ -579,11 +583,8 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     if high < bound and significant and not censored["a"] and not edge:
         return Outcome("reproduced", reason=_join(*notes), **base)
     if low > bound and significant and not censored["b"]:
-        return Outcome(
-            "not reproduced",
-            reason=_join(f"a needs more than {claim.predicate['below']:g}x b's steps", *notes, edge),
-            **base,
-        )
+        reason = _join(f"a needs more than {claim.predicate['below']:g}x b's steps", *notes)
+        return _settled("not reproduced", reason, edge, **base)
     if not significant and (high < bound or low > bound):
         least = 2 / 2**n
         return _inconclusive(
