@@ -47,9 +47,14 @@ COLUMNS = (
     "provenance",
     "runs",
     "report",
+    "changed",
 )
 MARGINS = ("equivalent", "not_worse")  # the predicates whose verdict is a margin δ
-LATER = ("delta", "spread")  # columns a claims.csv written by an earlier normbench lacks: read as empty
+LATER = (
+    "delta",
+    "spread",
+    "note",
+)  # columns a claims.csv written by an earlier normbench lacks: read as empty
 # Columns an earlier claims.csv lacks, left out of its pages (which stay as that normbench wrote them).
 SHOWN_IF_WRITTEN = ("scale",)
 HTML_COLOURS = {
@@ -106,6 +111,7 @@ def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
                 "provenance": v.provenance,
                 "runs": "" if v.folder is None else os.path.relpath(v.folder, out),
                 "report": _report_link(v, out),
+                "changed": c.note or "",
             }
         )
     return pd.DataFrame(records, columns=list(COLUMNS))
@@ -229,7 +235,11 @@ def markdown(frame: pd.DataFrame) -> str:
     intervals = [_interval(r, level=False) for _, r in ran.iterrows()]
     table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], intervals)]
     table.pop("interval")
-    sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
+    sentences = "\n".join(
+        f"- `{r['id']}` ({r['source']}): {r['claim']}"
+        + (f" *Changed:* {_text(r['changed'])}" if _text(r["changed"]) else "")
+        for _, r in frame.iterrows()
+    )
     parts = [
         "# Claims\n",
         f"**{headline(frame)}.** {_correction(frame)} δ: a margin in standard deviations of a seed's"

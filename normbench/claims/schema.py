@@ -31,6 +31,7 @@
     min_seeds: 3                        # fewer completed seeds per arm: inconclusive, no interval
     scale_dependent: null               # or the source's setting the verdict may not transfer to
     cost_s: null                        # the default sweep's measured seconds on a 2-core CPU
+    note: null                          # what changed in the verdict since an earlier publication, and why
 
 The predicate's own fields: trend has ``axis`` (a size key), ``of`` (gap: a - b at each size;
 best_value: a's per-seed best tuning value, in log2) and ``direction`` (increasing, decreasing,
@@ -72,8 +73,9 @@ FIELDS = (
     "min_seeds",
     "scale_dependent",
     "cost_s",
+    "note",
 )
-OPTIONAL = {"scale_dependent": None, "cost_s": None, "min_seeds": 3}
+OPTIONAL = {"scale_dependent": None, "cost_s": None, "min_seeds": 3, "note": None}
 SOURCE_FIELDS = ("kind", "authors", "year", "arxiv", "title", "setting")
 PREDICATE_FIELDS = {
     "better": ("delta", "effect"),
@@ -121,6 +123,7 @@ class Claim:
     scale_dependent: str | None
     cost_s: float | None
     path: Path = field(compare=False)
+    note: str | None = None  # what changed in its verdict since an earlier publication, and why
 
     @property
     def kind(self) -> str:
@@ -309,6 +312,8 @@ def parse_claim(path: Path) -> Claim:
         _fail(path, "scale_dependent", "must be null or the source's setting, as text")
     if body["cost_s"] is not None:
         _number(path, "cost_s", body["cost_s"])
+    if body["note"] is not None and not isinstance(body["note"], str):
+        _fail(path, "note", "must be null or text: what changed in the verdict, and why")
     return Claim(
         id=cid,
         claim=" ".join(body["claim"].split()),
@@ -326,6 +331,7 @@ def parse_claim(path: Path) -> Claim:
         scale_dependent=body["scale_dependent"],
         cost_s=body["cost_s"],
         path=path,
+        note=None if body["note"] is None else " ".join(body["note"].split()),
     )
 
 
