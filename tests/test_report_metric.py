@@ -191,9 +191,9 @@ def plant_provenance(root, blocks: dict) -> None:
 
 def test_runs_of_different_numerics_are_refused_unless_allowed(tmp_path, monkeypatch):
     only_charts(monkeypatch)
-    # ln's runs predate provenance: the legacy numerics version 1; rms ran with version 2
+    # ln's runs predate provenance: the legacy numerics version 0; rms ran with version 2
     plant_provenance(tmp_path, {"ln": [None, None], "rms": [provenance(2), provenance(2)]})
-    with pytest.raises(ConfigError, match=r"different numerics versions \(1, 2\).*--allow-mixed"):
+    with pytest.raises(ConfigError, match=r"different numerics versions \(0, 2\).*--allow-mixed"):
         run_report([tmp_path], console=quiet())
     assert not (tmp_path / "report").exists()  # nothing written
     from typer.testing import CliRunner
@@ -202,14 +202,14 @@ def test_runs_of_different_numerics_are_refused_unless_allowed(tmp_path, monkeyp
 
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 2 and len(lines) == 1 and "(1, 2)" in lines[0] and "--allow-mixed" in lines[0]
+    assert result.exit_code == 2 and len(lines) == 1 and "(0, 2)" in lines[0] and "--allow-mixed" in lines[0]
     out, _ = report([tmp_path], allow_mixed=True)
     md = (out / "summary.md").read_text()
     assert (
         "Mixed numerics versions (the runs are not the same computation), which configurations ran each: "
-        "1 (ln); 2 (rms)." in md
+        "0 (ln); 2 (rms)." in md
     )
-    assert "numerics 1, 2; norm implementations rms=fused-cpu (2 of 4 runs recorded none)." in md
+    assert "numerics 0, 2; norm implementations rms=fused-cpu (2 of 4 runs recorded none)." in md
 
 
 def test_a_metric_no_completed_run_reports_is_a_one_line_error(grid_root):

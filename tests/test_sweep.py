@@ -280,12 +280,12 @@ def test_a_sweep_retrains_the_results_older_code_computed_and_says_so_in_one_lin
     for job, numerics in zip(jobs, (2, 1, 1, None)):
         RunDir(job.run_dir).write_config(compose_cfg(job.overrides))
         block = {} if numerics is None else {"provenance": {"numerics": numerics}}
-        RunDir(job.run_dir).write_summary({"status": "completed", **block})  # no provenance: numerics 1
+        RunDir(job.run_dir).write_summary({"status": "completed", **block})  # no provenance: numerics 0
     code, out = run_sweep_dry(args)
     assert code == 0
     assert "1 has results (1 completed), 3 to run" in out
     lines = [line for line in out.splitlines() if "retraining" in line]
-    assert lines == ["retraining 3 runs stored by older code (numerics 1, now 2)"]
+    assert lines == ["retraining 3 runs stored by older code (numerics 0, 1, now 2)"]
     assert out.count("completed → keep") == 1 and out.count("new → run") == 3
 
 
@@ -716,8 +716,8 @@ def test_a_configs_identity_is_what_it_was_when_its_runs_were_stored(tmp_path, m
             ["norm=ln,rms,bn,gn", "placement=pre,post,peri", "train.lr=1e-3,1e-2", "seed=0,1", "model=micro"],
             "grid-2fa099dc",
             48,
-            "262e7d710c5e199a",
-            "gn-peri-s1-705033c5",
+            "928527e8815ee698",  # peri's jobs: their config gained placement.embedding_norm (numerics 3)
+            "gn-peri-s1-164fe1b5",
         ),
     ],
     ids=["lr_sensitivity", "grid48"],
@@ -735,6 +735,20 @@ def test_a_sweep_plans_the_run_directories_and_hashes_it_always_did(
     assert plan.sweep_dir == Path("results/sweeps") / sweep_dir
     assert len(plan.jobs) == jobs and plan.jobs[-1].run_dir.name == last
     assert hashlib.sha256(lines.encode()).hexdigest()[:16] == digest
+
+
+def test_only_the_placements_whose_computation_changed_got_new_run_directories(tmp_path, monkeypatch):
+    """peri's config gained placement.embedding_norm: its jobs are new runs; every other job keeps the
+    directory and hash it had before (digest of the non-peri jobs, as 94fe8bb's plan made them)."""
+    import hashlib
+
+    monkeypatch.chdir(tmp_path)
+    plan = plan_sweep(
+        ["norm=ln,rms,bn,gn", "placement=pre,post,peri", "train.lr=1e-3,1e-2", "seed=0,1", "model=micro"]
+    )
+    kept = [job for job in plan.jobs if "-peri-" not in job.run_dir.name]
+    lines = "\n".join(f"{job.run_dir.name} {job.config_hash}" for job in kept)
+    assert len(kept) == 32 and hashlib.sha256(lines.encode()).hexdigest()[:16] == "f6f371191ff8c6ad"
 
 
 def test_the_sweep_command_forwards_every_signal_a_job_checkpoints_on():
