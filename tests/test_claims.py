@@ -82,7 +82,7 @@ def plant(
     return run
 
 
-def write_claim(folder, cid, *, kind, a, b, tune=None, metric="final_val_loss", min_seeds=3, **predicate):
+def write_claim(folder, cid, *, kind, a, b, tune=None, metric="final_val_loss", min_seeds=None, **predicate):
     """A user's claim YAML in FOLDER/claim/CID.yaml; returns its path."""
     body = {
         "id": cid,
@@ -99,7 +99,7 @@ def write_claim(folder, cid, *, kind, a, b, tune=None, metric="final_val_loss", 
         "compare": {"a": a, "b": b, "metric": metric, "tune": tune},
         "predicate": {"kind": kind, **predicate},
         "scale": {"model": "mini", "why": "the default model, as the sweep composes it."},
-        "min_seeds": min_seeds,
+        "min_seeds": min_seeds or (6 if kind in ("steps_to_target", "stable_lr") else 3),
         "scale_dependent": "1.3B parameters",
     }
     path = folder / "claim" / f"{cid}.yaml"
@@ -507,7 +507,7 @@ def first_step(rate, target, floor=0.0):
     [
         ([2.0, 2.2, 2.1, 1.9, 2.3, 2.0], "reproduced"),
         ([0.5, 0.55, 0.5, 0.6, 0.5, 0.55], "not reproduced"),
-        ([2.0, 2.2, 2.1], "inconclusive"),  # 3 seeds: the exact test cannot reach 0.05
+        ([2.0, 2.2, 2.1], "inconclusive"),  # 3 seeds: fewer than the 6 an exact test needs
     ],
 )
 def test_steps_to_target_a_target_both_curves_cross(tmp_path, a_rates, word):
@@ -521,6 +521,9 @@ def test_steps_to_target_a_target_both_curves_cross(tmp_path, a_rates, word):
     out = verdict_of(tmp_path, claim, tmp_path / "runs")
     target = max(np.mean([3.0 - r * 0.5 for r in rates]) for rates in (a_rates, b_rates))
     logs = [math.log(first_step(ra, target) / first_step(rb, target)) for ra, rb in zip(a_rates, b_rates)]
+    if len(a_rates) < 6:
+        assert out.verdict == word and "fewer than min_seeds 6" in out.reason
+        return
     assert out.verdict == word and out.estimate == pytest.approx(math.exp(np.mean(logs)))
 
 
@@ -575,7 +578,7 @@ def stable_claim(tmp_path):
     "a_first, b_first, seeds, word",
     [
         (0.08, 0.04, 6, "reproduced"),
-        (0.08, 0.04, 3, "inconclusive"),  # identical per seed: the exact test needs 6 seeds
+        (0.08, 0.04, 3, "inconclusive"),  # too few seeds for an exact test to reach 0.05
         (0.02, 0.04, 6, "not reproduced"),
         (0.04, None, 6, "not reproduced"),  # b never went unstable: its true rate is higher still
         (None, None, 6, "inconclusive"),
@@ -586,6 +589,9 @@ def test_stable_lr_is_the_largest_rate_that_stayed_stable(tmp_path, a_first, b_f
     plant_stability(tmp_path / "runs", a_first, b_first, seeds)
     out = verdict_of(tmp_path, stable_claim(tmp_path), tmp_path / "runs")
     assert out.verdict == word
+    if seeds < 6:  # an exact test on fewer can never reach 0.05
+        assert "fewer than min_seeds 6" in out.reason
+        return
     stable = {first: (first or 0.16) / 2 for first in (a_first, b_first)}
     assert out.estimate == pytest.approx(stable[a_first] / stable[b_first])
     if a_first is None and b_first is None:
@@ -603,9 +609,9 @@ def test_a_run_stuck_near_its_start_is_not_stable(tmp_path):
 def test_a_failed_run_is_left_out_and_said_so(tmp_path):
     """a's seed 0 crashed at 0.08, above its stable 0.04: its limit is unknown, so the seed is left out
     rather than read as unstable at 0.08 (which would put it at 0.04 against the others' 0.08)."""
-    plant_stability(tmp_path / "runs", None, 0.04, failed=0.08)
+    plant_stability(tmp_path / "runs", None, 0.04, seeds=7, failed=0.08)
     out = verdict_of(tmp_path, stable_claim(tmp_path), tmp_path / "runs")
-    assert "1 failed run(s) left out" in out.reason and out.n_a == 5
+    assert "1 failed run(s) left out" in out.reason and out.n_a == 6
     assert out.estimate == pytest.approx(0.08 / 0.02)
 
 
@@ -747,6 +753,14 @@ def test_a_users_claim_is_listed_and_reported(tmp_path, monkeypatch):
         (lambda b: b["predicate"].pop("delta"), "predicate.delta"),
         (lambda b: b["compare"].pop("metric"), "compare.metric"),
         (lambda b: b.update(min_seeds=1), "min_seeds"),
+        (
+            lambda b: b.update(
+                min_seeds=5,
+                predicate={"kind": "stable_lr", "factor": 2},
+                compare={**b["compare"], "tune": "train.lr"},
+            ),
+            "min_seeds",
+        ),  # an exact test on 5 seeds can never reach 0.05
         (lambda b: b["sweep"].update(overrides=["norm"]), "sweep.overrides"),
         (lambda b: b["compare"].update(colour="red"), "compare.colour"),
         (lambda b: b.update(id="other"), "id"),

@@ -294,12 +294,19 @@ def _several(d: ReportData, arms: dict, by: list) -> str | None:
     return None
 
 
+def _exact_floor(p: float, n: int, alpha: float) -> str:
+    """'the exact test's p is 0.25 (at least 0.25 with 3 seeds; 7 seeds can reach 0.025)'."""
+    enough = next(k for k in range(2, 64) if 2 / 2**k < alpha)
+    least = f"at least {2 / 2**n:.3g} with {n} seeds; {enough} can reach {alpha:.3g}"
+    return f"the exact sign-flip test's p is {p:.3g} ({least})"
+
+
 def _no_spread(sa: dict, sb: dict, alpha: float) -> tuple[bool, float, str]:
     """(whether the exact test reaches alpha in the claimed direction, its p, a note) for seeds whose
     differences show no spread, where a t interval says nothing."""
     p = exact_p(sa, sb, side=0)
     n = min(len(sa), len(sb))
-    note = f"no spread between the seeds: the exact test's p is {p:.3g} (at least {2 / 2**n:.3g} with {n})"
+    note = f"no spread between the seeds: {_exact_floor(p, n, alpha)}"
     return p < alpha, p, note
 
 
@@ -586,15 +593,7 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         reason = _join(f"a needs more than {claim.predicate['below']:g}x b's steps", *notes)
         return _settled("not reproduced", reason, edge, **base)
     if not significant and (high < bound or low > bound):
-        least = 2 / 2**n
-        return _inconclusive(
-            _join(
-                f"the exact sign-flip test's p is {p_exact:.3g} (at least {least:.3g} with {n} seeds)",
-                *notes,
-                edge,
-            ),
-            **base,
-        )
+        return _inconclusive(_join(_exact_floor(p_exact, n, alpha), *notes, edge), **base)
     return _inconclusive(_join(edge, *notes, seeds_needed(_sd(c, n), abs(c.diff - bound), alpha)), **base)
 
 
@@ -669,12 +668,7 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         )
     if low >= bound - 1e-12 or high < bound:
         p = 2 * min(p_up, p_down)
-        return _inconclusive(
-            _join(
-                f"the exact sign-flip test's p is {p:.3g} (at least {2 / 2**n:.3g} with {n} seeds)", left_out
-            ),
-            **base,
-        )
+        return _inconclusive(_join(_exact_floor(p, n, alpha), left_out), **base)
     return _inconclusive(_join(seeds_needed(_sd(c, n), abs(c.diff - bound), alpha), left_out), **base)
 
 

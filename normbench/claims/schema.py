@@ -88,6 +88,10 @@ PREDICATE_FIELDS = {
     "stable_lr": ("factor",),
 }
 SCALE_FIELDS = ("model", "why")
+# The predicates whose outcome is discrete (steps at an evaluation, a rate on a grid): an exact test
+# decides them, and with n seeds its p is at least 2 / 2^n, so they need EXACT_SEEDS to reach 0.05.
+EXACT = ("steps_to_target", "stable_lr")
+EXACT_SEEDS = 6
 # What compare.metric may name: the report's metrics (normbench.report.metrics), then the numeric fields
 # of a run's summary.json a claim compares (the logit peaks, the causal-leak probe in each mode, the size).
 METRIC_NAMES = (
@@ -308,6 +312,14 @@ def parse_claim(path: Path) -> Claim:
     min_seeds = body["min_seeds"]
     if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 2:
         _fail(path, "min_seeds", f"must be an integer ≥ 2 (an interval needs two seeds), not {min_seeds!r}")
+    if predicate["kind"] in EXACT and min_seeds < EXACT_SEEDS:
+        _fail(
+            path,
+            "min_seeds",
+            f"a {predicate['kind']} outcome is discrete and judged by an exact test, whose p with n seeds "
+            f"is at least 2 / 2^n: fewer than {EXACT_SEEDS} can never reach 0.05, so the claim could not "
+            f"come out either way (got {min_seeds})",
+        )
     if body["scale_dependent"] is not None and not isinstance(body["scale_dependent"], str):
         _fail(path, "scale_dependent", "must be null or the source's setting, as text")
     if body["cost_s"] is not None:
