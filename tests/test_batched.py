@@ -6,10 +6,13 @@ import math
 
 import pytest
 import torch
-from conftest import compose_cfg, read_metrics, tiny
+from conftest import compose_cfg, read_metrics, run_cli, tiny
 
 from normbench.core.identity import config_hash
+from normbench.core.provenance import NUMERICS
 from normbench.core.runs import RunDir
+from normbench.sweeps.batching import launched, summary_line
+from normbench.sweeps.planning import plan_sweep
 from normbench.training import batched
 from normbench.training.batched import Group, train_batched, why_not
 from normbench.training.config import parse_config
@@ -127,7 +130,7 @@ def test_batched_is_part_of_the_identity():
 def test_what_cannot_train_batched_says_why():
     assert why_not(runs_of([0])[0]) is None
     assert "running statistics" in why_not(runs_of([0], "norm=bn")[0])
-    assert "rewrites its weights" in why_not(runs_of([0], "placement=ngpt")[0])
+    assert "weights rewritten" in why_not(runs_of([0], "placement=ngpt")[0])
     assert "compile" in why_not(runs_of([0], "train.compile=auto")[0])
 
 
@@ -136,3 +139,52 @@ def test_only_seeds_of_one_config_train_together(tmp_path):
         batched.check_group([*runs_of([0]), *runs_of([1], "train.lr=0.01")])
     with pytest.raises(ValueError, match="must differ"):
         batched.check_group(runs_of([0, 0]))
+
+
+# ----------------------------------------------------------------------------- normbench sweep --batch-seeds
+
+BATCH_SEEDS = "hydra.sweeper.batch_seeds=true"  # what --batch-seeds adds to the overrides
+
+
+def test_the_plan_groups_each_configs_seeds_and_says_what_cannot(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = plan_sweep(["norm=ln,bn", "seed=0,1,2", *tiny(), BATCH_SEEDS])
+    ln = [j for j in plan.jobs if "norm=ln" in j.overrides]
+    bn = [j for j in plan.jobs if "norm=bn" in j.overrides]
+    assert all(
+        "train.batched=true" in j.overrides and j.batch == [ln[0].num, ln[1].num, ln[2].num] for j in ln
+    )
+    assert all(j.batch is None and "running statistics" in j.unbatched for j in bn)
+    assert [j.num for j in launched(plan.jobs)] == sorted([ln[0].num, *(j.num for j in bn)])
+    # a batched grid is other configs: its own sweep directory, and its runs their own directories
+    plain = plan_sweep(["norm=ln,bn", "seed=0,1,2", *tiny()])
+    assert plain.sweep_dir != plan.sweep_dir
+    assert {j.run_dir.name for j in plain.jobs if "norm=bn" in j.overrides} == {j.run_dir.name for j in bn}
+    assert not {j.run_dir.name for j in plain.jobs} & {j.run_dir.name for j in ln}
+    line = summary_line(plan.jobs)
+    assert line.startswith("--batch-seeds: 3 runs in 1 batched group; 3 one at a time (norm=bn: running")
+
+
+def test_a_finished_seed_stays_out_of_its_group(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["seed=0,1,2", *tiny(), BATCH_SEEDS]
+    first = plan_sweep(args).jobs[0]
+    RunDir(first.run_dir).write_config(compose_cfg(tiny("seed=0", "train.batched=true")))
+    RunDir(first.run_dir).write_summary({"status": "completed", "provenance": {"numerics": NUMERICS}})
+    jobs = plan_sweep(args).jobs
+    assert jobs[0].state == "completed" and jobs[0].batch is None
+    assert jobs[1].batch == jobs[2].batch == [1, 2]
+
+
+@pytest.mark.slow  # a sweep through the CLI in a subprocess
+def test_a_batch_seeds_sweep_writes_every_runs_directory(tmp_path):
+    args = ["sweep", "--batch-seeds", "norm=ln,bn", "seed=0,1", *tiny("train.threads=1")]
+    result = run_cli(*args, "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())
+    assert "--batch-seeds: 2 runs in 1 batched group; 2 one at a time (norm=bn" in out
+    summaries = {p.name: RunDir(p).read_summary() for p in (tmp_path / "sweep").iterdir() if p.is_dir()}
+    assert len(summaries) == 4 and all(s["status"] == "completed" for s in summaries.values())
+    batched_ = {name: s["provenance"].get("batched") for name, s in summaries.items()}
+    assert sorted(batched_.values(), key=str) == [2, 2, None, None]
+    assert all(name.startswith("ln") == (k == 2) for name, k in batched_.items())

@@ -51,22 +51,22 @@ def why_not(run) -> str | None:
     """Why the config of ``run`` (a RunConfig) cannot train batched, in a few words; None if it can."""
     norm_cls = norms.norm_class(run.norm.get("name"), run.norm.get("_target_"))
     if getattr(norm_cls, "statistics", None) == "batch":
-        return f"norm={run.norm.get('name')} keeps running statistics, state vmap cannot carry per seed"
+        return f"norm={run.norm.get('name')}: running statistics, state vmap cannot carry per seed"
     if not norm_cls.__module__.startswith("normbench."):
-        return f"norm={run.norm.get('name')} is a user's norm, not known to run under torch.func.vmap"
+        return f"norm={run.norm.get('name')}: a user's norm, not known to run under torch.func.vmap"
     block_cls = placement_class(run.placement.get("name"), run.placement.get("_target_"))
     if not block_cls.__module__.startswith("normbench."):
-        return f"placement={run.placement.get('name')} is a user's placement, not known to run under vmap"
+        return f"placement={run.placement.get('name')}: a user's placement, not known to run under vmap"
     if block_cls.model_hooks.after_step is not ModelHooks.after_step:
-        return f"placement={run.placement.get('name')} rewrites its weights after every step"
+        return f"placement={run.placement.get('name')}: weights rewritten after every step"
     if run.norm_impl == "fused":
         return "norm.impl=fused: the fused norm kernels have no vmap rule"
     if run.train.compile:
-        return "train.compile is on"
+        return f"train.compile={run.train.compile}: vmap over a compiled model is not supported here"
     if run.train.precision != "fp32":
         return f"train.precision={run.train.precision}: batched seeds train in fp32"
     if distributed.launched():
-        return "torchrun trains one data-parallel run"
+        return "torchrun: one data-parallel run, not a group of seeds"
     return None
 
 
