@@ -218,7 +218,7 @@ def sweep(
 ) -> None:
     from normbench.core.errors import ConfigError
     from normbench.model import extensions
-    from normbench.sweeps import multirun
+    from normbench.sweeps import batching, multirun
 
     _refuse_options(
         ctx.args,
@@ -226,7 +226,7 @@ def sweep(
         "--config-dir, --dry-run, --retry-failed, --batch-seeds and Hydra overrides KEY=VALUE "
         "(to see a run's config: normbench train --cfg job KEY=VALUE ...)",
     )
-    args = _with_config_dir(ctx.args, config_dir) + (BATCH_SEEDS if batch_seeds else [])
+    args = _with_config_dir(ctx.args, config_dir) + ([batching.OPTION] if batch_seeds else [])
     # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
     child = None if dry_run else multirun.start(args, retry_failed)
     extensions.install()  # installed packages' norms and placements, for the plan's composition
@@ -237,9 +237,6 @@ def sweep(
     except ConfigError as err:
         _fail(err)
     raise typer.Exit(code)
-
-
-BATCH_SEEDS = ["hydra.sweeper.batch_seeds=true"]  # --batch-seeds, as the sweeper reads it
 
 
 def _fail(err: Exception) -> None:

@@ -11,6 +11,7 @@ from conftest import compose_cfg, read_metrics, run_cli, tiny
 from normbench.core.identity import config_hash
 from normbench.core.provenance import NUMERICS
 from normbench.core.runs import RunDir
+from normbench.sweeps import batching
 from normbench.sweeps.batching import launched, summary_line
 from normbench.sweeps.planning import plan_sweep
 from normbench.training import batched
@@ -143,7 +144,7 @@ def test_only_seeds_of_one_config_train_together(tmp_path):
 
 # ----------------------------------------------------------------------------- normbench sweep --batch-seeds
 
-BATCH_SEEDS = "hydra.sweeper.batch_seeds=true"  # what --batch-seeds adds to the overrides
+BATCH_SEEDS = batching.OPTION  # what --batch-seeds adds to the overrides
 
 
 def test_the_plan_groups_each_configs_seeds_and_says_what_cannot(tmp_path, monkeypatch):

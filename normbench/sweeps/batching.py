@@ -25,6 +25,7 @@ from normbench.core.identity import config_hash
 from normbench.core.runs import PLAN, RETRY_ENV, Decision, RunDir, RunLock
 
 MARK = "train.batched=true"
+OPTION = "hydra.sweeper.batch_seeds=true"  # --batch-seeds (normbench sweep, normbench claims run)
 
 
 def _key(override: str) -> str:
