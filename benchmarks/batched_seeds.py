@@ -64,12 +64,14 @@ def timed(model: str, k: int, steps: int, overrides: list[str], batched: bool, o
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--models", default="micro,mini")
     parser.add_argument("--ks", default="2,4,8")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (default: train.threads=1)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (default: train.threads=1)")
     args = parser.parse_args()
     overrides = args.overrides or ["train.threads=1"]
     warm_up(1)

@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from torch.func import functional_call, stack_module_state, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from normbench.core.devices import resolve_device
 from normbench.core.runs import CONFIG, RunDir
@@ -83,6 +84,47 @@ def check_group(runs: list) -> None:
         raise ValueError("batched runs must differ in seed only")
 
 
+class BatchedOps(TorchFunctionMode):
+    """Two ops written for vmap's batching rules while the seeds' forward runs under it.
+
+    ``F.linear`` on a (B, T, C) input with each seed's own weight: vmap's matmul rule broadcasts the
+    weight over B and runs B x K small matrix products; flattened to (B*T, C), each seed's product is
+    one (K-batch) matmul. ``F.scaled_dot_product_attention``: the fused CPU kernel has no batching
+    rule (vmap would loop over the seeds) and the math backend checks its masks row by row, so the
+    causal softmax attention is written out in plain ops. Other calls pass through unchanged."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and args[0].dim() > 2:
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            y = torch.matmul(x.reshape(-1, x.shape[-1]), weight.t())
+            if bias is not None:
+                y = y + bias
+            return y.reshape(*x.shape[:-1], weight.shape[0])
+        if func is F.scaled_dot_product_attention and _plain_causal(args, kwargs):
+            q, k, v = args[:3]
+            scale = kwargs.get("scale") or q.shape[-1] ** -0.5
+            t = q.shape[-2]
+            future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+            logits = torch.matmul(q, k.transpose(-2, -1)) * scale
+            weights = logits.masked_fill(future, float("-inf")).softmax(-1)
+            p = kwargs.get("dropout_p", 0.0)
+            return torch.matmul(F.dropout(weights, p) if p else weights, v)
+        return func(*args, **kwargs)
+
+
+def _plain_causal(args, kwargs) -> bool:
+    """Whether an SDPA call is the model's own: causal, no mask, no grouped heads."""
+    return (
+        len(args) == 3
+        and kwargs.get("is_causal")
+        and kwargs.get("attn_mask") is None
+        and not kwargs.get("enable_gqa")
+        and set(kwargs) <= {"is_causal", "dropout_p", "scale", "attn_mask", "enable_gqa"}
+    )
+
+
 class Group:
     """K seeds' parameters stacked along a new first dimension, with their optimizer and schedule."""
 
@@ -108,8 +150,7 @@ class Group:
         self.z_coef = tcfg.z_loss
 
         def loss_of(params, buffers, x, y):
-            # The math backend: the fused CPU attention kernel has no vmap rule (vmap would loop over seeds).
-            with sdpa_kernel(SDPBackend.MATH):
+            with BatchedOps():
                 logits, loss = functional_call(self.base, (params, buffers), (x, y))
             z = z_loss(logits) if self.z_coef else loss.new_zeros(())
             return loss, z
