@@ -5,7 +5,8 @@ another pay it K times. ``train_batched`` builds every seed exactly as ``train``
 ``Run``: data, initialisation and batch stream, so each seed starts bit-identical to its sequential
 run), stacks their parameters (``torch.func.stack_module_state``) and trains one K-times-larger
 problem: each step runs the model with ``torch.func.functional_call`` under ``torch.func.vmap`` over
-the stacked parameters and the stacked batches, each seed's own.
+the stacked parameters and the stacked batches, each seed's own (``BatchedOps`` writes the linear
+layers and the causal attention in the forms vmap batches well).
 
 What stays per seed: the batch stream and initialisation, dropout's draws (vmap's
 ``randomness="different"``), AdamW's state (it is elementwise, so one AdamW over the stacked tensors
