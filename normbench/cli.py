@@ -210,18 +210,23 @@ def sweep(
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run again the runs that diverged or failed."
     ),
+    batch_seeds: bool = typer.Option(
+        False,
+        "--batch-seeds",
+        help="Train each config's seeds together as one batched model (what cannot runs one at a time).",
+    ),
 ) -> None:
     from normbench.core.errors import ConfigError
     from normbench.model import extensions
-    from normbench.sweeps import multirun
+    from normbench.sweeps import batching, multirun
 
     _refuse_options(
         ctx.args,
         "sweep",
-        "--config-dir, --dry-run, --retry-failed and Hydra overrides KEY=VALUE "
+        "--config-dir, --dry-run, --retry-failed, --batch-seeds and Hydra overrides KEY=VALUE "
         "(to see a run's config: normbench train --cfg job KEY=VALUE ...)",
     )
-    args = _with_config_dir(ctx.args, config_dir)
+    args = _with_config_dir(ctx.args, config_dir) + ([batching.OPTION] if batch_seeds else [])
     # Started before normbench.sweeps.sweep (and PyTorch) is imported: it warms up while this process plans.
     child = None if dry_run else multirun.start(args, retry_failed)
     extensions.install()  # installed packages' norms and placements, for the plan's composition

@@ -22,6 +22,7 @@ class NormbenchSweeperConf:
     _target_: str = "hydra_plugins.normbench_plugins.sweeper.NormbenchSweeper"
     params: dict[str, str] | None = None  # the grid, as Hydra's basic sweeper reads it (experiments set it)
     retry_failed: bool = False  # launch the diverged and failed runs again (normbench sweep --retry-failed)
+    batch_seeds: bool = False  # each config's seeds as one batched model (normbench sweep --batch-seeds)
 
 
 ConfigStore.instance().store(
@@ -30,9 +31,12 @@ ConfigStore.instance().store(
 
 
 class NormbenchSweeper(Sweeper):
-    def __init__(self, params: dict[str, str] | None = None, retry_failed: bool = False) -> None:
+    def __init__(
+        self, params: dict[str, str] | None = None, retry_failed: bool = False, batch_seeds: bool = False
+    ) -> None:
         self.params = params or {}
         self.retry_failed = retry_failed
+        self.batch_seeds = batch_seeds  # read by the plan (normbench.sweeps.planning.batches_seeds)
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
         self.launcher = None
@@ -49,6 +53,7 @@ class NormbenchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
+        from normbench.sweeps.batching import launched
         from normbench.sweeps.multirun import PLANNED
         from normbench.sweeps.planning import make_plan, names_runs_by_job, will_run
         from normbench.sweeps.sweep import ray_preflight
@@ -65,6 +70,7 @@ class NormbenchSweeper(Sweeper):
             todo = [job for job in plan.jobs if will_run(job, self.retry_failed)]
             if names_runs_by_job(self.config):
                 todo = plan.jobs  # run directories named by job number: every job keeps its number
+            todo = launched(todo)  # a batched group's leader trains its other seeds
             returns = self.launcher.launch([job.overrides for job in todo], initial_job_idx=0) if todo else []
         finally:
             close = getattr(self.launcher, "close", None)

@@ -99,6 +99,11 @@ def run(
         False, "--retry-failed", help="Run again the runs that diverged or failed."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List each claim's runs and which have results."),
+    batch_seeds: bool = typer.Option(
+        False,
+        "--batch-seeds",
+        help="Train each config's seeds together as one batched model (sweep --batch-seeds).",
+    ),
 ) -> None:
     from normbench.claims.running import run_claims
     from normbench.claims.schema import select
@@ -108,7 +113,7 @@ def run(
     if flags:
         _fail(
             f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, "
-            "--dry-run, claim ids and KEY=VALUE"
+            "--dry-run, --batch-seeds, claim ids and KEY=VALUE"
         )
     ids = [a for a in ctx.args if "=" not in a]
     overrides = [a for a in ctx.args if "=" in a]
@@ -117,7 +122,7 @@ def run(
         _fail("name the claims to run (normbench claims lists them), or --all")
     try:
         chosen = registry if all_claims else select(registry, ids)
-        code = run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run)
+        code = run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run, batch_seeds=batch_seeds)
     except ConfigError as err:
         _fail(err)
     raise typer.Exit(code)

@@ -62,10 +62,13 @@ def run_claims(
     retry_failed: bool = False,
     dry_run: bool = False,
     console: Console | None = None,
+    batch_seeds: bool = False,
 ) -> int:
-    """Run each claim's sweep in turn; the exit code: the first non-zero one (130: Ctrl-C stops them all)."""
+    """Run each claim's sweep in turn; the exit code: the first non-zero one (130: Ctrl-C stops them all).
+    ``batch_seeds``: each sweep trains each config's seeds as one batched model (sweep --batch-seeds)."""
     from normbench.claims.checking import check_claim
     from normbench.model import extensions
+    from normbench.sweeps import batching
     from normbench.sweeps.sweep import run_sweep
 
     console = console or Console()
@@ -74,7 +77,7 @@ def run_claims(
         check_claim(claim, overrides, config_dir)
     worst = 0
     for claim in claims:
-        args = sweep_args(claim, overrides, out, config_dir)
+        args = sweep_args(claim, overrides, out, config_dir) + ([batching.OPTION] if batch_seeds else [])
         console.print(f"[bold]{claim.id}[/bold]: {claim.claim}", soft_wrap=True, highlight=False)
         if not dry_run:
             folder = out / claim.id

@@ -49,6 +49,11 @@ ADDED_KEYS = {
     # the summary's provenance.norm_impl; a run asking for eager or fused is its own config, so its
     # tokens/s are never a reused result of the other implementation, and norm.impl=auto,eager sweeps.
     "norm.impl": "auto",
+    # Seeds trained as one batched model (normbench.training.batched) compute the same math as
+    # sequential runs but not in the same order: a batched result is never reused for a sequential
+    # request, nor the other way. How many seeds shared the batch is provenance (batched: K), not
+    # identity, so a sweep that adds a seed keeps the results of the seeds it had.
+    "train.batched": False,
 }
 
 

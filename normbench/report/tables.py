@@ -28,12 +28,15 @@ LOGIT_COLUMNS = ("max attn logit", "max log Z", "max attn logit (raw)", "max log
 
 
 def _is_bookkeeping(key: str) -> bool:
-    """Config keys that vary between runs without defining a configuration: seeds, paths, and the
-    keys the config hash ignores because they never change a result (train.threads, train.progress)."""
+    """Config keys that vary between runs without defining a configuration: seeds, paths, the
+    keys the config hash ignores because they never change a result (train.threads, train.progress),
+    and train.batched: seeds trained as one batched model compute the same configuration (a sweep
+    with --batch-seeds trains what cannot be batched one run at a time)."""
     last = key.rsplit(".", 1)[-1]
     return (
         key.startswith("hydra.")
         or key in NOT_HASHED
+        or key == "train.batched"
         or last == "seed"
         or last in ("out", "output")
         or last.endswith(("dir", "path", "file"))

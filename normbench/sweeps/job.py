@@ -105,14 +105,24 @@ def _run_locked(
         lock.claim()
         run_dir_.prepare(decision)
         run_dir_.write_config(cfg)
-    try:
-        run = parse_config(cfg, cfg_hash)
+
+    def as_sweep_job(run) -> None:
         if multirun:
             # The sweep command draws its own progress; parallel jobs share the cores.
             run.train.progress = False
             run.train.threads = run.train.threads or job_threads(HydraConfig.get().launcher)
             run.sweep = Path(HydraConfig.get().sweep.dir).name  # trackers group a sweep's runs by it
-        summary = train(run, run_dir_.path, console=console)
+
+    try:
+        run = parse_config(cfg, cfg_hash)
+        as_sweep_job(run)
+        if run.train.batched:  # with the other seeds of its batched group (normbench sweep --batch-seeds)
+            from normbench.sweeps.batching import train_group
+
+            sweep_dir = Path(HydraConfig.get().sweep.dir) if multirun else None
+            summary = train_group(run, run_dir_.path, cfg, console, sweep_dir, as_sweep_job)
+        else:
+            summary = train(run, run_dir_.path, console=console)
     except DiskFull:
         raise  # nothing can be written: run_job says so in one line
     except ConfigError as err:

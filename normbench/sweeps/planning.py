@@ -35,7 +35,7 @@ from normbench.core.errors import ConfigError, composition_error, installed, unk
 from normbench.core.fileio import write_atomic
 from normbench.core.identity import NOT_HASHED, config_hash
 from normbench.core.runs import CONFIG, PLAN, SUMMARY, RunDir, RunLock
-from normbench.sweeps import composing
+from normbench.sweeps import batching, composing
 
 SWEEPER = "hydra_plugins.normbench_plugins.sweeper.NormbenchSweeper"
 # Launcher choices that need a plugin, and the extra that installs it.
@@ -61,6 +61,10 @@ class Job:
     resume_step: int | None = None  # an interrupted run's checkpoint: where it resumes
     holder: str | None = None  # running elsewhere: the process that owns its run directory
     stale: int | None = None  # the numerics of a result stored here by other code: trained again
+    # --batch-seeds (normbench.sweeps.batching): the job numbers of its batched group, the leader first,
+    # or why its config trains one run at a time
+    batch: list[int] | None = None
+    unbatched: str | None = None
 
 
 @dataclass
@@ -102,6 +106,11 @@ class Plan:
             fields = {k: v for k, v in j.items() if k not in ("job", "run_dir", "at_launch")}
             jobs.append(Job(num=j["job"], run_dir=run_dir, **fields))
         return cls(sweep_dir, jobs, body["varying"], body["launcher"], at_launch)
+
+
+def batches_seeds(master: DictConfig) -> bool:
+    """Whether the sweep trains its seeds as batched groups (normbench sweep --batch-seeds)."""
+    return bool(master.hydra.sweeper.get("batch_seeds"))
 
 
 def will_run(job: Job, retry_failed: bool) -> bool:
@@ -196,7 +205,9 @@ def pin_sweep_dir(master: DictConfig) -> Path:
     if "hydra.sweep.dir" in given:
         sweep_dir = Path(str(master.hydra.sweep.dir))
     else:
-        sweep_dir = default_sweep_dir(master, OmegaConf.to_container(master.hydra.overrides.task))
+        task = OmegaConf.to_container(master.hydra.overrides.task)
+        # batched seeds are other configs (train.batched is hashed): a sweep directory of their own
+        sweep_dir = default_sweep_dir(master, [*task, *([batching.MARK] if batches_seeds(master) else [])])
     pinned = str(sweep_dir.resolve())
     with read_write(master), open_dict(master):
         master.hydra.sweep.dir = pinned
@@ -215,18 +226,27 @@ def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str], sw
 
     if master.hydra.sweeper.get("_target_") != SWEEPER:
         raise ConfigError("normbench sweep plans with its own sweeper", allowed=["hydra/sweeper=normbench"])
+    batch_seeds = batches_seeds(master)
     try:
         parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
         needs_hydra_resolver = names_runs_by_job(master)
-        jobs = []
+        jobs, batched, unbatched = [], set(), None
         for num, job_overrides in enumerate(grid(parsed)):
             job_cfg = composing.compose(loader, master, job_overrides)
+            if batch_seeds and needs_hydra_resolver:
+                unbatched = "hydra.sweep.subdir names runs by job number"
+            elif batch_seeds:
+                marked, unbatched = batching.mark(job_cfg, job_overrides)
+                if marked != job_overrides:
+                    job_overrides, job_cfg = marked, composing.compose(loader, master, marked)
+            if job_cfg.train.get("batched"):
+                batched.add(num)
             with open_dict(job_cfg.hydra.job):
                 job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"plan_{num}"
             if needs_hydra_resolver:  # ${hydra:job.num} and the like read the job's HydraConfig
                 HydraConfig.instance().set_config(job_cfg)
             run_dir = sweep_dir / str(OmegaConf.select(job_cfg, "hydra.sweep.subdir"))
-            job = Job(num, job_overrides, run_dir, config_hash(job_cfg))
+            job = Job(num, job_overrides, run_dir, config_hash(job_cfg), unbatched=unbatched)
             try:
                 with open_dict(job_cfg):
                     del job_cfg["hydra"]
@@ -251,6 +271,8 @@ def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str], sw
         job.state = _state_before(job)
         if job.state == "interrupted":
             job.resume_step = RunDir(job.run_dir).checkpoint_step()
+    retry = bool(master.hydra.sweeper.get("retry_failed"))
+    batching.group(jobs, batched, lambda job: will_run(job, retry))
     keys = [o.split("=", 1)[0] for o in jobs[0].overrides] if jobs else []
     varying = [k for k in keys if len({dict(o.split("=", 1) for o in j.overrides).get(k) for j in jobs}) > 1]
     return Plan(sweep_dir, jobs, varying, launcher)

@@ -82,6 +82,8 @@ def _plan_table(plan: Plan, retry_failed: bool) -> Table:
             action = f"skip ({job.holder})"
         if job.resume_step is not None:
             action = f"resume at step {job.resume_step}"
+        if job.batch and job.batch[0] != job.num and will_run(job, retry_failed):
+            action = f"run, batched with #{job.batch[0]}"
         state = Text.assemble((job.state, STYLES.get(job.state, "")), f" → {action}")
         if job.invalid:
             state.append(f" (invalid: {job.invalid})", style="red")
@@ -222,6 +224,7 @@ def run_sweep(
         console.print(_plan_table(plan, retry_failed))
         console.print(_headline(plan, retry_failed), soft_wrap=True)
         _say_retraining(plan, console)
+        _say_batching(plan, console)
         return 0
     child = child or multirun.start(args, retry_failed)
     try:
@@ -240,6 +243,7 @@ def run_sweep(
     todo = [j for j in plan.jobs if will_run(j, retry_failed)]
     console.print(_headline(plan, retry_failed), soft_wrap=True)
     _say_retraining(plan, console)
+    _say_batching(plan, console)
     returncode, stops = 0, []
     if todo:
         returncode, stops = _launch(plan, console, poll_s, child, before)
@@ -337,6 +341,14 @@ def _say_retraining(plan: Plan, console: Console) -> None:
             soft_wrap=True,
             highlight=False,
         )
+
+
+def _say_batching(plan: Plan, console: Console) -> None:
+    """--batch-seeds: one line on the batched groups and on what trains one run at a time, and why."""
+    from normbench.sweeps.batching import summary_line
+
+    if line := summary_line(plan.jobs):
+        console.print(line, soft_wrap=True, highlight=False)
 
 
 def _failed_before_launch(child: subprocess.Popen, output: list[bytes], console: Console) -> int:

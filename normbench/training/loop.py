@@ -84,6 +84,8 @@ class TrainConfig:
     resume: str  # auto: continue from the run directory's checkpoint of this config; never: start fresh
     save_model: bool  # keep the final weights as model.pt
     z_loss: float  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
+    # trained with the other seeds of its config as one batched model (normbench.training.batched)
+    batched: bool
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
@@ -551,15 +553,24 @@ class Loop:
 
     def evaluate(self, step: int, due: bool = True) -> None:
         """Validation loss at step 0, every ``eval_every`` steps and at the last step."""
-        if due or step % self.tcfg.eval_every == 0 or step == self.tcfg.steps:
+        if due or self.eval_due(step):
             with self.phases("eval"):
-                self.val_losses.append(self.state.evaluate())
-            record = {"kind": "eval", "step": step, "val_loss": self.val_losses[-1]}
-            bpb = bits_per_byte(self.val_losses[-1], self.state.data.bytes_per_token)
-            if bpb is not None:
-                record["val_bpb"] = bpb
-            self.sinks.log(record)
-            self.timer.resume()
+                val_loss = self.state.evaluate()
+            self.record_eval(step, val_loss)
+
+    def eval_due(self, step: int) -> bool:
+        return step % self.tcfg.eval_every == 0 or step == self.tcfg.steps
+
+    def record_eval(self, step: int, val_loss: float) -> None:
+        """Log the validation loss measured after ``step`` updates (batched seeds measure it for all
+        their seeds at once: normbench.training.batched)."""
+        self.val_losses.append(val_loss)
+        record = {"kind": "eval", "step": step, "val_loss": val_loss}
+        bpb = bits_per_byte(val_loss, self.state.data.bytes_per_token)
+        if bpb is not None:
+            record["val_bpb"] = bpb
+        self.sinks.log(record)
+        self.timer.resume()
 
 
 def train(run, run_dir: Path, console: Console | None = None) -> dict:
