@@ -22,7 +22,7 @@ from omegaconf import DictConfig, open_dict
 
 from normbench.core.errors import ConfigError
 from normbench.core.identity import config_hash
-from normbench.core.runs import PLAN, RETRY_ENV, Decision, RunDir, RunLock
+from normbench.core.runs import RETRY_ENV, Decision, RunDir, RunLock
 
 MARK = "train.batched=true"
 OPTION = "hydra.sweeper.batch_seeds=true"  # --batch-seeds (normbench sweep, normbench claims run)
@@ -90,14 +90,12 @@ def summary_line(jobs: list) -> str | None:
 # ----------------------------------------------------------------------------- in the leader's job
 
 
-def members(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> list[tuple[DictConfig, Path, str]]:
+def members(cfg: DictConfig, run_dir: Path, plan) -> list[tuple[DictConfig, Path, str]]:
     """The other members of the batched group ``run_dir`` leads, as (config, run directory, config hash),
-    from the sweep's plan; none outside a sweep or for a group of one."""
-    from normbench.sweeps.planning import Plan
-
-    if sweep_dir is None or not (sweep_dir / PLAN).is_file():
+    from the sweep's plan (normbench.sweeps.planning.Plan); none outside a sweep (no plan) or for a
+    group of one."""
+    if plan is None:
         return []
-    plan = Plan.read(sweep_dir)
     by_num = {job.num: job for job in plan.jobs}
     own = next((job for job in plan.jobs if job.run_dir.name == run_dir.name), None)
     if own is None or not own.batch or own.batch[0] != own.num:
@@ -117,7 +115,7 @@ def members(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> list[tupl
     return out
 
 
-def train_group(run, run_dir: Path, cfg: DictConfig, console, sweep_dir: Path | None, adjust) -> dict:
+def train_group(run, run_dir: Path, cfg: DictConfig, console, plan, adjust) -> dict:
     """Train ``run`` (in ``run_dir``, prepared by its job) with the members of its batched group;
     return its summary. ``adjust(run)`` sets what a sweep job sets on its own run (threads, progress)."""
     from normbench.training.batched import train_batched
@@ -125,7 +123,7 @@ def train_group(run, run_dir: Path, cfg: DictConfig, console, sweep_dir: Path | 
 
     runs, dirs, locks = [run], [run_dir], []
     try:
-        for member, member_dir, member_hash in members(cfg, run_dir, sweep_dir):
+        for member, member_dir, member_hash in members(cfg, run_dir, plan):
             lock = RunLock(member_dir)
             if holder := lock.acquire():
                 console.print(f"running elsewhere: {holder}: {member_dir} (skipped)", soft_wrap=True)

@@ -31,7 +31,7 @@ from normbench.core import provenance
 from normbench.core.configtree import conf_dir
 from normbench.core.errors import ConfigError, DiskFull
 from normbench.core.identity import config_hash
-from normbench.core.runs import CONFIG, ERROR_LOG, RETRY_ENV, Decision, RunDir, RunLock, write_index
+from normbench.core.runs import CONFIG, ERROR_LOG, PLAN, RETRY_ENV, Decision, RunDir, RunLock, write_index
 from normbench.model import extensions
 from normbench.training.display import summary_table
 
@@ -118,9 +118,11 @@ def _run_locked(
         as_sweep_job(run)
         if run.train.batched:  # with the other seeds of its batched group (normbench sweep --batch-seeds)
             from normbench.sweeps.batching import train_group
+            from normbench.sweeps.planning import Plan
 
             sweep_dir = Path(HydraConfig.get().sweep.dir) if multirun else None
-            summary = train_group(run, run_dir_.path, cfg, console, sweep_dir, as_sweep_job)
+            plan = Plan.read(sweep_dir) if sweep_dir is not None and (sweep_dir / PLAN).is_file() else None
+            summary = train_group(run, run_dir_.path, cfg, console, plan, as_sweep_job)
         else:
             summary = train(run, run_dir_.path, console=console)
     except DiskFull:
