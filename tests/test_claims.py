@@ -322,7 +322,9 @@ def test_equivalent_is_two_one_sided_tests(tmp_path, diffs, word):
     d = np.asarray(diffs)
     low, high = t_interval(d, 0.90)  # TOST at alpha 0.05 is the 90% interval inside ±delta
     se = stats.sem(d)
-    p = max(stats.t.sf((d.mean() + 0.02) / se, 2), stats.t.cdf((d.mean() - 0.02) / se, 2))
+    inside = max(stats.t.sf((d.mean() + 0.02) / se, 2), stats.t.cdf((d.mean() - 0.02) / se, 2))
+    outside = min(stats.t.sf((d.mean() - 0.02) / se, 2), stats.t.cdf((d.mean() + 0.02) / se, 2))
+    p = min(inside, outside)  # the test that decides its word, either way (Holm orders by it)
     assert out.verdict == word
     assert (out.low, out.high, out.p) == pytest.approx((low, high, p), abs=1e-9)
     assert out.level.startswith("90%")
@@ -341,9 +343,11 @@ def test_not_worse_bounds_the_unfavourable_end(tmp_path, diffs, word):
     out = judged_pair(tmp_path, diffs, "not_worse")
     low, high = t_interval(diffs, 0.90)
     d = np.asarray(diffs)
-    p = stats.t.cdf((d.mean() - 0.02) / stats.sem(d), 2)
+    claimed = stats.t.cdf((d.mean() - 0.02) / stats.sem(d), 2)  # worse by less than 0.02
+    other = stats.t.sf((d.mean() - 0.02) / stats.sem(d), 2)  # worse by more
+    p = min(claimed, other)
     assert out.verdict == word and (out.low, out.high, out.p) == pytest.approx((low, high, p), abs=1e-12)
-    assert (high < 0.02) == (word == "reproduced") == (p < 0.05)
+    assert (high < 0.02) == (word == "reproduced") == (claimed < 0.05)
     assert (low > 0.02) == (word == "not reproduced")
 
 
@@ -477,7 +481,9 @@ def test_rate_is_fishers_exact_test(tmp_path, a_div, b_div, word):
         tmp_path, "rate", kind="rate", a={"norm": "rms"}, b={"norm": "ln"}, direction="fewer", min_seeds=8
     )
     out = verdict_of(tmp_path, claim, runs)
-    p = stats.fisher_exact([[a_div, 8 - a_div], [b_div, 8 - b_div]], alternative="less").pvalue
+    table = [[a_div, 8 - a_div], [b_div, 8 - b_div]]
+    # the one-sided test either way, whichever decides the word (Holm orders by it)
+    p = min(stats.fisher_exact(table, alternative=side).pvalue for side in ("less", "greater"))
     assert out.verdict == word and out.p == pytest.approx(p)
     assert out.estimate == pytest.approx((a_div - b_div) / 8)
     if word == "inconclusive":

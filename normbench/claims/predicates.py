@@ -92,7 +92,7 @@ class Outcome:
     n_a: int = 0
     n_b: int = 0
     test: str = ""
-    p: float = math.nan  # the p-value of the test that calls it reproduced (Holm orders by it)
+    p: float = math.nan  # the p-value of the test that decides its word, either way (Holm orders by it)
     reason: str = ""
     runs: list = dataclasses.field(default_factory=list)  # the run directories the verdict used
     spread: float = math.nan  # the seeds' standard deviation of a - b here: what a margin δ is set against
@@ -211,6 +211,13 @@ def tost_p(diff: float, se: float, df: float, delta: float) -> float:
     if not se > 0:
         return 1.0
     return float(max(stats.t.sf((diff + delta) / se, df), stats.t.cdf((diff - delta) / se, df)))
+
+
+def outside_p(diff: float, se: float, df: float, delta: float) -> float:
+    """The one-sided test that the difference lies beyond ±delta (on the side of its estimate)."""
+    if not se > 0:
+        return 1.0
+    return float(min(stats.t.sf((diff - delta) / se, df), stats.t.cdf((diff + delta) / se, df)))
 
 
 def exact_p(a: dict, b: dict, shift: float = 0.0, side: int = 0) -> float:
@@ -338,19 +345,24 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         low, high = interval(c, 2 * alpha)
         base.update(low=low, high=high, level=f"{100 * (1 - 2 * alpha):.3g}%")
         if claim.kind == "equivalent":
+            p_in = tost_p(c.diff, c.se, c.df, delta)
             base.update(
-                p=tost_p(c.diff, c.se, c.df, delta), test=f"two one-sided tests at ±{delta:g}, {c.method}"
+                p=min(p_in, outside_p(c.diff, c.se, c.df, delta)),
+                test=f"two one-sided tests at ±{delta:g}, {c.method}",
             )
             base["level"] += f" (TOST, ±{delta:g})"
             if low > delta or high < -delta:
                 return _settled("not reproduced", f"the difference exceeds ±{delta:g}", edge, **base)
-            if base["p"] < alpha and not edge:
+            if p_in < alpha and not edge:
                 return Outcome("reproduced", **base)
             needed = seeds_needed(_sd(c, n), delta - abs(c.diff), alpha, sides=1)
             return _inconclusive(_join(edge, needed), **base)
         # not_worse: how much worse a is, -want * (a - b), at most delta; one-sided at alpha
         worse_by = -want * c.diff
-        base["p"] = float(stats.t.cdf((worse_by - delta) / c.se, c.df))
+        # the claim's one-sided test, or the other one (worse by more than delta): whichever decides
+        base["p"] = float(
+            min(stats.t.cdf((worse_by - delta) / c.se, c.df), stats.t.sf((worse_by - delta) / c.se, c.df))
+        )
         base["test"] = f"non-inferiority at {delta:g}, one-sided at {alpha:.3g}, {c.method}"
         base["level"] += " (one-sided bound)"
         worst, least = max(-want * low, -want * high), min(-want * low, -want * high)
@@ -362,7 +374,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     # better / worse: the sign of a - b that is an improvement for a
     low, high = interval(c, alpha)
     base.update(low=low, high=high, level=f"{100 * (1 - alpha):.3g}%")
-    base["p"] = _t_p(c.diff, c.se, c.df) if c.diff * want > 0 else 1.0
+    base["p"] = _t_p(c.diff, c.se, c.df)  # two-sided: it decides either word
     if want * low < 0 and want * high < 0:
         return _settled("not reproduced", "the difference is significant the other way", edge, **base)
     if want * low > 0 and want * high > 0 and not edge:
@@ -371,6 +383,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         effect = claim.predicate.get("effect")
         within = f"equivalent within ±{delta:g} (two one-sided tests)"
         if effect is not None and delta < effect:
+            base["p"] = tost_p(c.diff, c.se, c.df, delta)  # the test that decides it
             return Outcome("not reproduced", reason=f"{within}, smaller than the claimed {effect:g}", **base)
         claimed = (
             f"the claimed effect {effect:g}" if effect is not None else "an effect the source does not size"
@@ -455,11 +468,12 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     if p["direction"] == "flat":
         delta = p["delta"]
         low, high = interval(c, 2 * alpha)
-        base.update(low=low, high=high, p=tost_p(fit.slope, c.se, fit.df, delta))
+        p_in = tost_p(fit.slope, c.se, fit.df, delta)
+        base.update(low=low, high=high, p=min(p_in, outside_p(fit.slope, c.se, fit.df, delta)))
         base["level"] = f"{100 * (1 - 2 * alpha):.3g}% (TOST, ±{delta:g})"
         if low > delta or high < -delta:
             return _settled("not reproduced", f"the slope exceeds ±{delta:g}", edge, **base)
-        if base["p"] >= alpha or edge:
+        if p_in >= alpha or edge:
             return _inconclusive(
                 _join(edge, f"the slope's interval is wider than ±{delta:g}: more seeds or sizes"), **base
             )
@@ -480,7 +494,7 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         return Outcome("reproduced", **base)
     want = 1 if p["direction"] == "increasing" else -1
     low, high = interval(c, alpha)
-    base.update(low=low, high=high, p=_t_p(fit.slope, c.se, fit.df) if fit.slope * want > 0 else 1.0)
+    base.update(low=low, high=high, p=_t_p(fit.slope, c.se, fit.df))
     base["level"] = f"{100 * (1 - alpha):.3g}%"
     if want * low < 0 and want * high < 0:
         return _settled("not reproduced", "the slope is significant the other way", edge, **base)
@@ -504,7 +518,7 @@ def _rate(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     p_other = float(stats.fisher_exact(table, alternative=other).pvalue)
     base.update(
         estimate=da / len(a) - db / len(b),
-        p=p_claim,
+        p=min(p_claim, p_other),
         test=f"Fisher's exact test, one-sided ({da}/{len(a)} vs {db}/{len(b)} diverged)",
     )
     if p_claim < alpha:
@@ -575,7 +589,7 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         low=math.exp(low),
         high=math.exp(high),
         level=f"{100 * (1 - alpha):.3g}%",
-        p=max(_t_p(c.diff - bound, c.se, c.df), p_exact) if side < 0 else 1.0,
+        p=max(_t_p(c.diff - bound, c.se, c.df), p_exact),
         test=f"log steps to loss {target:.4f} (both arms' mean by step {mid:g}), {c.method}, "
         "floored at the evaluations' spacing; exact sign-flip test",
         spread=_sd(c, n),
@@ -643,7 +657,7 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         low=2**low,
         high=2**high,
         level=f"{100 * (1 - alpha):.3g}%",
-        p=max(_t_p(c.diff - bound, c.se, c.df), 2 * p_up) if c.diff >= bound else 1.0,
+        p=max(_t_p(c.diff - bound, c.se, c.df), 2 * min(p_up, p_down)),
         test=f"log2 largest stable {key} per seed, {c.method}, floored at the grid's step; "
         "exact sign-flip test",
         spread=_sd(c, n),

@@ -7,7 +7,8 @@ their summary.json files (normbench.core.provenance.provenance_of; runs stored b
 say so), and the date of their summaries. A claim that may depend on scale says at what size
 it was measured beside its word. ``holm=True`` corrects across the claims that were run: Holm's
 step-down order by each claim's p-value, each judged at its level alpha / (m - rank), its
-interval at that level; a claim after the first one that fails its level cannot read reproduced.
+interval at that level; a claim after the first one that fails its level reads neither reproduced
+nor not reproduced: each claim's p is that of the test deciding its word, either way.
 """
 
 from __future__ import annotations
@@ -180,11 +181,11 @@ def assess_all(
         level = ALPHA / (len(order) - rank)
         v = assess(claims[i], found[claims[i].id], level, warn)
         v.corrected = True
-        if stopped and v.word == "reproduced":
+        if stopped and v.word in ("reproduced", "not reproduced"):  # Holm stops every rejection after
             v.outcome = dataclasses.replace(
                 v.outcome,
                 verdict="inconclusive",
-                reason="Holm: a claim with a smaller p-value was not rejected",
+                reason=f"Holm: a claim with a smaller p-value was not rejected (alone it reads {v.word})",
             )
         stopped = stopped or v.outcome.p >= level
         verdicts[i] = v
