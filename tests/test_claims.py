@@ -1034,6 +1034,7 @@ def test_claims_run_resumes_an_interrupted_claim_and_keeps_finished_runs(tmp_pat
     path = write_claim(conf, "tiny_claim", kind="equivalent", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.5)
     body = yaml.safe_load(path.read_text())
     body["sweep"]["overrides"] = TINY_CLAIM
+    body["scale"]["model"] = "tiny"
     path.write_text(yaml.safe_dump(body))
     args = ["claims", "run", "tiny_claim", "--config-dir", str(conf), "--out", str(tmp_path / "claims")]
     first = run_cli(*args, cwd=tmp_path, timeout=600)

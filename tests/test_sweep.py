@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from normbench.cli import app
 from normbench.core.devices import available_cpus
 from normbench.core.errors import ConfigError
+from normbench.core.provenance import NUMERICS
 from normbench.core.runs import RunDir, read_index
 from normbench.sweeps import job as job_module
 from normbench.sweeps.job import job_threads
@@ -306,7 +307,7 @@ def test_dry_run_lists_runs_and_their_results(tmp_path, monkeypatch):
         assert config_hash(cfg) == job.config_hash
         RunDir(job.run_dir).write_config(cfg)
         if status:
-            RunDir(job.run_dir).write_summary({"status": status})
+            RunDir(job.run_dir).write_summary({"status": status, "provenance": {"numerics": NUMERICS}})
     code, out = run_sweep_dry(args)
     assert code == 0
     assert "4 runs in results/sweeps/grid-" in out

@@ -142,7 +142,11 @@ class RunDir:
         """A run that failed before it could train: error.log holds ``details``, summary.json says failed
         (never completed), so a sweep's index and a report show it."""
         self.write_error(details)
-        self.write_summary({"status": "failed", "error": error, "config_hash": cfg_hash})
+        # which code failed it: a failure of this code's numerics is not an older run's (the report and a
+        # sweep's reuse read the numerics of every summary)
+        commit, dirty = provenance.git_state()
+        block = {"commit": commit, "dirty": dirty, "numerics": provenance.NUMERICS}
+        self.write_summary({"status": "failed", "error": error, "config_hash": cfg_hash, "provenance": block})
 
     def read_summary(self) -> dict | None:
         """The summary, or None when there is none yet (running, killed) or it is unreadable."""

@@ -26,6 +26,7 @@ from torch import nn
 from normbench.core import provenance
 from normbench.core.devices import PRECISIONS, resolve_device, synchronize
 from normbench.core.errors import ConfigError, DiskFull, first_line
+from normbench.core.identity import config_hash
 from normbench.core.runs import CONFIG, METRICS, RunDir
 from normbench.data.corpus import build_dataset, forget_other_corpora
 from normbench.model import impls, kernels, norms
@@ -580,8 +581,13 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     if impls.builds_kernels(run.norm_impl, resolve_device(run.train.device)):
         with phases("kernel_build"):  # once per machine, and never inside a timed phase
             kernels.available()
-    if run.source is not None and not (Path(run_dir) / CONFIG).exists():
-        RunDir(run_dir).write_config(run.source)  # train() from Python keeps its config as the CLI does
+    # train() from Python keeps its config as the CLI does (unless the caller gave the run another identity)
+    if (
+        run.source is not None
+        and not (Path(run_dir) / CONFIG).exists()
+        and config_hash(run.source) == run.config_hash
+    ):
+        RunDir(run_dir).write_config(run.source)
     with phases("setup"):
         free_earlier_runs()  # before anything of this run exists
         state = Run(run, run_dir)
