@@ -1126,3 +1126,18 @@ def test_a_claims_note_on_what_changed_reaches_its_row_and_the_page(tmp_path):
     path.write_text(yaml.safe_dump(body))
     with pytest.raises(ConfigError, match="note: must be null or text"):
         parse_claim(path)
+
+
+def test_an_estimate_beyond_the_margin_says_how_many_seeds_would_show_it_beyond():
+    """Equivalence claimed, a - b of about 0.05 against a margin of 0.02, too noisy to call: the seeds
+    that would show it beyond the margin (80% power for 0.05 - 0.02), not 'no seed count'."""
+    from normbench.claims.predicates import power, seeds_needed
+
+    said = seeds_needed(0.03, 0.05 - 0.02, 0.05, sides=1)
+    n = int(said.split()[1])
+    assert power(n, 1.0, 0.05, 1) >= 0.8 > power(n - 1, 1.0, 0.05, 1)
+
+
+def test_equivalence_beyond_its_margin_but_noisy_is_inconclusive_with_a_seed_count(tmp_path):
+    out = judged_pair(tmp_path, [0.05, 0.00, 0.10], "equivalent")
+    assert out.verdict == "inconclusive" and "seeds per arm would settle it" in out.reason

@@ -355,7 +355,8 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
                 return _settled("not reproduced", f"the difference exceeds ±{delta:g}", edge, **base)
             if p_in < alpha and not edge:
                 return Outcome("reproduced", **base)
-            needed = seeds_needed(_sd(c, n), delta - abs(c.diff), alpha, sides=1)
+            # inside the margin: the seeds to show it inside; beyond it: the seeds to show it beyond
+            needed = seeds_needed(_sd(c, n), abs(delta - abs(c.diff)), alpha, sides=1)
             return _inconclusive(_join(edge, needed), **base)
         # not_worse: how much worse a is, -want * (a - b), at most delta; one-sided at alpha
         worse_by = -want * c.diff
@@ -370,7 +371,9 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
             return _settled("not reproduced", f"a is worse by more than {delta:g}", edge, **base)
         if worst < delta and not edge:
             return Outcome("reproduced", **base)
-        return _inconclusive(_join(edge, seeds_needed(_sd(c, n), delta - worse_by, alpha, sides=1)), **base)
+        return _inconclusive(
+            _join(edge, seeds_needed(_sd(c, n), abs(delta - worse_by), alpha, sides=1)), **base
+        )
     # better / worse: the sign of a - b that is an improvement for a
     low, high = interval(c, alpha)
     base.update(low=low, high=high, level=f"{100 * (1 - alpha):.3g}%")
