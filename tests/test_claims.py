@@ -1141,3 +1141,19 @@ def test_an_estimate_beyond_the_margin_says_how_many_seeds_would_show_it_beyond(
 def test_equivalence_beyond_its_margin_but_noisy_is_inconclusive_with_a_seed_count(tmp_path):
     out = judged_pair(tmp_path, [0.05, 0.00, 0.10], "equivalent")
     assert out.verdict == "inconclusive" and "seeds per arm would settle it" in out.reason
+
+
+def test_a_seed_unstable_at_every_rate_counts_below_the_grid_as_a_bound(tmp_path):
+    """a's seed 0 diverges at every rate: its largest stable rate is below the grid, read one step
+    below its smallest (0.005) rather than dropped; the ratio is then an upper bound, so it can read
+    not reproduced but never reproduced (hand-computed geometric mean of the per-seed ratios)."""
+    runs = tmp_path / "runs"
+    plant_stability(runs, 0.04, 0.04)
+    for lr in (0.01, 0.02):  # seed 0 of a: unstable from the grid's smallest rate
+        summary = runs / f"rms_{lr}_s0" / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": "diverged"}))
+    out = verdict_of(tmp_path, stable_claim(tmp_path), runs)
+    assert out.n_a == 6 and "1 seed(s) of a unstable at every rate" in out.reason
+    ratios = [0.005 / 0.02] + [0.02 / 0.02] * 5
+    assert out.estimate == pytest.approx(math.exp(np.mean(np.log(ratios))))
+    assert out.verdict != "reproduced"

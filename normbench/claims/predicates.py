@@ -625,7 +625,7 @@ def _stable(runs: pd.DataFrame) -> pd.Series:
 
 def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     key, factor = claim.tune, claim.predicate["factor"]
-    sides, top, failed = {}, {}, 0
+    sides, top, below, failed = {}, {}, {}, 0
     for side, spec in (("a", claim.a), ("b", claim.b)):
         runs = arm(d.runs, spec)
         failed += int(runs["status"].eq("failed").sum())
@@ -638,6 +638,12 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         crashed = pd.to_numeric(crashed[key], errors="coerce").groupby(crashed["seed"]).max()
         sides[side] = {s: math.log2(v) for s, v in stable.items() if not crashed.get(s, -math.inf) > v}
         top[side] = values.max() if len(values) else math.nan
+        # a seed unstable at every rate it ran: its largest stable rate lies below the grid, read one
+        # grid step below its smallest (a bound: its true rate may be lower still)
+        never = sorted(set(runs["seed"]) - set(stable.index) - set(crashed.index))
+        floor = math.log2(values.min()) - _log2_step(runs, key) if len(values) else math.nan
+        sides[side].update(dict.fromkeys(never, floor))
+        below[side] = len(never)
     left_out = (
         f"{failed} failed run(s) left out (not a divergence; a seed whose failure hides its limit too)"
         if failed
@@ -668,10 +674,14 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     # An arm that never went unstable is censored at the grid's top: its true rate is higher still. So
     # a censored b makes the ratio an upper bound (only "not reproduced" can be read), a censored a a
     # lower bound (only "reproduced").
+    # A seed below the grid is censored the other way: a's makes the ratio an upper bound, b's a lower one.
     censored = {side: all(v == math.log2(top[side]) for v in sides[side].values()) for side in sides}
-    if low >= bound - 1e-12 and 2 * p_up < alpha and not censored["b"]:
+    if below["a"] or below["b"]:
+        which = ", ".join(f"{k} seed(s) of {side}" for side, k in below.items() if k)
+        left_out = _join(f"{which} unstable at every rate, read one grid step below it (a bound)", left_out)
+    if low >= bound - 1e-12 and 2 * p_up < alpha and not censored["b"] and not below["a"]:
         return Outcome("reproduced", reason=left_out, **base)
-    if high < bound and 2 * p_down < alpha and not censored["a"]:
+    if high < bound and 2 * p_down < alpha and not censored["a"] and not below["b"]:
         return Outcome(
             "not reproduced",
             reason=_join(f"a's largest stable {key} is below {factor:g}x b's", left_out),
