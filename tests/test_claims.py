@@ -1157,3 +1157,15 @@ def test_a_seed_unstable_at_every_rate_counts_below_the_grid_as_a_bound(tmp_path
     ratios = [0.005 / 0.02] + [0.02 / 0.02] * 5
     assert out.estimate == pytest.approx(math.exp(np.mean(np.log(ratios))))
     assert out.verdict != "reproduced"
+
+
+def test_a_grid_where_nothing_learns_asks_for_lower_rates(tmp_path):
+    """Every run of both arms ends near its start (a post-norm model stuck at the unigram loss): no rate
+    on the grid is stable, so the verdict asks for the grid to go lower instead of reading a ratio."""
+    runs = tmp_path / "runs"
+    plant_stability(runs, None, None)
+    for summary in runs.glob("*/summary.json"):
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "final_val_loss": 3.95}))
+    out = verdict_of(tmp_path, stable_claim(tmp_path), runs)
+    assert out.verdict == "inconclusive"
+    assert "unstable at every rate from train.lr=0.01: extend the grid below it" in out.reason

@@ -676,6 +676,15 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     # lower bound (only "reproduced").
     # A seed below the grid is censored the other way: a's makes the ratio an upper bound, b's a lower one.
     censored = {side: all(v == math.log2(top[side]) for v in sides[side].values()) for side in sides}
+    if all(below[side] == len(sides[side]) for side in sides):  # nothing learned anywhere on the grid
+        low_end = min(float(pd.to_numeric(arms[side][key], errors="coerce").min()) for side in arms)
+        return _inconclusive(
+            _join(
+                f"every seed of both arms was unstable at every rate from {key}={low_end:g}: extend the grid below it",
+                left_out,
+            ),
+            **base,
+        )
     if below["a"] or below["b"]:
         which = ", ".join(f"{k} seed(s) of {side}" for side, k in below.items() if k)
         left_out = _join(f"{which} unstable at every rate, read one grid step below it (a bound)", left_out)
