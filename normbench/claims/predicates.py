@@ -680,7 +680,8 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         low_end = min(float(pd.to_numeric(arms[side][key], errors="coerce").min()) for side in arms)
         return _inconclusive(
             _join(
-                f"every seed of both arms was unstable at every rate from {key}={low_end:g}: extend the grid below it",
+                f"every seed of both arms was unstable at every rate from {key}={low_end:g}: "
+                "extend the grid below it",
                 left_out,
             ),
             **base,
