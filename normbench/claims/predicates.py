@@ -666,7 +666,7 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         low=2**low,
         high=2**high,
         level=f"{100 * (1 - alpha):.3g}%",
-        p=max(_t_p(c.diff - bound, c.se, c.df), 2 * min(p_up, p_down)),
+        p=min(1.0, max(_t_p(c.diff - bound, c.se, c.df), 2 * min(p_up, p_down))),
         test=f"log2 largest stable {key} per seed, {c.method}, floored at the grid's step; "
         "exact sign-flip test",
         spread=_sd(c, n),
@@ -678,6 +678,7 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     censored = {side: all(v == math.log2(top[side]) for v in sides[side].values()) for side in sides}
     if all(below[side] == len(sides[side]) for side in sides):  # nothing learned anywhere on the grid
         low_end = min(float(pd.to_numeric(arms[side][key], errors="coerce").min()) for side in arms)
+        base.update(estimate=math.nan, low=math.nan, high=math.nan, p=math.nan)  # no rate to compare
         return _inconclusive(
             _join(
                 f"every seed of both arms was unstable at every rate from {key}={low_end:g}: "
