@@ -3,7 +3,8 @@
 #   1. the tests that need a GPU (pytest -k cuda: tests/test_cuda.py, the norms' CUDA tests)
 #   2. normbench bench on cuda, fp32 and bf16 (the norms' GB/s and the device's copy bandwidth)
 #   3. model=small trained in bf16, eager and with train.compile=true
-#   4. one table: tokens/s, MFU and its peak, the norms' GB/s against the copy bandwidth
+#   4. model=small's seeds batched into one model (K = 1, 4, 16, fp32): tokens/s and MFU against one run
+#   5. one table: tokens/s, MFU and its peak, the norms' GB/s against the copy bandwidth
 # Each stage has its own time limit, so one that hangs costs its limit and the next one runs.
 # Logs, CSV and run directories go to ${OUT:-/tmp/gpu_check}. Exit code 1 if any stage failed.
 #
@@ -72,6 +73,9 @@ stage train_eager 70 "$PY" -m normbench train "${TRAIN[@]}" "hydra.run.dir=$LOGS
 stage train_compiled 130 "$PY" -m normbench train "${TRAIN[@]}" train.compile=true \
     "hydra.run.dir=$LOGS/runs/compiled"
 
+stage batched 150 "$PY" benchmarks/batched_throughput.py --device cuda --model small --ks 1,4,16 \
+    --steps 60 --attention
+
 stage table 15 "$PY" - "$LOGS" <<'EOF'
 """The check's figures in one table: training throughput and MFU, then the norms' bandwidth."""
 import json
@@ -107,7 +111,7 @@ if bench.exists():
 else:
     print("(no bench.csv)")
 EOF
-cat "$LOGS/table.log"
+cat "$LOGS/table.log" "$LOGS/batched.log"
 
 if [ ${#FAILED[@]} -gt 0 ]; then
     echo "gpu_check: FAILED: ${FAILED[*]}"

@@ -133,6 +133,21 @@ def test_what_cannot_train_batched_says_why():
     assert "running statistics" in why_not(runs_of([0], "norm=bn")[0])
     assert "weights rewritten" in why_not(runs_of([0], "placement=ngpt")[0])
     assert "compile" in why_not(runs_of([0], "train.compile=auto")[0])
+    assert "gradient scaler" in why_not(runs_of([0], "train.precision=fp16")[0])
+    assert why_not(runs_of([0], "train.precision=bf16")[0]) is None
+
+
+def test_bf16_seeds_start_as_their_sequential_runs(tmp_path):
+    """bf16 autocast batched as a sequential run's: the same first loss, up to bf16's rounding."""
+    overrides = ("train.precision=bf16", "train.steps=2", "train.log_every=1")
+    seeds = [0, 1]
+    train_batched(runs_of(seeds, *overrides), [tmp_path / f"b{s}" for s in seeds])
+    for s, run in zip(seeds, runs_of(seeds, *overrides, batched_=False)):
+        train(run, tmp_path / f"s{s}")
+        assert train_losses(tmp_path / f"b{s}")[0] == pytest.approx(
+            train_losses(tmp_path / f"s{s}")[0], abs=1e-3
+        )
+        assert RunDir(tmp_path / f"b{s}").read_summary()["provenance"]["precision"] == "bf16"
 
 
 def test_only_seeds_of_one_config_train_together(tmp_path):

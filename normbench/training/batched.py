@@ -18,7 +18,7 @@ training loop's own ``Loop`` and ``run_summary`` in a sequential run's format. P
 batched arithmetic differs from a sequential run's in the last bits.
 
 ``why_not`` says why a config cannot train batched (BatchNorm's running statistics, a user's norm or
-placement, nGPT's weight renormalisation, torch.compile, mixed precision, fused norm kernels);
+placement, nGPT's weight renormalisation, torch.compile, fp16's gradient scaler, fused norm kernels);
 a batched group writes no checkpoints, so an interrupted group starts afresh.
 """
 
@@ -65,8 +65,8 @@ def why_not(run) -> str | None:
         return "norm.impl=fused: the fused norm kernels have no vmap rule"
     if run.train.compile:
         return f"train.compile={run.train.compile}: vmap over a compiled model is not supported here"
-    if run.train.precision != "fp32":
-        return f"train.precision={run.train.precision}: batched seeds train in fp32"
+    if run.train.precision == "fp16":
+        return "train.precision=fp16: its gradient scaler is one model's, not per seed"
     if distributed.launched():
         return "torchrun: one data-parallel run, not a group of seeds"
     return None
@@ -91,8 +91,9 @@ class BatchedOps(TorchFunctionMode):
     ``F.linear`` on a (B, T, C) input with each seed's own weight: vmap's matmul rule broadcasts the
     weight over B and runs B x K small matrix products; flattened to (B*T, C), each seed's product is
     one (K-batch) matmul. ``F.scaled_dot_product_attention``: the fused CPU kernel has no batching
-    rule (vmap would loop over the seeds) and the math backend checks its masks row by row, so the
-    causal softmax attention is written out in plain ops. Other calls pass through unchanged."""
+    rule (vmap would loop over the seeds), the math backend checks its masks row by row, and CUDA's
+    fused kernels fail under vmap, so the causal softmax attention is written out in plain ops.
+    Other calls pass through unchanged."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -149,6 +150,7 @@ class Group:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, tcfg))
         self.tcfg = tcfg
         self.z_coef = tcfg.z_loss
+        self.autocast = states[0].autocast  # bf16 as a sequential run's autocast, norm statistics in fp32
 
         def loss_of(params, buffers, x, y):
             with BatchedOps():
@@ -164,7 +166,8 @@ class Group:
         x = torch.stack([b[0] for b in batches])
         y = torch.stack([b[1] for b in batches])
         self.base.train()
-        loss, z = self.losses(self.params, self.buffers, x, y)
+        with self.autocast:
+            loss, z = self.losses(self.params, self.buffers, x, y)
         z_term = self.z_coef * z
         (loss.sum() + z_term.sum() if self.z_coef else loss.sum()).backward()
         grad_norm = self.clip_per_seed()
@@ -194,7 +197,8 @@ class Group:
         for i in range(len(self.states[0].val)):
             x = torch.stack([state.val[i][0] for state in self.states])
             y = torch.stack([state.val[i][1] for state in self.states])
-            losses.append(self.losses(self.params, self.buffers, x, y)[0].float())
+            with self.autocast:
+                losses.append(self.losses(self.params, self.buffers, x, y)[0].float())
         self.base.train()
         return torch.stack(losses).mean(0).tolist()
 
@@ -218,7 +222,8 @@ class SeedStats:
         group.load_into(k)
         model = group.states[k].model
         stats.begin()
-        logits, loss = model(x, y)
+        with group.autocast:
+            logits, loss = model(x, y)
         (loss + group.z_coef * z_loss(logits) if group.z_coef else loss).backward()
         stats.after_backward()
         model.zero_grad(set_to_none=True)
