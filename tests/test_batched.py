@@ -204,3 +204,11 @@ def test_a_batch_seeds_sweep_writes_every_runs_directory(tmp_path):
     batched_ = {name: s["provenance"].get("batched") for name, s in summaries.items()}
     assert sorted(batched_.values(), key=str) == [2, 2, None, None]
     assert all(name.startswith("ln") == (k == 2) for name, k in batched_.items())
+
+
+def test_claims_batch_seeds_by_default_on_cuda_alone():
+    """claims run batches a config's seeds by default where it pays (a CUDA device), not on a CPU."""
+    assert batching.pays(["train.device=cuda:1"])
+    assert not batching.pays(["train.device=cpu"])
+    assert not batching.pays(["train.device=cuda", "train.device=cpu"])  # the last override wins
+    assert batching.pays([]) == torch.cuda.is_available()

@@ -99,10 +99,12 @@ def run(
         False, "--retry-failed", help="Run again the runs that diverged or failed."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List each claim's runs and which have results."),
-    batch_seeds: bool = typer.Option(
-        False,
-        "--batch-seeds",
-        help="Train each config's seeds together as one batched model (sweep --batch-seeds).",
+    batch_seeds: bool | None = typer.Option(
+        None,
+        "--batch-seeds/--no-batch-seeds",
+        help="Train each config's seeds together as one batched model (sweep --batch-seeds). "
+        "Default: on where the runs train on a CUDA device, off on a CPU.",
+        show_default=False,
     ),
 ) -> None:
     from normbench.claims.running import run_claims
@@ -113,7 +115,7 @@ def run(
     if flags:
         _fail(
             f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, "
-            "--dry-run, --batch-seeds, claim ids and KEY=VALUE"
+            "--dry-run, --batch-seeds/--no-batch-seeds, claim ids and KEY=VALUE"
         )
     ids = [a for a in ctx.args if "=" not in a]
     overrides = [a for a in ctx.args if "=" in a]

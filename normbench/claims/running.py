@@ -62,10 +62,11 @@ def run_claims(
     retry_failed: bool = False,
     dry_run: bool = False,
     console: Console | None = None,
-    batch_seeds: bool = False,
+    batch_seeds: bool | None = None,
 ) -> int:
     """Run each claim's sweep in turn; the exit code: the first non-zero one (130: Ctrl-C stops them all).
-    ``batch_seeds``: each sweep trains each config's seeds as one batched model (sweep --batch-seeds)."""
+    ``batch_seeds``: each sweep trains each config's seeds as one batched model (sweep --batch-seeds);
+    None: where the runs train on a CUDA device (``batching.pays``)."""
     from normbench.claims.checking import check_claim
     from normbench.model import extensions
     from normbench.sweeps import batching
@@ -75,6 +76,8 @@ def run_claims(
     extensions.install()  # installed packages' norms and placements, for the plan's composition
     for claim in claims:  # every claim's sweep composed and its comparison found in it, before any run
         check_claim(claim, overrides, config_dir)
+    if batch_seeds is None:
+        batch_seeds = batching.pays(overrides)
     worst = 0
     for claim in claims:
         args = sweep_args(claim, overrides, out, config_dir) + ([batching.OPTION] if batch_seeds else [])

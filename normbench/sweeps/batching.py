@@ -18,6 +18,7 @@ import os
 import traceback
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, open_dict
 
 from normbench.core.errors import ConfigError
@@ -49,6 +50,14 @@ def mark(job_cfg: DictConfig, overrides: list[str]) -> tuple[list[str], str | No
         return overrides, None
     reason = why_not(run)
     return (overrides, reason) if reason else ([*overrides, MARK], None)
+
+
+def pays(overrides: list[str]) -> bool:
+    """Whether batching a sweep's seeds pays by default: on a CUDA device, where a small model's step
+    is launch-bound and K seeds in one model multiply its tokens/s; not on a CPU, where a step at
+    batch 32 is arithmetic that batching does not shrink (docs/benchmarks.md#batched-seeds)."""
+    device = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("train.device=")), "auto")
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def group(jobs: list, batched: set[int], will_run) -> None:
