@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 
 import pytest
 import torch
 from conftest import compose_cfg, read_metrics, run_cli, tiny
+from test_checkpoint import assert_same_run
 
 from normbench.core.identity import config_hash
 from normbench.core.provenance import NUMERICS
@@ -18,6 +21,7 @@ from normbench.training import batched
 from normbench.training.batched import Group, train_batched, why_not
 from normbench.training.config import parse_config
 from normbench.training.loop import Run, train
+from normbench.training.sinks import MetricSinks
 
 
 def runs_of(seeds, *overrides, batched_=True):
@@ -212,3 +216,31 @@ def test_claims_batch_seeds_by_default_on_cuda_alone():
     assert not batching.pays(["train.device=cpu"])
     assert not batching.pays(["train.device=cuda", "train.device=cpu"])  # the last override wins
     assert batching.pays([]) == torch.cuda.is_available()
+
+
+def test_a_stopped_group_checkpoints_every_seed_and_resumes_exactly(tmp_path, monkeypatch):
+    """SIGTERM in step 10: each seed's checkpoint (its weights, its share of AdamW's state, the shared
+    dropout RNG), then the same group resumes to the uninterrupted group's losses, bit for bit."""
+    overrides = ("model.dropout=0.1", "train.stats_every=4")
+    seeds = [0, 1]
+    train_batched(runs_of(seeds, *overrides, "train.checkpoint_every=0"), [tmp_path / f"r{s}" for s in seeds])
+    log, sent = MetricSinks.log, []
+
+    def log_and_signal(self, record):
+        log(self, record)
+        if (record.get("kind"), record.get("step")) == ("train", 10) and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    dirs = [tmp_path / f"b{s}" for s in seeds]
+    with monkeypatch.context() as m:
+        m.setattr(MetricSinks, "log", log_and_signal)
+        stopped = train_batched(runs_of(seeds, *overrides), dirs)
+    assert [s["status"] for s in stopped] == ["interrupted"] * 2 and {s["steps"] for s in stopped} == {10}
+    saved = [torch.load(d / "checkpoint.pt", weights_only=True) for d in dirs]
+    assert [s["step"] for s in saved] == [10, 10]
+    assert not torch.equal(saved[0]["model"]["tok_emb.weight"], saved[1]["model"]["tok_emb.weight"])
+    resumed = train_batched(runs_of(seeds, *overrides), dirs)
+    for s, summary in zip(seeds, resumed):
+        assert summary["resumed_at"] == [10]
+        assert_same_run(tmp_path / f"b{s}", tmp_path / f"r{s}")

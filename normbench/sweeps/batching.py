@@ -23,7 +23,7 @@ from omegaconf import DictConfig, open_dict
 
 from normbench.core.errors import ConfigError
 from normbench.core.identity import config_hash
-from normbench.core.runs import RETRY_ENV, Decision, RunDir, RunLock
+from normbench.core.runs import RETRY_ENV, RunDir, RunLock
 
 MARK = "train.batched=true"
 OPTION = "hydra.sweeper.batch_seeds=true"  # --batch-seeds (normbench sweep, normbench claims run)
@@ -145,7 +145,7 @@ def train_group(run, run_dir: Path, cfg: DictConfig, console, plan, adjust) -> d
                 continue
             lock.claim()
             member_dirs = RunDir(member_dir)
-            member_dirs.prepare(Decision("fresh", decision.result))  # a batched run never resumes
+            member_dirs.prepare(decision)  # a seed with a checkpoint resumes with its group
             member_dirs.write_config(member)
             member_run = parse_config(member, member_hash)
             adjust(member_run)

@@ -17,9 +17,13 @@ training loop's own ``Loop`` and ``run_summary`` in a sequential run's format. P
 ``batched: K``; ``train.batched`` is part of the config hash (normbench.core.identity), since the
 batched arithmetic differs from a sequential run's in the last bits.
 
+Checkpoints are per seed and in a sequential run's format: the seed's weights, its slice of the
+group's AdamW state, the schedule, its batch stream and the shared dropout RNG. A group resumes when
+every seed's checkpoint is at one step, bit for bit as if never stopped; seeds at different steps
+(a damaged checkpoint, a seed trained alone) start the group afresh.
+
 ``why_not`` says why a config cannot train batched (BatchNorm's running statistics, a user's norm or
-placement, nGPT's weight renormalisation, torch.compile, fp16's gradient scaler, fused norm kernels);
-a batched group writes no checkpoints, so an interrupted group starts afresh.
+placement, nGPT's weight renormalisation, torch.compile, fp16's gradient scaler, fused norm kernels).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from normbench.model.placements import ModelHooks, placement_class
 from normbench.training import distributed
 from normbench.training.diagnostics import LayerStats, layer_skip_losses
 from normbench.training.display import TrainProgress
-from normbench.training.loop import Loop, Run, lr_factor, run_summary, save_result
+from normbench.training.loop import Loop, Run, interrupted, lr_factor, run_summary, save_result
 from normbench.training.perf import Phases, free_earlier_runs
 from normbench.training.preemption import StopSignals
 
@@ -148,6 +152,9 @@ class Group:
         self.optimizer = torch.optim.AdamW(groups)
         tcfg = states[0].tcfg
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, tcfg))
+        if states[0].optimizer.state:  # resumed: every seed's AdamW state and schedule, from its checkpoint
+            self.optimizer.load_state_dict(stack_optimizer_states([s.optimizer.state_dict() for s in states]))
+            self.scheduler.load_state_dict(states[0].scheduler.state_dict())
         self.tcfg = tcfg
         self.z_coef = tcfg.z_loss
         self.autocast = states[0].autocast  # bf16 as a sequential run's autocast, norm statistics in fp32
@@ -202,6 +209,20 @@ class Group:
         self.base.train()
         return torch.stack(losses).mean(0).tolist()
 
+    def sync_into(self, k: int) -> None:
+        """Seed ``k``'s weights, AdamW state and schedule into its own Run, for its checkpoint."""
+        self.load_into(k)
+        group = self.optimizer.state_dict()
+        seed = {
+            "param_groups": group["param_groups"],
+            "state": {
+                i: {key: value if key == "step" else value[k].clone() for key, value in tensors.items()}
+                for i, tensors in group["state"].items()
+            },
+        }
+        self.states[k].optimizer.load_state_dict(seed)
+        self.states[k].scheduler.load_state_dict(self.scheduler.state_dict())
+
     @torch.no_grad()
     def load_into(self, k: int) -> None:
         """Seed ``k``'s current weights into its own model (for its probe, statistics and model.pt)."""
@@ -211,6 +232,21 @@ class Group:
         for name, b in model.named_buffers():
             if name in self.buffers:
                 b.copy_(self.buffers[name][k])
+
+
+def stack_optimizer_states(seeds: list[dict]) -> dict:
+    """One AdamW state dict over stacked parameters from each seed's own (their steps are one)."""
+    first = seeds[0]
+    return {
+        "param_groups": first["param_groups"],
+        "state": {
+            i: {
+                key: value if key == "step" else torch.stack([seed["state"][i][key] for seed in seeds])
+                for key, value in tensors.items()
+            }
+            for i, tensors in first["state"].items()
+        },
+    }
 
 
 class SeedStats:
@@ -248,16 +284,34 @@ def train_batched(runs: list, run_dirs: list[Path], console: Console | None = No
             RunDir(run_dir).write_config(run.source)
     with phases("setup"):
         free_earlier_runs()
-        # Each Run seeds the global RNG with its own seed before it builds its model: each seed's
-        # initialisation is its sequential run's, bit for bit.
-        states = [Run(run, run_dir) for run, run_dir in zip(runs, run_dirs)]
-        impls.use("eager")  # the fused norm kernels are C++ ops with no vmap rule
-        device = resolve_device(runs[0].train.device)
-        for state in states:
-            state.norm_impl = norms.implementations(state.model, device)
-        group = Group(states)
-        loops = [Loop(state, console, started, phases) for state in states]
+        states, loops = _seeds(runs, run_dirs, console, started)
+        if len(starts := {loop.start for loop in loops}) > 1:
+            console.print(
+                f"[yellow]the seeds' checkpoints are at steps {sorted(starts)}: the group starts afresh[/yellow]"
+            )
+            for state in states:
+                state.dir.remove_checkpoints()
+            states, loops = _seeds(runs, run_dirs, console, started)
+        group = Group(states)  # stacks each seed's weights and optimizer state, resumed or new
+    # The group's time before a resume (every seed's checkpoint holds it), counted once, then shared.
+    for phase, seconds in loops[0].phases.seconds.items():
+        phases.seconds[phase] = phases.seconds.get(phase, 0.0) + seconds
+    for loop in loops:
+        loop.phases = phases
     return _train(group, loops, phases, console)
+
+
+def _seeds(runs: list, run_dirs: list[Path], console: Console, started: float):
+    """Each seed's Run and Loop; a Loop resumes its seed from its own checkpoint when there is one."""
+    # Each Run seeds the global RNG with its own seed before it builds its model: each seed's
+    # initialisation is its sequential run's, bit for bit.
+    states = [Run(run, run_dir) for run, run_dir in zip(runs, run_dirs)]
+    impls.use("eager")  # the fused norm kernels are C++ ops with no vmap rule
+    device = resolve_device(runs[0].train.device)
+    for state in states:
+        state.norm_impl = norms.implementations(state.model, device)
+    # the dropout RNG is the group's: every seed's checkpoint holds the same state, restored last
+    return states, [Loop(state, console, started, Phases()) for state in states]
 
 
 def _train(group: Group, loops: list[Loop], phases: Phases, console: Console) -> list[dict]:
@@ -284,23 +338,28 @@ def _train(group: Group, loops: list[Loop], phases: Phases, console: Console) ->
         summaries[i] = save_result(loop, summary)
         active.remove(i)
 
-    step = 0
-    try:
-        first = group.evaluate()
+    def checkpoint(done: int, now: bool = False) -> None:
         for i in active:
-            loops[i].record_eval(0, first[i])
+            if now or loops[i].checkpoint_due(done):
+                group.sync_into(i)
+                loops[i].checkpoint(done, now=True)
+
+    start = step = loops[0].start
+    try:
+        if start == 0:
+            first = group.evaluate()
+            for i in active:
+                loops[i].record_eval(0, first[i])
         with (
-            TrainProgress(console, tcfg.progress, tcfg.steps, 0) as bar,
+            TrainProgress(console, tcfg.progress, tcfg.steps, start) as bar,
             StopSignals() as stop,
         ):
-            for step in range(1, tcfg.steps + 1):
+            for step in range(start + 1, tcfg.steps + 1):
                 if stop.requested(step - 1, tcfg.log_every, loops[0].state.device):
-                    for i in active:
-                        loops[i].sinks.abort()
-                    stop.pass_on()
-                    # no checkpoint: a batched group that is run again starts afresh
-                    stopped = {"status": "interrupted", "steps": step - 1, "signal": stop.received}
-                    return [dict(stopped, checkpoint=None) for _ in loops]
+                    checkpoint(step - 1, now=True)
+                    stopped = {i: interrupted(loops[i], stop, step - 1, i == active[-1]) for i in active}
+                    return [summaries[i] or stopped[i] for i in range(k)]
+                checkpoint(step - 1)
                 _step(group, loops, phases, active, step)
                 logged = False
                 if step % tcfg.log_every == 0 or step == tcfg.steps:

@@ -470,10 +470,14 @@ class Loop:
     def wall_s(self) -> float:
         return self.earlier_s + time.perf_counter() - self.started
 
+    def checkpoint_due(self, done: int) -> bool:
+        """Whether a checkpoint is due after ``done`` updates (``train.checkpoint_every``)."""
+        every = self.tcfg.eval_every if self.tcfg.checkpoint_every is None else self.tcfg.checkpoint_every
+        return bool(every and done > self.start and done % every == 0)
+
     def checkpoint(self, done: int, now: bool = False) -> None:
         """A checkpoint after ``done`` updates when one is due (or ``now``: a stop signal came)."""
-        every = self.tcfg.eval_every if self.tcfg.checkpoint_every is None else self.tcfg.checkpoint_every
-        if not (now or (every and done > self.start and done % every == 0)):
+        if not (now or self.checkpoint_due(done)):
             return
         self.timer.settle()
         with self.phases("checkpoints"):
@@ -676,11 +680,13 @@ def save_result(loop: Loop, summary: dict) -> dict:
     return summary
 
 
-def interrupted(loop: Loop, stop: StopSignals, step: int) -> dict:
-    """Stopped by a signal after its checkpoint: end the trackers' runs and pass the signal on."""
+def interrupted(loop: Loop, stop: StopSignals, step: int, pass_on: bool = True) -> dict:
+    """Stopped by a signal after its checkpoint: end the trackers' runs and pass the signal on (the
+    last of a batched group's seeds passes it: ``pass_on``)."""
     loop.sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
     try:
-        stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
+        if pass_on:
+            stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
     except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
         loop.console.print(f"[yellow]not requeued[/yellow]: {err}", highlight=False)
     return {
