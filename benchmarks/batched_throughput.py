@@ -61,9 +61,7 @@ def runs_of(k: int, args, overrides: list[str], batched: bool) -> list:
 
 def attention_ms(device: str, dtype: torch.dtype, k: int, *shape: int) -> dict[str, float | str]:
     """ms per forward+backward of K seeds' causal attention, in each form, under vmap."""
-    q, kk, v = (
-        torch.randn(k, *shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
-    )
+    q, kk, v = (torch.randn(k, *shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
 
     def written(q, kk, v):
         with BatchedOps():
@@ -84,7 +82,7 @@ def attention_ms(device: str, dtype: torch.dtype, k: int, *shape: int) -> dict[s
                 call(q, kk, v).sum().backward()
             synchronize(torch.device(device))
             out[name] = 1000 * (time.perf_counter() - start) / n
-        except Exception as err:  # noqa: BLE001 - a form vmap cannot run is a result, shown as such
+        except Exception as err:  # a form vmap cannot run is a result, shown as such
             out[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
     return out
 
@@ -137,7 +135,8 @@ def main() -> None:
         model, b = run.model, run.train.batch_size
         dtype = PRECISIONS[run.train.precision]
         shape = (b, model.n_head, model.block_size, model.d_model // model.n_head)
-        attn = Table(title=f"causal attention under vmap, fwd+bwd ms, {dtype}, (B, heads, T, head_dim) = {shape}")
+        title = f"causal attention under vmap, fwd+bwd ms, {dtype}, (B, heads, T, head_dim) = {shape}"
+        attn = Table(title=title)
         for column in ("seeds", "written out", "vmap(sdpa)"):
             attn.add_column(column, justify="right")
         for k in map(int, args.ks.split(",")):

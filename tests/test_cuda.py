@@ -125,8 +125,13 @@ def test_a_run_trains_on_cuda_in_each_precision(tmp_path, precision):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_cuda_batched_seeds_start_and_end_as_their_sequential_runs(tmp_path, full_fp32, precision):
     """Seeds batched on the GPU: each seed's first loss is its sequential run's, each ends near it."""
-    overrides = ("train.device=cuda", "train.steps=60", "train.eval_every=30", "train.log_every=1",
-                 f"train.precision={precision}")
+    overrides = (
+        "train.device=cuda",
+        "train.steps=60",
+        "train.eval_every=30",
+        "train.log_every=1",
+        f"train.precision={precision}",
+    )
     seeds = [0, 1, 2]
 
     def runs(batched_):
@@ -138,8 +143,10 @@ def test_cuda_batched_seeds_start_and_end_as_their_sequential_runs(tmp_path, ful
     together = train_batched(runs("true"), [tmp_path / f"b{s}" for s in seeds])
     for s, summary, run in zip(seeds, together, runs("false")):
         alone = train(run, tmp_path / f"s{s}")
-        first = [r["train_loss"] for r in read_metrics(tmp_path / f"b{s}") if r["kind"] == "train"][0]
-        want = [r["train_loss"] for r in read_metrics(tmp_path / f"s{s}") if r["kind"] == "train"][0]
+        first, want = (
+            next(r["train_loss"] for r in read_metrics(tmp_path / f"{side}{s}") if r["kind"] == "train")
+            for side in "bs"
+        )
         assert first == pytest.approx(want, abs=1e-5 if precision == "fp32" else 1e-3)
         assert summary["provenance"]["batched"] == 3 and summary["provenance"]["device"] == "cuda"
         assert summary["final_val_loss"] == pytest.approx(alone["final_val_loss"], abs=0.02)

@@ -286,8 +286,9 @@ def train_batched(runs: list, run_dirs: list[Path], console: Console | None = No
         free_earlier_runs()
         states, loops = _seeds(runs, run_dirs, console, started)
         if len(starts := {loop.start for loop in loops}) > 1:
+            steps = sorted(starts)
             console.print(
-                f"[yellow]the seeds' checkpoints are at steps {sorted(starts)}: the group starts afresh[/yellow]"
+                f"[yellow]the seeds' checkpoints are at steps {steps}: the group starts afresh[/yellow]"
             )
             for state in states:
                 state.dir.remove_checkpoints()
