@@ -134,11 +134,26 @@ def test_batched_is_part_of_the_identity():
 
 def test_what_cannot_train_batched_says_why():
     assert why_not(runs_of([0])[0]) is None
-    assert "running statistics" in why_not(runs_of([0], "norm=bn")[0])
+    assert why_not(runs_of([0], "norm=bn")[0]) is None  # its running statistics stacked per seed
     assert "weights rewritten" in why_not(runs_of([0], "placement=ngpt")[0])
     assert "compile" in why_not(runs_of([0], "train.compile=auto")[0])
     assert "gradient scaler" in why_not(runs_of([0], "train.precision=fp16")[0])
     assert why_not(runs_of([0], "train.precision=bf16")[0]) is None
+
+
+def test_batchnorm_seeds_keep_their_own_running_statistics(tmp_path):
+    """BatchNorm batched: each seed normalizes over its own batch and updates its own running
+    statistics, which evaluation (eval mode) then reads: both as its sequential run's."""
+    overrides = ("norm=bn", "train.steps=20", "train.log_every=1")
+    seeds = [0, 1]
+    out = train_batched(runs_of(seeds, *overrides), [tmp_path / f"b{s}" for s in seeds])
+    for s, summary, run in zip(seeds, out, runs_of(seeds, *overrides, batched_=False)):
+        alone = train(run, tmp_path / f"s{s}")
+        assert train_losses(tmp_path / f"b{s}")[0] == pytest.approx(
+            train_losses(tmp_path / f"s{s}")[0], abs=1e-5
+        )
+        assert summary["final_val_loss"] == pytest.approx(alone["final_val_loss"], abs=2e-3)
+    assert out[0]["final_val_loss"] != out[1]["final_val_loss"]
 
 
 def test_bf16_seeds_start_as_their_sequential_runs(tmp_path):
@@ -168,21 +183,24 @@ BATCH_SEEDS = batching.OPTION  # what --batch-seeds adds to the overrides
 
 def test_the_plan_groups_each_configs_seeds_and_says_what_cannot(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    plan = plan_sweep(["norm=ln,bn", "seed=0,1,2", *tiny(), BATCH_SEEDS])
-    ln = [j for j in plan.jobs if "norm=ln" in j.overrides]
-    bn = [j for j in plan.jobs if "norm=bn" in j.overrides]
+    plan = plan_sweep(["placement=pre,ngpt", "seed=0,1,2", *tiny(), BATCH_SEEDS])
+    pre = [j for j in plan.jobs if "placement=pre" in j.overrides]
+    ngpt = [j for j in plan.jobs if "placement=ngpt" in j.overrides]
     assert all(
-        "train.batched=true" in j.overrides and j.batch == [ln[0].num, ln[1].num, ln[2].num] for j in ln
+        "train.batched=true" in j.overrides and j.batch == [pre[0].num, pre[1].num, pre[2].num] for j in pre
     )
-    assert all(j.batch is None and "running statistics" in j.unbatched for j in bn)
-    assert [j.num for j in launched(plan.jobs)] == sorted([ln[0].num, *(j.num for j in bn)])
+    assert all(j.batch is None and "weights rewritten" in j.unbatched for j in ngpt)
+    assert [j.num for j in launched(plan.jobs)] == sorted([pre[0].num, *(j.num for j in ngpt)])
     # a batched grid is other configs: its own sweep directory, and its runs their own directories
-    plain = plan_sweep(["norm=ln,bn", "seed=0,1,2", *tiny()])
+    plain = plan_sweep(["placement=pre,ngpt", "seed=0,1,2", *tiny()])
     assert plain.sweep_dir != plan.sweep_dir
-    assert {j.run_dir.name for j in plain.jobs if "norm=bn" in j.overrides} == {j.run_dir.name for j in bn}
-    assert not {j.run_dir.name for j in plain.jobs} & {j.run_dir.name for j in ln}
+    alone = {j.run_dir.name for j in plain.jobs if "placement=ngpt" in j.overrides}
+    assert alone == {j.run_dir.name for j in ngpt}
+    assert not {j.run_dir.name for j in plain.jobs} & {j.run_dir.name for j in pre}
     line = summary_line(plan.jobs)
-    assert line.startswith("--batch-seeds: 3 runs in 1 batched group; 3 one at a time (norm=bn: running")
+    assert line.startswith(
+        "--batch-seeds: 3 runs in 1 batched group; 3 one at a time (placement=ngpt: weights rewritten"
+    )
 
 
 def test_a_finished_seed_stays_out_of_its_group(tmp_path, monkeypatch):
@@ -198,16 +216,16 @@ def test_a_finished_seed_stays_out_of_its_group(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # a sweep through the CLI in a subprocess
 def test_a_batch_seeds_sweep_writes_every_runs_directory(tmp_path):
-    args = ["sweep", "--batch-seeds", "norm=ln,bn", "seed=0,1", *tiny("train.threads=1")]
+    args = ["sweep", "--batch-seeds", "placement=pre,ngpt", "seed=0,1", *tiny("train.threads=1")]
     result = run_cli(*args, "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = " ".join(result.stdout.split())
-    assert "--batch-seeds: 2 runs in 1 batched group; 2 one at a time (norm=bn" in out
+    assert "--batch-seeds: 2 runs in 1 batched group; 2 one at a time (placement=ngpt" in out
     summaries = {p.name: RunDir(p).read_summary() for p in (tmp_path / "sweep").iterdir() if p.is_dir()}
     assert len(summaries) == 4 and all(s["status"] == "completed" for s in summaries.values())
     batched_ = {name: s["provenance"].get("batched") for name, s in summaries.items()}
     assert sorted(batched_.values(), key=str) == [2, 2, None, None]
-    assert all(name.startswith("ln") == (k == 2) for name, k in batched_.items())
+    assert all(("-pre-" in name) == (k == 2) for name, k in batched_.items())
 
 
 def test_claims_batch_seeds_by_default_on_cuda_alone():

@@ -9,9 +9,9 @@ the stacked parameters and the stacked batches, each seed's own (``BatchedOps`` 
 layers and the causal attention in the forms vmap batches well).
 
 What stays per seed: the batch stream and initialisation, dropout's draws (vmap's
-``randomness="different"``), AdamW's state (it is elementwise, so one AdamW over the stacked tensors
-is K independent ones, with build_optimizer's decay groups), gradient clipping by the seed's own
-global norm, evaluation, per-layer statistics, divergence (a seed that diverges is recorded as
+``randomness="different"``), BatchNorm's statistics, AdamW's state (it is elementwise, so one AdamW
+over the stacked tensors is K independent ones, with build_optimizer's decay groups), gradient
+clipping by the seed's own global norm, evaluation, per-layer statistics, divergence (a seed that diverges is recorded as
 diverged at its log step and stops; the others go on), and the run directory, written by the
 training loop's own ``Loop`` and ``run_summary`` in a sequential run's format. Provenance says
 ``batched: K``; ``train.batched`` is part of the config hash (normbench.core.identity), since the
@@ -22,8 +22,9 @@ group's AdamW state, the schedule, its batch stream and the shared dropout RNG. 
 every seed's checkpoint is at one step, bit for bit as if never stopped; seeds at different steps
 (a damaged checkpoint, a seed trained alone) start the group afresh.
 
-``why_not`` says why a config cannot train batched (BatchNorm's running statistics, a user's norm or
-placement, nGPT's weight renormalisation, torch.compile, fp16's gradient scaler, fused norm kernels).
+``why_not`` says why a config cannot train batched (a user's norm or placement, nGPT's weight
+renormalisation, torch.compile, fp16's gradient scaler, fused norm kernels). BatchNorm batches: its
+running statistics are buffers, stacked per seed as the weights are, and updated per seed under vmap.
 """
 
 from __future__ import annotations
@@ -55,9 +56,8 @@ from normbench.training.preemption import StopSignals
 
 def why_not(run) -> str | None:
     """Why the config of ``run`` (a RunConfig) cannot train batched, in a few words; None if it can."""
+    # BatchNorm batches: its running statistics are buffers, stacked per seed like the weights.
     norm_cls = norms.norm_class(run.norm.get("name"), run.norm.get("_target_"))
-    if getattr(norm_cls, "statistics", None) == "batch":
-        return f"norm={run.norm.get('name')}: running statistics, state vmap cannot carry per seed"
     if not norm_cls.__module__.startswith("normbench."):
         return f"norm={run.norm.get('name')}: a user's norm, not known to run under torch.func.vmap"
     block_cls = placement_class(run.placement.get("name"), run.placement.get("_target_"))
