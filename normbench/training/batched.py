@@ -11,10 +11,10 @@ layers and the causal attention in the forms vmap batches well).
 What stays per seed: the batch stream and initialisation, dropout's draws (vmap's
 ``randomness="different"``), BatchNorm's statistics, AdamW's state (it is elementwise, so one AdamW
 over the stacked tensors is K independent ones, with build_optimizer's decay groups), gradient
-clipping by the seed's own global norm, evaluation, per-layer statistics, divergence (a seed that diverges is recorded as
-diverged at its log step and stops; the others go on), and the run directory, written by the
-training loop's own ``Loop`` and ``run_summary`` in a sequential run's format. Provenance says
-``batched: K``; ``train.batched`` is part of the config hash (normbench.core.identity), since the
+clipping by the seed's own global norm, evaluation, per-layer statistics, divergence (a seed that
+diverges is recorded as diverged at its log step and stops; the others go on), and the run directory,
+written by the training loop's own ``Loop`` and ``run_summary`` in a sequential run's format.
+Provenance says ``batched: K``; ``train.batched`` is part of the config hash (normbench.core.identity), since the
 batched arithmetic differs from a sequential run's in the last bits.
 
 Checkpoints are per seed and in a sequential run's format: the seed's weights, its slice of the
