@@ -14,8 +14,9 @@ over the stacked tensors is K independent ones, with build_optimizer's decay gro
 clipping by the seed's own global norm, evaluation, per-layer statistics, divergence (a seed that
 diverges is recorded as diverged at its log step and stops; the others go on), and the run directory,
 written by the training loop's own ``Loop`` and ``run_summary`` in a sequential run's format.
-Provenance says ``batched: K``; ``train.batched`` is part of the config hash (normbench.core.identity), since the
-batched arithmetic differs from a sequential run's in the last bits.
+Provenance says ``batched: K``; ``train.batched`` is part of the config hash
+(normbench.core.identity), since the batched arithmetic differs from a sequential run's in the last
+bits.
 
 Checkpoints are per seed and in a sequential run's format: the seed's weights, its slice of the
 group's AdamW state, the schedule, its batch stream and the shared dropout RNG. A group resumes when
