@@ -485,7 +485,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     keep_config(run, run_dir)
     with phases("setup"):
         free_earlier_runs()  # before anything of this run exists
-        state = Run(run, run_dir)
+        state = Run(run, run_dir)  # devices, data, model, wrap, optimizer, schedule
         if state.compile_error:
             console.print(
                 f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
