@@ -28,10 +28,10 @@ from rich.table import Table
 from torch.func import vmap
 from torch.nn import functional as F
 
-from normbench.core.devices import synchronize
+from normbench.core.devices import PRECISIONS, synchronize
 from normbench.training.batched import BatchedOps, train_batched
 from normbench.training.config import conf_dir, parse_config
-from normbench.training.loop import PRECISIONS, train
+from normbench.training.loop import train
 
 
 def runs_of(k: int, args, overrides: list[str], batched: bool) -> list:

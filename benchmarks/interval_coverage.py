@@ -7,7 +7,7 @@ Each draw plants per-seed final losses from known laws (L = E + A N^-alpha per c
 prediction; a gap linear in log2 of the size for the trend), with a noise every configuration of a
 seed shares (the same data order and init) and one of its own, then builds the interval as the
 report and the claims do (``normbench.report.predict.predict``; ``normbench.report.stats.compare``
-per size, then ``normbench.report.scale.fit_trend``) and counts whether the truth lies inside.
+per size, then ``normbench.report.stats.fit_trend``) and counts whether the truth lies inside.
 A coverage estimated from D draws has a binomial standard error of about sqrt(0.05 * 0.95 / D):
 1.1 points at 400 draws.
 """
@@ -22,8 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from normbench.report.predict import predict
-from normbench.report.scale import fit_trend
-from normbench.report.stats import compare
+from normbench.report.stats import compare, fit_trend
 
 
 def law(E: float, A: float, alpha: float):

@@ -43,7 +43,8 @@ from normbench.data.corpus import build_dataset
 from normbench.model.gpt import GPT
 from normbench.training.config import conf_dir, parse_config
 from normbench.training.diagnostics import LayerStats
-from normbench.training.loop import Run, build_optimizer, lr_factor, train
+from normbench.training.loop import Run, train
+from normbench.training.optim import build_optimizer, lr_factor
 
 
 def set_lr(optimizer: torch.optim.Optimizer, cfg, step: int) -> None:

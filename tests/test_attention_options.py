@@ -20,7 +20,8 @@ from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT
 from normbench.report.load import load_runs
 from normbench.training.config import load_group, parse_config
-from normbench.training.loop import LEAK_TOLERANCE, train
+from normbench.training.loop import train
+from normbench.training.summary import LEAK_TOLERANCE
 
 VOCAB = 64
 EPS = 1e-6  # RMSNorm's eps (conf/norm/rms.yaml)

@@ -18,8 +18,9 @@ from normbench.model.norms import NORMS
 from normbench.model.placements import PLACEMENTS
 from normbench.training.config import load_group, parse_config
 from normbench.training.diagnostics import attention_logits
-from normbench.training.loop import LEAK_TOLERANCE, Run
+from normbench.training.loop import Run
 from normbench.training.perf import flops_per_token
+from normbench.training.summary import LEAK_TOLERANCE
 
 N_LAYER, D, VOCAB = 2, 128, 64
 

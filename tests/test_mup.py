@@ -25,7 +25,8 @@ from normbench.model.norms import NORMS
 from normbench.model.placements import PLACEMENTS
 from normbench.training.config import load_group, parse_config
 from normbench.training.coordcheck import coord_check, growth, parse_params, parse_widths
-from normbench.training.loop import Run, build_optimizer, lr_factor
+from normbench.training.loop import Run
+from normbench.training.optim import build_optimizer, lr_factor
 
 VOCAB = 64
 HIDDEN = ("attn.qkv.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")

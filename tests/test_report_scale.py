@@ -225,7 +225,7 @@ def test_scale_none_writes_no_scale_files(tmp_path, monkeypatch):
 
 
 def test_trend_words_flip_only_when_the_measured_gap_is_significant_on_both_sides():
-    from normbench.report.scale import Fit, trend_word
+    from normbench.report.stats import Fit, trend_word
 
     # μP against SP: no gap at the base width (the same model), then a growing one; the fitted line
     # crosses 0 just above the smallest size, which is not a change of sign.
@@ -290,8 +290,7 @@ def test_with_a_size_axis_each_size_is_a_shade_of_its_configurations_colour(tmp_
 
 
 def test_the_slope_is_least_squares_and_its_interval_covers_a_planted_slope_at_its_stated_rate():
-    from normbench.report.scale import fit_trend
-    from normbench.report.stats import compare
+    from normbench.report.stats import compare, fit_trend
 
     # by hand: sizes 2, 4, 8 (log2 1, 2, 3), gaps 0.1, 0.3, 0.4, SEs 0.1, 0.2, 0.1, 2 df each
     fit = fit_trend([2, 4, 8], [0.1, 0.3, 0.4], [0.1, 0.2, 0.1], [2, 2, 2])

@@ -18,8 +18,7 @@ from normbench.data.corpus import DATA_SCHEMAS
 from normbench.model.gpt import ModelConfig
 from normbench.model.norms import norm_options
 from normbench.model.placements import PLACEMENTS
-from normbench.training.config import conf_dir, group_options, load_group, parse_config
-from normbench.training.loop import TrainConfig
+from normbench.training.config import TrainConfig, conf_dir, group_options, load_group, parse_config
 from normbench.training.sinks import SINKS
 
 ROOT = Path(__file__).resolve().parents[1]

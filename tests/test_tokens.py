@@ -351,9 +351,9 @@ def test_hub_dataset_offline_is_one_line(tmp_path, monkeypatch):
 
 def test_documents_longer_than_a_piece_stream_through_whole(tmp_path, monkeypatch):
     """Text is read and encoded in bounded pieces; a document spanning many pieces comes back whole."""
-    from normbench.data import prepare as prepare_module
+    from normbench.data import sources
 
-    monkeypatch.setattr(prepare_module, "PIECE_BYTES", 64)
+    monkeypatch.setattr(sources, "PIECE_BYTES", 64)
     docs = [d * 5 for d in corpus(30, seed=6)]  # documents of a few hundred bytes: many pieces each
     src = write_corpus(tmp_path / "docs.txt", docs)
     out = prepare(Options([str(src)], "char", split_on_blank_lines=True), tmp_path / "o", show_progress=False)

@@ -24,8 +24,9 @@ from normbench.model.norms import NORMS
 from normbench.model.placements import PLACEMENTS
 from normbench.training import sinks
 from normbench.training.config import group_options, load_group, parse_config
-from normbench.training.loop import LEAK_TOLERANCE, build_optimizer, lr_factor
+from normbench.training.optim import build_optimizer, lr_factor
 from normbench.training.sinks import NoOptions
+from normbench.training.summary import LEAK_TOLERANCE
 
 
 def test_every_group_option_composes_and_validates():

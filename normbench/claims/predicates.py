@@ -29,7 +29,7 @@ with the interval. The words:
 - equivalent: two one-sided tests at margin delta, i.e. the (1 - 2 alpha) interval inside ±delta:
   reproduced; the (1 - 2 alpha) interval wholly outside ±delta: not reproduced;
 - trend: the slope of the gap a - b (or of a's per-seed best tuning value, in log2) per doubling of
-  the size key, normbench.report.scale.fit_trend's least-squares fit; its interval on the claimed side
+  the size key, normbench.report.stats.fit_trend's least-squares fit; its interval on the claimed side
   (or inside ±delta for flat): reproduced; on the other side (outside ±delta): not reproduced. A
   flat best value (a transfer claim) needs its control ``b`` beside it (standard parametrization):
   reproduced only where a's slope is within ±delta and b's is not, so the grid is shown able to
@@ -68,8 +68,7 @@ from scipy import stats
 from normbench.claims.schema import Claim
 from normbench.report.load import ReportData
 from normbench.report.metrics import HIGHER_IS_BETTER
-from normbench.report.scale import fit_trend
-from normbench.report.stats import CONFIDENCE, Comparison, compare
+from normbench.report.stats import CONFIDENCE, Comparison, compare, fit_trend
 from normbench.report.tables import varying_keys
 
 ALPHA = 1 - CONFIDENCE

@@ -3,8 +3,9 @@
 Sources (``SOURCE...``): text files, folders (every file below, sorted) and globs, one document per
 file or, with ``split_on_blank_lines``, one per blank-line-separated paragraph; JSONL and Parquet
 (``column``); a Hugging Face dataset saved with ``save_to_disk`` (a local folder), or a hub name
-streamed through ``datasets`` when the network allows. The validation split is every
-1/val_fraction-th document, or a separate ``val`` source.
+streamed through ``datasets`` when the network allows (normbench.data.sources reads them). The
+validation split is every 1/val_fraction-th document, or a separate ``val`` source. The tokenizer is
+built by normbench.data.tokenizers, each split's shards written by normbench.data.shards.
 
 The output is ``OUT/NAME-HASH/``: ``train_000000.bin``, ... and ``val_000000.bin``, ... (llm.c's
 format, ``normbench.data.shards``), ``meta.json`` and the tokenizer's file. HASH covers the sources'
@@ -12,22 +13,20 @@ contents, the tokenizer and the options, so preparing the same thing again finds
 returns at once. Everything is written into a hidden temporary directory renamed into place only
 when complete: a kill or a full disk never leaves a directory a later run would take as finished.
 
-Memory stays bounded: text is read in pieces of at most ``PIECE_BYTES`` and encoded a batch of
-pieces at a time; a document longer than a piece continues across pieces (its one end-of-text
-token comes before its first piece). The next batch is read while the previous one encodes.
+Memory stays bounded: text is read in pieces of at most ``PIECE_BYTES`` (normbench.data.sources)
+and encoded a batch of pieces at a time; a document longer than a piece continues across pieces (its
+one end-of-text token comes before its first piece). The next batch is read while the previous one
+encodes.
 """
 
 from __future__ import annotations
 
-import codecs
-import glob
 import hashlib
 import itertools
 import json
 import os
 import re
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -49,24 +48,14 @@ from rich.progress import (
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import as_umask_allows, disk_full_is, to_json, write_atomic
 from normbench.data import tokenizers
-from normbench.data.shards import ShardWriter, dtype_for
+from normbench.data.shards import SplitWriter, dtype_for
+from normbench.data.sources import Source, content_hash, labelled, resolve_sources
 
 FORMAT = "llm.c"  # bump the hash's version below when the output of the same inputs changes
 LAYOUT_VERSION = 1
-PIECE_BYTES = 1 << 20  # the longest piece of text encoded at once
 BATCH_BYTES = 4 << 20  # text per encode_batch call: pieces for every core, bounded memory
 SHARD_TOKENS = 100_000_000  # modded-nanogpt's shard size
 META = "meta.json"
-HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-@dataclass
-class Source:
-    """One input: ``kind`` is text, jsonl, parquet, hf_disk or hub; ``size`` its bytes on disk (0 for hub)."""
-
-    kind: str
-    location: str
-    size: int = 0
 
 
 @dataclass
@@ -81,338 +70,7 @@ class Options:
     dtype: str = "auto"
 
 
-# --------------------------------------------------------------------------- finding the sources
-
-
-def _kind(path: Path) -> str:
-    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower(), "text")
-
-
-def _is_hf_folder(path: Path) -> bool:
-    """A folder written by ``datasets``' save_to_disk (a Dataset or a DatasetDict)."""
-    return (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()
-
-
-def resolve_sources(specs: list[str]) -> list[Source]:
-    """Files, folders and globs expanded (sorted, hidden files left out); a hub name if nothing local."""
-    out = []
-    for spec in specs:
-        path = Path(os.path.expanduser(spec))
-        if any(c in spec for c in "*?["):
-            files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
-            files = [p for p in files if p.is_file()]
-            if not files:
-                raise ConfigError(f"empty source: the glob {spec!r} matches no file")
-        elif path.is_dir() and _is_hf_folder(path):
-            out.append(Source("hf_disk", str(path.resolve()), _tree_size(path)))
-            continue
-        elif path.is_dir():
-            files = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
-            if not files:
-                raise ConfigError(f"empty source: the folder {spec} holds no file")
-        elif path.is_file():
-            files = [path]
-        elif HUB_NAME.match(spec) and "." not in Path(spec).suffix:
-            out.append(Source("hub", spec))
-            continue
-        else:
-            raise ConfigError(
-                f"no such source: {spec}", allowed=["a file", "a folder", "a glob", "a hub dataset name"]
-            )
-        out += [Source(_kind(p), str(p.resolve()), p.stat().st_size) for p in files]
-    for source in out:
-        if source.kind == "text":
-            _sniff(source.location)
-    return out
-
-
-def _sniff(path: str) -> None:
-    """A binary file refused before any work (a NUL byte in its first 8 KB); later ones while reading."""
-    with open(path, "rb") as f:
-        head = f.read(8192)
-    if b"\0" in head:
-        raise _binary(path, head.index(0))
-
-
-def _binary(path: str, offset: int) -> ConfigError:
-    return ConfigError(
-        f"{path} looks binary (a NUL byte at offset {offset}); "
-        "give text files only, or leave it out of the sources"
-    )
-
-
-def _tree_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _content_hash(source: Source) -> str:
-    """SHA-256 of a source's bytes (a folder: of its files' names and bytes); a hub name: of the name."""
-    h = hashlib.sha256()
-    if source.kind == "hub":
-        h.update(f"hub:{source.location}".encode())
-        return h.hexdigest()
-    root = Path(source.location)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    for p in files:
-        h.update(str(p.relative_to(root)).encode() if root.is_dir() else b"")
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-# --------------------------------------------------------------------------- reading documents
-
-
-def _text_blocks(path: str) -> Iterator[str]:
-    """A text file decoded strictly as UTF-8, in blocks of at most PIECE_BYTES bytes."""
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset = 0
-    with open(path, "rb") as f:
-        while raw := f.read(PIECE_BYTES):
-            if b"\0" in raw:
-                raise ConfigError(
-                    f"{path} looks binary (a NUL byte at offset {offset + raw.index(0)}); "
-                    "give text files only, or leave it out of the sources"
-                )
-            try:
-                yield decoder.decode(raw)
-            except UnicodeDecodeError as err:
-                raise ConfigError(
-                    f"{path} is not UTF-8 text ({err.reason} at byte {offset + err.start}); "
-                    "convert it (iconv -f LATIN1 -t UTF-8) or leave it out of the sources"
-                ) from None
-            offset += len(raw)
-    try:
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text (it ends inside a character)") from None
-
-
-def _text_lines(path: str) -> Iterator[str]:
-    """A text file's lines (without their newlines), decoded strictly as UTF-8."""
-    rest = ""
-    for block in _text_blocks(path):
-        *lines, rest = (rest + block).split("\n")
-        yield from lines
-    if rest:
-        yield rest
-
-
-BLANK_LINES = re.compile(r"\n(?:[^\S\n]*\n)+")  # the end of a line, then whitespace-only lines
-LEADING_BLANK_LINES = re.compile(r"(?:[^\S\n]*\n)+")
-
-
-def _text_documents(path: str, split_on_blank_lines: bool) -> Iterator[tuple[str, bool]]:
-    """(piece, starts a document) of one text file: the file is one document, or each paragraph is.
-    A piece longer than PIECE_BYTES is cut after a newline (or anywhere, in a line that long)."""
-    buf, new = "", True
-    for block in _text_blocks(path):
-        buf += block
-        if split_on_blank_lines:
-            *paragraphs, buf = BLANK_LINES.split(buf)
-            for paragraph in paragraphs:
-                if paragraph:
-                    yield paragraph + "\n", new
-                new = True
-        while len(buf) >= PIECE_BYTES:
-            cut = buf.rfind("\n", 0, PIECE_BYTES) + 1 or PIECE_BYTES
-            yield buf[:cut], new
-            buf, new = buf[cut:], False
-            if split_on_blank_lines and (blank := LEADING_BLANK_LINES.match(buf)):
-                buf, new = buf[blank.end() :], True  # the cut fell just before a blank line
-    if buf.strip() if split_on_blank_lines else buf:
-        yield buf, new
-
-
-def _rows(texts, where: str, column: str) -> Iterator[tuple[str, bool]]:
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise ConfigError(f"{where}: row {i} of column {column!r} is {type(text).__name__}, not text")
-        if text:
-            yield from _long_document(text)
-
-
-def _long_document(text: str) -> Iterator[tuple[str, bool]]:
-    for start in range(0, len(text), PIECE_BYTES):
-        yield text[start : start + PIECE_BYTES], start == 0
-
-
-def _jsonl_documents(path: str, column: str) -> Iterator[tuple[str, bool]]:
-    def texts():
-        for n, line in enumerate(_text_lines(path), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise ConfigError(f"{path}: line {n} is not JSON") from None
-            if not isinstance(row, dict) or column not in row:
-                keys = sorted(row) if isinstance(row, dict) else []
-                raise ConfigError(f"{path}: line {n} has no column {column!r} (give --column)", allowed=keys)
-            yield row[column]
-
-    yield from _rows(texts(), path, column)
-
-
-def _parquet_documents(path: str, column: str) -> Iterator[tuple[str, bool]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ConfigError("Parquet sources need pyarrow: pip install 'normbench[datasets]'") from None
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as err:  # pyarrow's ArrowInvalid: not a Parquet file
-        raise ConfigError(f"{path}: not a Parquet file ({str(err).splitlines()[0]})") from None
-    if column not in pf.schema_arrow.names:
-        raise ConfigError(f"{path}: no column {column!r} (give --column)", allowed=pf.schema_arrow.names)
-    for batch in pf.iter_batches(batch_size=1024, columns=[column]):
-        yield from _rows(batch.column(0).to_pylist(), path, column)
-
-
-def _hf_documents(source: Source, column: str) -> Iterator[tuple[str, bool]]:
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(
-            "Hugging Face datasets need the datasets library: pip install 'normbench[datasets]'"
-        ) from None
-    if source.kind == "hf_disk":
-        ds = datasets.load_from_disk(source.location)
-        if isinstance(ds, datasets.DatasetDict):
-            if "train" not in ds:
-                raise ConfigError(
-                    f"{source.location}: a DatasetDict without a 'train' split", allowed=list(ds)
-                )
-            ds = ds["train"]
-    else:
-        _check_hub_reachable(source.location)
-        try:
-            ds = datasets.load_dataset(source.location, split="train", streaming=True)
-        except Exception as err:  # offline: ConnectionError, or datasets' own "offline mode" errors
-            raise ConfigError(
-                f"hub dataset {source.location!r} could not be loaded ({first_words(err)}); offline, "
-                "save it with datasets' save_to_disk where the network allows and give that folder"
-            ) from None
-    names = list(ds.column_names or []) if ds.column_names is not None else []
-    if names and column not in names:
-        raise ConfigError(f"{source.location}: no column {column!r} (give --column)", allowed=names)
-    yield from _rows((row[column] for row in ds), source.location, column)
-
-
-def _check_hub_reachable(name: str) -> None:
-    """Fail at once, in one line, when the hub cannot be reached (instead of datasets' retries)."""
-    if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
-        return  # offline mode on purpose: datasets reads its cache
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    url = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=5).close()
-    except OSError:
-        raise ConfigError(
-            f"{name!r} is no local file or folder, and as a hub dataset: {url.hostname} cannot be reached "
-            "(offline?); save it with datasets' save_to_disk where the network allows and give that folder"
-        ) from None
-
-
-def first_words(err: BaseException) -> str:
-    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return text[:160]
-
-
-def documents(source: Source, opts: Options) -> Iterator[tuple[str, bool]]:
-    """(piece of text, starts a document) of one source, in order; an empty source is an error."""
-    if source.kind == "text":
-        pieces = _text_documents(source.location, opts.split_on_blank_lines)
-    elif source.kind == "jsonl":
-        pieces = _jsonl_documents(source.location, opts.column)
-    elif source.kind == "parquet":
-        pieces = _parquet_documents(source.location, opts.column)
-    else:
-        pieces = _hf_documents(source, opts.column)
-    empty = True
-    for text, new in pieces:
-        if text:
-            empty = False
-            yield text, new
-    if empty:
-        raise ConfigError(f"empty source: {source.location} holds no text")
-
-
-def _all_documents(sources: list[Source], opts: Options) -> Iterator[tuple[str, bool]]:
-    for source in sources:
-        yield from documents(source, opts)
-
-
-# --------------------------------------------------------------------------- the tokenizer
-
-
-def build_tokenizer(opts: Options, train: list[Source], val: list[Source]):
-    kind, arg = tokenizers.parse_spec(opts.tokenizer)
-    if kind == "char":
-        chars = set()
-        for text, _ in _all_documents([*train, *val], opts):
-            chars.update(text)
-        return tokenizers.CharTokenizer("".join(chars))
-    if kind == "byte":
-        return tokenizers.ByteTokenizer()
-    if kind == "bpe":
-        # Trained on the training split alone: the held-out documents stay unseen.
-        return tokenizers.train_bpe(
-            arg, (text for split, text, _ in _labelled(train, val, opts) if split == "train")
-        )
-    if kind == "json":
-        return tokenizers.load_json(arg)
-    return tokenizers.TiktokenTokenizer(arg)
-
-
 # --------------------------------------------------------------------------- writing
-
-
-class SplitWriter:
-    """One split's shards: ``{split}_000000.bin``, ... of at most ``shard_tokens`` tokens each."""
-
-    def __init__(self, directory: Path, split: str, dtype, shard_tokens: int):
-        self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
-        self.shards: list[str] = []
-        self.tokens = self.bytes = self.documents = 0
-        self.writer: ShardWriter | None = None
-
-    def write(self, ids: np.ndarray) -> None:
-        self.tokens += len(ids)
-        while len(ids):
-            if self.writer is None:
-                name = f"{self.split}_{len(self.shards):06d}.bin"
-                self.writer = ShardWriter(self.directory / name, self.dtype)
-                self.shards.append(name)
-            room = self.shard_tokens - self.writer.tokens
-            self.writer.write(ids[:room])
-            ids = ids[room:]
-            if self.writer.tokens >= self.shard_tokens:
-                self.writer.close()
-                self.writer = None
-
-    def close(self) -> dict:
-        if self.writer is not None:
-            self.writer.close()
-        return {
-            "tokens": self.tokens,
-            "bytes": self.bytes,
-            "documents": self.documents,
-            "shards": self.shards,
-        }
-
-
-def _in_val(index: int, fraction: float) -> bool:
-    """Every 1/fraction-th document (the last of each group) is held out: deterministic and streaming."""
-    return int((index + 1) * fraction) > int(index * fraction)
 
 
 def _batches(pieces: Iterator[tuple[str, str, bool]]) -> Iterator[list[tuple[str, str, bool]]]:
@@ -427,48 +85,11 @@ def _batches(pieces: Iterator[tuple[str, str, bool]]) -> Iterator[list[tuple[str
         yield batch
 
 
-def _labelled(train: list[Source], val: list[Source], opts: Options) -> Iterator[tuple[str, str, bool]]:
-    """(split, piece, starts a document) of every piece, train sources first."""
-    if not val and len(train) == 1 and train[0].kind == "text" and not opts.split_on_blank_lines:
-        yield from _split_one_document(train[0], opts)
-        return
-    index = -1
-    for text, new in _all_documents(train, opts):
-        index += new
-        yield ("val" if not val and _in_val(index, opts.val_fraction) else "train"), text, new
-    for text, new in _all_documents(val, opts):
-        yield "val", text, new
-
-
-def _split_one_document(source: Source, opts: Options) -> Iterator[tuple[str, str, bool]]:
-    """A single text file is one document: its last ``val_fraction`` of bytes, from the first line end
-    after the cut, is held out (as nanoGPT splits tiny-shakespeare) and starts a document of its own."""
-    cut, seen = int(source.size * (1 - opts.val_fraction)), 0
-    val_started = None  # None while in the training part; then whether the val document has begun
-    for text, new in documents(source, opts):
-        if val_started is not None:
-            yield "val", text, not val_started
-            val_started = True
-            continue
-        data = text.encode("utf-8")
-        if seen + len(data) <= cut:
-            seen += len(data)
-            yield "train", text, new
-            continue
-        at = data.find(b"\n", cut - seen) + 1 or len(data)  # a line end: never inside a character
-        head, tail = data[:at].decode("utf-8"), data[at:].decode("utf-8")
-        if head:
-            yield "train", head, new
-        val_started = bool(tail)
-        if tail:
-            yield "val", tail, True
-
-
 def _encode_all(tok, train, val, opts, writers: dict[str, SplitWriter], progress) -> None:
     eot = np.array([tok.eot_id], dtype=np.uint32)
     with ThreadPoolExecutor(1) as pool:  # encodes one batch while the next is read
         pending = None
-        for batch in itertools.chain(_batches(_labelled(train, val, opts)), [None]):
+        for batch in itertools.chain(_batches(labelled(train, val, opts)), [None]):
             if pending is not None:
                 _write_batch(*pending, eot, writers, progress)
             texts = None if batch is None else [text for _, text, _ in batch]
@@ -511,8 +132,8 @@ def dataset_identity(opts: Options, train: list[Source], val: list[Source]) -> d
         "layout": LAYOUT_VERSION,
         "format": FORMAT,
         "tokenizer": tok,
-        "train": [[s.kind, Path(s.location).name, _content_hash(s)] for s in train],
-        "val": [[s.kind, Path(s.location).name, _content_hash(s)] for s in val],
+        "train": [[s.kind, Path(s.location).name, content_hash(s)] for s in train],
+        "val": [[s.kind, Path(s.location).name, content_hash(s)] for s in val],
         "val_fraction": None if val else opts.val_fraction,
         "column": opts.column,
         "split_on_blank_lines": opts.split_on_blank_lines,
@@ -574,7 +195,7 @@ def prepare(opts: Options, out: Path, console: Console | None = None, show_progr
 
 
 def _write(opts, train, val, identity, work: Path, console: Console, show_progress: bool) -> None:
-    tok = build_tokenizer(opts, train, val)
+    tok = tokenizers.build_tokenizer(opts, train, val)
     dtype = dtype_for(tok.vocab_size, opts.dtype)
     writers = {s: SplitWriter(work, s, dtype, opts.shard_tokens) for s in ("train", "val")}
     total = sum(s.size for s in (*train, *val)) or None

@@ -7,6 +7,8 @@
 - nanoGPT's ``train.bin`` / ``val.bin`` and OLMo-core's arrays: no header, only tokens (uint16 or
   uint32); the reader must be told the dtype and the vocabulary (``data.dtype``, ``data.vocab_size``).
 
+``normbench prepare`` writes each split as ``{split}_000000.bin``, ... (``SplitWriter``).
+
 A shard is read through ``np.memmap``, opened for each batch and dropped after it, as nanoGPT's
 loader does: the pages a batch touched leave the process with it, so a run's memory does not grow
 with the corpus, however many windows it draws.
@@ -148,3 +150,37 @@ def write_shard(path: Path, tokens: np.ndarray, dtype: np.dtype | str) -> None:
     writer = ShardWriter(path, DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
     writer.write(tokens)
     writer.close()
+
+
+class SplitWriter:
+    """One split's shards: ``{split}_000000.bin``, ... of at most ``shard_tokens`` tokens each."""
+
+    def __init__(self, directory: Path, split: str, dtype, shard_tokens: int):
+        self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
+        self.shards: list[str] = []
+        self.tokens = self.bytes = self.documents = 0
+        self.writer: ShardWriter | None = None
+
+    def write(self, ids: np.ndarray) -> None:
+        self.tokens += len(ids)
+        while len(ids):
+            if self.writer is None:
+                name = f"{self.split}_{len(self.shards):06d}.bin"
+                self.writer = ShardWriter(self.directory / name, self.dtype)
+                self.shards.append(name)
+            room = self.shard_tokens - self.writer.tokens
+            self.writer.write(ids[:room])
+            ids = ids[room:]
+            if self.writer.tokens >= self.shard_tokens:
+                self.writer.close()
+                self.writer = None
+
+    def close(self) -> dict:
+        if self.writer is not None:
+            self.writer.close()
+        return {
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "documents": self.documents,
+            "shards": self.shards,
+        }

@@ -12,6 +12,7 @@ decodes ids back to text. The specs a user writes:
 - ``tiktoken:NAME``: OpenAI's tiktoken encodings (gpt2, cl100k_base, ...) when tiktoken and its
   BPE file are present; offline without the file it fails in one line.
 
+``build_tokenizer`` builds the one a spec names, learning from the sources where it must (char, bpe).
 The BPE and tiktoken encoders run on every core (Rust / native threads); char and byte are numpy.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from normbench.core.errors import ConfigError
+from normbench.data.sources import Source, all_documents, labelled
 
 EOT = "<|endoftext|>"
 # End-of-text tokens of common tokenizer.json files (GPT-2, LLaMA-3, SentencePiece-style), in order.
@@ -225,3 +227,22 @@ def from_meta(directory: Path) -> CharTokenizer | ByteTokenizer | HFTokenizer | 
     tok = load_json(Path(directory) / meta["file"])
     tok.spec = meta["spec"]
     return tok
+
+
+def build_tokenizer(opts, train: list[Source], val: list[Source]):
+    """The tokenizer ``opts.tokenizer`` names (the prepare options), built on ``train`` and ``val``
+    where it learns from the corpus."""
+    kind, arg = parse_spec(opts.tokenizer)
+    if kind == "char":
+        chars = set()
+        for text, _ in all_documents([*train, *val], opts):
+            chars.update(text)
+        return CharTokenizer("".join(chars))
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "bpe":
+        # Trained on the training split alone: the held-out documents stay unseen.
+        return train_bpe(arg, (text for split, text, _ in labelled(train, val, opts) if split == "train"))
+    if kind == "json":
+        return load_json(arg)
+    return TiktokenTokenizer(arg)

@@ -108,7 +108,7 @@ class ModelHooks(nn.Module):
     nGPT's ``Hypersphere`` is the one placement that overrides it.
     """
 
-    weight_decay = True  # whether the optimizer may decay the model's matrices (normbench.training.loop)
+    weight_decay = True  # whether the optimizer may decay the model's matrices (normbench.training.optim)
     mup = True  # whether model.param=mup's width scaling applies
 
     def __init__(self, d_model: int, vocab_size: int):

@@ -34,16 +34,17 @@ from normbench.report.metrics import BITS_PER_BYTE, METRICS, loss_unit
 from normbench.report.metrics import metric as metric_of
 from normbench.report.predict import backtest, check_sizes, parse_predict, predict_sentences, prediction
 from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
-from normbench.report.scale import (
-    resolve_baseline,
-    resolve_scale_key,
-    scale_axis,
+from normbench.report.scale import resolve_baseline, resolve_scale_key, scale_axis
+from normbench.report.tables import (
+    aggregate,
+    config_label,
+    display_table,
+    resolve_group_keys,
     scale_tables,
-    scale_verdict,
+    tuned_table,
 )
-from normbench.report.tables import aggregate, config_label, display_table, resolve_group_keys, tuned_table
 from normbench.report.tuning import aggregate_statistics, resolve_tune_key, tune
-from normbench.report.verdict import provenance_summary, verdict
+from normbench.report.verdict import provenance_summary, scale_verdict, verdict
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 100

@@ -11,7 +11,7 @@ Clark et al. 2022) by least squares (``fit_law``: variable projection, alpha in 
 A fit is *converged* when the best alpha lies inside its range and A > 0: loss falling with size
 as a power law. Where the baseline's or
 the configuration's power law does not converge, the gap is extrapolated instead by the scale
-axis's own log-linear fit (gap against log2 x, normbench.report.scale.fit_trend) and the output
+axis's own log-linear fit (gap against log2 x, normbench.report.stats.fit_trend) and the output
 says so; with nothing that fits, the prediction is "not converged", never a number.
 
 The uncertainty comes from the seeds: each size's mean carries its seeds' spread, and the fit carries
@@ -19,7 +19,7 @@ it to the prediction. The fit's response to each size's mean is measured by cent
 (over ± that mean's standard error), the per-seed values are weighted by it (paired by seed across
 the configurations of a gap: runs of one seed share the data order and the init), and the sizes'
 shares of the variance are summed: a Student-t interval at Satterthwaite's degrees of freedom, as
-the trend's slope has (normbench.report.scale.fit_trend). A bootstrap over 3 seeds has only ten
+the trend's slope has (normbench.report.stats.fit_trend). A bootstrap over 3 seeds has only ten
 distinct draws and came out far too narrow; this interval covers a planted law's truth at 94.7-96.0%
 (``python benchmarks/interval_coverage.py``). It carries the seeds' noise only: that the law
 itself holds beyond the grid is an assumption, and a target more than FAR x the largest size
@@ -42,8 +42,8 @@ import pandas as pd
 from scipy import optimize, stats
 
 from normbench.core.errors import ConfigError
-from normbench.report.scale import Scale, _x_words, fit_trend
-from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, satterthwaite
+from normbench.report.scale import Scale, _x_words
+from normbench.report.stats import CONFIDENCE, NEEDS_SEEDS, fit_trend, satterthwaite
 from normbench.report.tables import _fmt_value
 
 FAR = 10.0  # a target beyond FAR x the largest measured size is flagged as far

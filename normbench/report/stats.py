@@ -14,6 +14,10 @@ A difference is *paired by seed* when both sides ran exactly the same seeds, onc
 with the same seed share the data order and the initial weights, so the per-seed differences
 cancel that shared noise (``paired=True`` bootstrap, ``ttest_rel``). Otherwise it is Welch's
 unequal-variance comparison (independent resampling of each side, ``ttest_ind(equal_var=False)``).
+
+The scale axis's trend (normbench.report.scale, whose module doc states the method): ``fit_trend``
+fits a gap against log2 of the size by least squares with a t interval on the slope from the sizes'
+standard errors, and ``trend_word`` names what the gap does (grows, shrinks, flips sign, no trend).
 """
 
 from __future__ import annotations
@@ -175,3 +179,78 @@ def _compare(a, b) -> Comparison:
         ci = test.confidence_interval(CONFIDENCE)
         return Comparison(diff, Interval(float(ci.low), float(ci.high), "t"), float(test.pvalue), **welch)
     return Comparison(diff, _bootstrap((xa, xb), _mean_diff, paired=False), float(test.pvalue), **welch)
+
+
+@dataclass(frozen=True)
+class Fit:
+    slope: float  # per doubling of x
+    low: float
+    high: float
+    df: float
+    method: str
+    first: float  # the fitted gap at the smallest and largest fitted size
+    last: float
+    lack_of_fit_p: float = math.nan  # χ² test of the sizes around the line (≥ 3 sizes with seeds)
+
+
+def fit_trend(x, gap, se, df) -> Fit:
+    """Least squares of ``gap`` on log2(``x``), every size weighted alike; the slope's 95% interval from
+    the sizes' own standard errors (normbench.report.scale's module doc)."""
+    t = np.log2(np.asarray(x, float))
+    gap, se, df = (np.asarray(v, float) for v in (gap, se, df))
+    positive = se[se > 0]
+    seeds = bool(len(positive))
+    tc = t - t.mean()
+    sxx = float(np.sum(tc**2))
+    slope = float(np.sum(tc * gap) / sxx)
+    intercept = float(gap.mean() - slope * t.mean())
+    k = len(t)
+    if seeds:
+        # Weights fixed by the design, not by SEs estimated from a few seeds each (1/SE² weights
+        # favour the sizes whose seeds happened to agree, and the interval came out too narrow).
+        var, dof = satterthwaite((tc / sxx) ** 2 * se**2, df)  # each size's share of the slope's variance
+        method = "seeds"
+    else:
+        var, dof, method = 0.0, math.inf, "no spread"
+    lack_of_fit_p = math.nan
+    if k >= 3:
+        residual = gap - intercept - slope * t
+        if seeds:  # do the sizes scatter around the line more than their seeds explain?
+            # a size whose seeds all moved alike ("no spread") counts with the smallest SE there is
+            chi2 = float(np.sum((residual / np.where(se > 0, se, positive.min())) ** 2))
+            lack_of_fit_p = float(stats.chi2.sf(chi2, k - 2))
+        else:  # nothing but the scatter to go by
+            var, dof, method = (
+                float(np.sum(residual**2)) / (k - 2) / sxx,
+                float(k - 2),
+                "scatter of the sizes",
+            )
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * math.sqrt(var)) if var > 0 else 0.0
+    return Fit(
+        slope,
+        slope - half,
+        slope + half,
+        dof,
+        method,
+        intercept + slope * float(t.min()),
+        intercept + slope * float(t.max()),
+        lack_of_fit_p,
+    )
+
+
+def trend_word(fit: Fit, gaps=(), ci_low=(), ci_high=()) -> str:
+    """The trend's word from the slope's interval and the measured gaps at the fitted sizes.
+
+    "flips sign" needs the measured gap to be significantly of both signs (one size's 95% CI
+    below 0, another's above), not merely a fitted line crossing 0 (a μP model at its base width
+    is the SP model: no gap there, then one that grows). Otherwise the gap grows when the slope
+    has the sign of the gaps (their mean: the side of 0 they are on) and shrinks when it has the
+    other: judged on the measured gaps, not on the line's ends, which a gap that closes fast and
+    levels off would carry past 0.
+    """
+    if fit.low <= 0 <= fit.high:
+        return "no trend"
+    if any(h < 0 for h in ci_high) and any(low > 0 for low in ci_low):
+        return "flips sign"
+    side = np.mean(gaps) if len(gaps) else fit.last
+    return "grows" if fit.slope * side > 0 else "shrinks"

@@ -2,7 +2,8 @@
 
 Group keys (default: the config keys that vary between runs), the configuration labels, the
 aggregate (aggregate.csv: counts, loss mean/std/CI over completed seeds, speed), and its one
-string formatting shared by the terminal, summary.md and report.html.
+string formatting shared by the terminal, summary.md and report.html; the scale axis's scale.csv
+and trend.csv in the same short strings (``scale_tables``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from normbench.report.load import (
     ReportData,
 )
 from normbench.report.metrics import DEFAULT, loss_unit, metric
+from normbench.report.stats import NEEDS_SEEDS
 
 # The display names of LOGIT_FIELDS' columns (the mean over runs of each run's peak).
 LOGIT_COLUMNS = ("max attn logit", "max log Z", "max attn logit (raw)", "max log Z (raw)")
@@ -273,3 +275,68 @@ def tuned_table(tuned: pd.DataFrame) -> pd.DataFrame:
             "diverged at": tuned["diverged_at"].replace("", "–"),
         }
     )
+
+
+def short_key(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def scale_tables(s) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """scale.csv and trend.csv of the scale axis ``s`` (normbench.report.scale.Scale, which reads this
+    module) as short strings, for the terminal, Markdown and HTML."""
+    t, key, m = s.table, s.key, metric(s.metric)
+
+    def num(value, spec):
+        return "–" if pd.isna(value) else format(value, spec)
+
+    tune = t["tune_key"].iloc[0]
+    per_size = pd.DataFrame(
+        {
+            "configuration": t["config"],
+            short_key(key): t[key].map(_fmt_value),
+            "params": t["params"].map(lambda v: num(v, ",.0f")),
+            "tokens": t["tokens"].map(lambda v: num(v, ",.0f")),
+            **(
+                {f"best {tune}": t["best_value"].map(lambda v: num(v, "g"))}
+                if isinstance(tune, str) and tune
+                else {}
+            ),
+            m.axis(): [
+                f"{v:{m.fmt}} (n={n})" if pd.notna(v) else "–"
+                for v, n in zip(t[f"{m.source}_mean"], t["n_seeds"])
+            ],
+            "95% CI": [fmt_ci(r) for _, r in t.iterrows()],
+            "vs best at size": t["vs_best"].fillna("–"),
+            f"vs {s.baseline}": [
+                (
+                    "baseline"
+                    if r["diff_method"] == "baseline"
+                    else f"{r['diff_vs_baseline']:+.3f} "
+                    + (
+                        fmt_ci(r, "diff_ci_low", "diff_ci_high", "+")
+                        if pd.notna(r["diff_ci_low"])
+                        else NEEDS_SEEDS
+                    )
+                )
+                if pd.notna(r["diff_vs_baseline"])
+                else "–"
+                for _, r in t.iterrows()
+            ],
+            "sensitivity": t["lr_sensitivity"].map(lambda v: num(v, ".3f")),
+        }
+    )
+    tr = s.trend
+    trend = pd.DataFrame(
+        {
+            "configuration": tr["config"],
+            "slope per doubling": tr["slope_per_doubling"].map(lambda v: num(v, "+.4f")),
+            "95% CI": [
+                "–" if pd.isna(lo) else f"[{lo:+.4f}, {hi:+.4f}]"
+                for lo, hi in zip(tr["slope_ci_low"], tr["slope_ci_high"])
+            ],
+            "sizes fitted": [f"{f} of {n}" for f, n in zip(tr["sizes_fitted"], tr["sizes"])],
+            "trend": tr["trend"],
+            "best-value drift (half-decades)": tr["best_drift_half_decades"].map(lambda v: num(v, "+.1f")),
+        }
+    )
+    return per_size, trend

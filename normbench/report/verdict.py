@@ -4,7 +4,8 @@ Every claim of a difference rests on a 95% interval that excludes 0 (normbench.r
 a difference whose interval includes 0 is called a tie, one without an interval is not
 called anything. The verdict says so when the evidence is too thin (one seed, one learning
 rate, a best value at the edge of the grid). With a size axis (--scale) the configurations are
-compared within each size, never a small model with a large one.
+compared within each size, never a small model with a large one (``size_verdicts``), and the trend
+section says how each comparison moves with the size (``scale_verdict``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import pandas as pd
 from normbench.report.cost import implementation_note
 from normbench.report.load import NOT_RECORDED, NUMERICS, ReportData, layer_skip
 from normbench.report.metrics import Metric, metric
-from normbench.report.scale import size_verdicts
+from normbench.report.scale import NEEDS_SIZES, Scale, _x_words
 from normbench.report.stats import NEEDS_SEEDS, compare
-from normbench.report.tables import config_label, fmt_ci
+from normbench.report.tables import _fmt_value, config_label, fmt_ci, short_key
 from normbench.report.tuning import at_best, tuned_configs
 
 
@@ -357,6 +358,128 @@ def provenance_summary(runs: pd.DataFrame) -> str:
     recorded = runs["provenance.torch"].ne(NOT_RECORDED)
     unrecorded = "" if recorded.all() else f" ({(~recorded).sum()} of {len(runs)} runs recorded none)"
     return "Provenance: " + "; ".join(f"{k} {v}" for k, v in fields.items() if v) + unrecorded + "."
+
+
+def _gap(row) -> str:
+    if row["diff_method"] == "no completed run" or pd.isna(row["diff_vs_baseline"]):
+        return f"no completed run at {_fmt_value(row['_size'])}"
+    ci = fmt_ci(row, "diff_ci_low", "diff_ci_high", "+") if pd.notna(row["diff_ci_low"]) else NEEDS_SEEDS
+    return f"{row['diff_vs_baseline']:+.3f} {ci} at {_fmt_value(row['_size'])}"
+
+
+def size_verdicts(s: Scale) -> list[str]:
+    """The verdict with a size axis: at each size, its configurations against the best of that size
+    (never a small model against a large one); the trend section says how it moves."""
+    t, key, short, m = s.table, s.key, short_key(s.key), metric(s.metric)
+    out = []
+    for size in sorted(t[key].unique()):
+        at = t[t[key].eq(size)]
+        best = at[at["vs_best"].eq("best")]
+        if best.empty:
+            out.append(f"At {short}={_fmt_value(size)}: no configuration completed a run.")
+            continue
+        b = best.iloc[0]
+        where = f" at {s.table['tune_key'].iloc[0]}={b['best_value']:g}" if pd.notna(b["best_value"]) else ""
+        parts = [
+            f"At {short}={_fmt_value(size)}: best {b['config']}{where}, {m.label} "
+            f"{m.value(b[f'{m.source}_mean'])}"
+        ]
+        for word, name in (("tied", "tied"), ("worse", "worse")):
+            rows = at[at["vs_best"].eq(word)]
+            if len(rows):
+                parts.append(
+                    f"{name}: "
+                    + ", ".join(
+                        f"{r['config']} {m.diff(r['diff_vs_best'])} "
+                        f"{fmt_ci(r, 'diff_vs_best_ci_low', 'diff_vs_best_ci_high', '+')}"
+                        for _, r in rows.iterrows()
+                    )
+                )
+        thin = at[at["vs_best"].eq(NEEDS_SEEDS)]
+        if len(thin):
+            parts.append(
+                "not compared ("
+                + NEEDS_SEEDS
+                + "): "
+                + ", ".join(f"{r['config']} (n={r['n_seeds']})" for _, r in thin.iterrows())
+            )
+        if b["n_seeds"] < 2:
+            parts.append(f"the best has n={b['n_seeds']}: {NEEDS_SEEDS} to compare anything at this size")
+        out.append("; ".join(parts) + ".")
+    return out
+
+
+def scale_verdict(s: Scale) -> list[str]:
+    """The trend section's sentences: the axis, each comparison's trend, the best value's drift
+    (each size's own verdict is the report's verdict: ``size_verdicts``)."""
+    t, key, m = s.table.assign(_size=s.table[s.key]), s.key, metric(s.metric)
+    sizes = sorted(t[key].unique())
+    how = "detected: the one size key that varies" if s.detected else "given with --scale"
+    base = "given with --baseline" if s.baseline_given else "default: the best at the largest size"
+    x = {"params": "the parameters", "tokens": "the training tokens (steps x batch x block)"}.get(
+        s.x, f"{key} itself"
+    )
+    out = [
+        f"Scale axis {key} ({how}): sizes {', '.join(map(_fmt_value, sizes))}. Each configuration is "
+        "compared with "
+        f"the baseline {s.baseline} ({base}) at each size, difference = configuration - baseline in "
+        f"{m.label} ({m.unit or 'no unit'}; positive: {'better' if m.higher_is_better else 'worse'} than the "
+        "baseline), and the difference is fitted against log2 of "
+        f"{x} by least squares (t interval on the slope from the seeds' standard errors)."
+    ]
+    for trend in s.trend.itertuples(index=False):
+        if trend.config == s.baseline:
+            continue
+        gaps = "; ".join(_gap(r) for _, r in t[t["config"].eq(trend.config)].iterrows())
+        head = f"{trend.config} - {s.baseline} ({gaps})"
+        if trend.trend == NEEDS_SIZES:
+            out.append(f"{head}: no trend claimed, {NEEDS_SIZES} on both sides.")
+            continue
+        slope = (
+            f"slope {trend.slope_per_doubling:+.4f} per doubling of the {_x_words(s)}, 95% CI "
+            f"[{trend.slope_ci_low:+.4f}, {trend.slope_ci_high:+.4f}] over {trend.sizes_fitted} sizes "
+            f"({trend.slope_df:.1f} df, variance from the {trend.slope_method.rsplit('from the ', 1)[-1]})"
+        )
+        words = {
+            "grows": "the gap grows with size (|gap| moves away from 0)",
+            "shrinks": "the gap shrinks with size (|gap| moves toward 0)",
+            "flips sign": (
+                f"the gap changes sign across the sizes (fitted {trend.fitted_first:+.3f} at the "
+                f"smallest, {trend.fitted_last:+.3f} at the largest)"
+            ),
+            "no trend": "the gap shows no trend (the slope's 95% CI includes 0)",
+        }
+        left = f"; not in the fit: {trend.sizes_not_compared}" if trend.sizes_not_compared else ""
+        bent = (
+            f"; the sizes lie off a straight line in log {_x_words(s)} by more than their seeds explain "
+            f"(χ² p = {trend.lack_of_fit_p:.2g}): the gap moves unevenly, read it size by size"
+            if trend.lack_of_fit_p < 0.05
+            else ""
+        )
+        out.append(f"{head}: {words[trend.trend]}; {slope}{left}{bent}.")
+    tune = s.table["tune_key"].iloc[0]
+    if isinstance(tune, str) and tune:
+        parts = []
+        for config in s.configs:
+            part = t[t["config"].eq(config)]
+            values = ", ".join("–" if pd.isna(v) else f"{v:g}" for v in part["best_value"])
+            drift = s.trend.set_index("config").at[config, "best_drift_half_decades"]
+            parts.append(
+                f"{config} {values}" + (f" (drift {drift:+.1f} half-decades)" if pd.notna(drift) else "")
+            )
+        out.append(
+            f"Best {tune} per size ({', '.join(map(_fmt_value, sizes))}): {'; '.join(parts)}; the drift is "
+            f"log10(best at the largest / best at the smallest size) / 0.5, 0 when the best value transfers."
+        )
+        sens = "; ".join(
+            f"{c} "
+            + ", ".join("–" if pd.isna(v) else f"{v:.3f}" for v in t.loc[t["config"].eq(c), "lr_sensitivity"])
+            for c in s.configs
+        )
+        out.append(
+            f"{tune} sensitivity per size (Wortsman et al. 2023, as in the verdict; point values): {sens}."
+        )
+    return out
 
 
 def verdict(d: ReportData) -> list[str]:

@@ -50,9 +50,11 @@ from normbench.model.placements import ModelHooks, placement_class
 from normbench.training import distributed
 from normbench.training.diagnostics import LayerStats, layer_skip_losses
 from normbench.training.display import TrainProgress
-from normbench.training.loop import Loop, Run, interrupted, lr_factor, run_summary, save_result
+from normbench.training.loop import Loop, Run
+from normbench.training.optim import lr_factor
 from normbench.training.perf import Phases, free_earlier_runs
 from normbench.training.preemption import StopSignals
+from normbench.training.summary import interrupted, run_summary, save_result
 
 
 def why_not(run) -> str | None:

@@ -1,10 +1,17 @@
-"""From a composed Hydra config to the typed configs each component owns.
+"""The typed configs of a run, and from a composed Hydra config to them.
 
 Hydra composes ``conf/`` (groups: norm, placement, model, data, train, experiment;
 ``normbench.core.configtree`` finds the tree); this module turns the composed ``DictConfig`` into
 ``ModelConfig``, ``DataConfig`` and ``TrainConfig`` dataclasses, so a wrong type or an out-of-range value
 becomes one clear ``ConfigError`` before anything trains. A config's identity, ``config_hash``,
 lives in ``normbench.core.identity``.
+
+``TrainConfig`` and ``RunConfig`` are defined here; ``ModelConfig`` lives in normbench.model.gpt and the
+data schemas in normbench.data.corpus. The model and the data sit below training and never import it
+(imports flow one way), and their configs' validation reads their own package's tables (the
+architectures, the norms, the corpora): defined here, they could not be imported by the code they
+configure. Each typed config thus has one home that every user imports without a cycle, and this
+module is where they meet.
 """
 
 from __future__ import annotations
@@ -12,11 +19,13 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from normbench.core.configtree import conf_dir, default_option, group_options
+from normbench.core.devices import PRECISIONS
 from normbench.core.errors import ConfigError, unknown_key
 from normbench.core.identity import NOT_HASHED, config_hash
 from normbench.data.corpus import DATA_SCHEMAS, DataConfig
@@ -24,8 +33,80 @@ from normbench.model.gpt import ModelConfig
 from normbench.model.impls import MODES
 from normbench.model.norms import check_norm
 from normbench.model.placements import placement_options
-from normbench.training.loop import TrainConfig
 from normbench.training.sinks import logger_options
+
+RESUME = ("auto", "never")
+COMPILE = (False, True, "auto")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop's settings. No defaults here: conf/train/default.yaml holds them (one place)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    weight_decay: float
+    beta1: float
+    beta2: float
+    grad_clip: float  # 0 turns clipping off
+    eval_every: int
+    eval_batches: int
+    log_every: int
+    stats_every: int  # per-layer statistics at step 0 and every N steps; 0 turns them off
+    # FLOP/s per device for MFU; None: a listed GPU's datasheet peak, else a measured matmul peak
+    peak_flops: float | None
+    precision: str
+    device: str
+    threads: int  # 0 leaves PyTorch's default
+    diverge_threshold: float | None  # default 3 x ln(vocab size)
+    progress: bool
+    # torch.compile the model for training: true must compile (a failure is an error), auto falls back to
+    # eager with a message, false does not compile
+    compile: Any
+    tf32: bool  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
+    checkpoint_every: int | None  # steps between checkpoints; None: every eval_every; 0 turns them off
+    resume: str  # auto: continue from the run directory's checkpoint of this config; never: start fresh
+    save_model: bool  # keep the final weights as model.pt
+    z_loss: float  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
+    # trained with the other seeds of its config as one batched model (normbench.training.batched)
+    batched: bool
+
+    def validate(self) -> None:
+        for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}")
+        for key in (
+            "lr",
+            "min_lr",
+            "weight_decay",
+            "grad_clip",
+            "warmup_steps",
+            "threads",
+            "stats_every",
+            "z_loss",
+        ):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        if self.lr == 0:
+            raise ConfigError("train.lr must be > 0")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"train.{key} must be in [0, 1), got {getattr(self, key)}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise ConfigError(
+                f"train.checkpoint_every must be >= 0 (0 turns checkpoints off), got {self.checkpoint_every}"
+            )
+        if self.resume not in RESUME:
+            raise ConfigError(f"unknown train.resume '{self.resume}'", allowed=RESUME)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown train.precision '{self.precision}'", allowed=list(PRECISIONS))
+        if self.compile not in COMPILE:
+            raise ConfigError(f"unknown train.compile '{self.compile}'", allowed=["false", "true", "auto"])
 
 
 @dataclass

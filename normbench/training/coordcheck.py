@@ -26,7 +26,7 @@ from normbench.data.corpus import build_dataset
 from normbench.model import extensions
 from normbench.model.gpt import GPT, PARAMS, leaves_no_trace
 from normbench.training.config import conf_dir, parse_config
-from normbench.training.loop import build_optimizer
+from normbench.training.optim import build_optimizer
 
 COLUMNS = ["param", "width", "step", "layer", "rms"]
 

@@ -2,7 +2,8 @@
 
 ``train(run, run_dir)`` builds the dataset, model and optimizer, trains with a
 warm-up + cosine schedule, evaluates in eval mode on fixed validation batches, stops
-on divergence, probes causality and writes ``summary.json``. Losses stay on the
+on divergence, probes causality and writes ``summary.json`` (the optimizer and its schedule:
+normbench.training.optim; the summary: normbench.training.summary). Losses stay on the
 device and are read back once per ``train.log_every`` steps, so logging costs one
 host sync per window, not one per step. Under torchrun the same loop trains with
 DDP (normbench.training.distributed); rank 0 alone writes the run directory.
@@ -12,12 +13,9 @@ from __future__ import annotations
 
 import functools
 import math
-import platform
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from rich.console import Console
@@ -31,134 +29,24 @@ from normbench.core.runs import CONFIG, METRICS, RunDir
 from normbench.data.corpus import build_dataset, forget_other_corpora
 from normbench.model import impls, kernels, norms
 from normbench.model.causality import causal_leak
-from normbench.model.gpt import GPT, hidden_weights, leaves_no_trace, z_loss
+from normbench.model.gpt import GPT, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
-from normbench.training.diagnostics import PEAKS, LayerStats, global_grad_norm, grad_spike, layer_skip_losses
+from normbench.training.diagnostics import LayerStats, global_grad_norm
 from normbench.training.display import TrainProgress
+from normbench.training.optim import build_optimizer, lr_factor
 from normbench.training.perf import (
     PeakMemory,
     Phases,
     StepTimer,
-    flops_per_token,
     free_earlier_runs,
     peak_flops,
     remember_run,
 )
 from normbench.training.preemption import StopSignals
 from normbench.training.sinks import MetricSinks
+from normbench.training.summary import bits_per_byte, finish, interrupted
 
-RESUME = ("auto", "never")
-COMPILE = (False, True, "auto")
 DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's own choice for this process, before any run sets it
-LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
-
-
-@dataclass
-class TrainConfig:
-    """The training loop's settings. No defaults here: conf/train/default.yaml holds them (one place)."""
-
-    steps: int
-    batch_size: int
-    lr: float
-    min_lr: float
-    warmup_steps: int
-    weight_decay: float
-    beta1: float
-    beta2: float
-    grad_clip: float  # 0 turns clipping off
-    eval_every: int
-    eval_batches: int
-    log_every: int
-    stats_every: int  # per-layer statistics at step 0 and every N steps; 0 turns them off
-    # FLOP/s per device for MFU; None: a listed GPU's datasheet peak, else a measured matmul peak
-    peak_flops: float | None
-    precision: str
-    device: str
-    threads: int  # 0 leaves PyTorch's default
-    diverge_threshold: float | None  # default 3 x ln(vocab size)
-    progress: bool
-    # torch.compile the model for training: true must compile (a failure is an error), auto falls back to
-    # eager with a message, false does not compile
-    compile: Any
-    tf32: bool  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
-    checkpoint_every: int | None  # steps between checkpoints; None: every eval_every; 0 turns them off
-    resume: str  # auto: continue from the run directory's checkpoint of this config; never: start fresh
-    save_model: bool  # keep the final weights as model.pt
-    z_loss: float  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
-    # trained with the other seeds of its config as one batched model (normbench.training.batched)
-    batched: bool
-
-    def validate(self) -> None:
-        for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"train.{key} must be a positive integer, got {getattr(self, key)}")
-        for key in (
-            "lr",
-            "min_lr",
-            "weight_decay",
-            "grad_clip",
-            "warmup_steps",
-            "threads",
-            "stats_every",
-            "z_loss",
-        ):
-            if not getattr(self, key) >= 0:
-                raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
-        if self.lr == 0:
-            raise ConfigError("train.lr must be > 0")
-        if self.min_lr > self.lr:
-            raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
-        for key in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"train.{key} must be in [0, 1), got {getattr(self, key)}")
-        if self.checkpoint_every is not None and self.checkpoint_every < 0:
-            raise ConfigError(
-                f"train.checkpoint_every must be >= 0 (0 turns checkpoints off), got {self.checkpoint_every}"
-            )
-        if self.resume not in RESUME:
-            raise ConfigError(f"unknown train.resume '{self.resume}'", allowed=RESUME)
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"unknown train.precision '{self.precision}'", allowed=list(PRECISIONS))
-        if self.compile not in COMPILE:
-            raise ConfigError(f"unknown train.compile '{self.compile}'", allowed=["false", "true", "auto"])
-
-
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to lr over warmup_steps, then cosine decay to min_lr at the last step.
-
-    ``step`` counts the updates made before this one (0 to steps - 1), so the last update,
-    step = steps - 1, is the one made at min_lr.
-    """
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps)
-    floor = cfg.min_lr / cfg.lr
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the hidden matrices only: never on norms, biases or embeddings,
-    nor anywhere under a placement that fixes the weights' norms (nGPT).
-
-    Under ``model.param=mup`` the hidden matrices' LR is train.lr / m (μP for Adam; the group's
-    ``lr_mult``) and their weight decay m x train.weight_decay, so the decay per step, lr x wd, is
-    the base width's (microsoft/mup's MuAdam); the rest keep train.lr. The schedule scales every
-    group's LR by the same factor.
-    """
-    hidden = {id(p) for p in hidden_weights(model)}
-    weight_decay = cfg.weight_decay if model.hooks.weight_decay else 0.0
-    params = list(model.parameters())
-    decay = [p for p in params if id(p) in hidden]
-    no_decay = [p for p in params if id(p) not in hidden]
-    if model.cfg.param == "sp":
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    else:  # the multiplier-1 group first: group 0's LR is the schedule's own, the one the log reports
-        m = model.cfg.width_mult()
-        groups = [
-            {"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0},
-            {"params": decay, "weight_decay": weight_decay * m, "lr_mult": 1.0 / m, "lr": cfg.lr / m},
-        ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
 
 
 def compile_model(step_model: nn.Module, model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast):
@@ -181,20 +69,6 @@ def compile_model(step_model: nn.Module, model: nn.Module, x: torch.Tensor, y: t
         model.zero_grad(set_to_none=True)
 
 
-def environment(device: torch.device) -> dict:
-    return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
-        "device_type": device.type,
-        "threads": torch.get_num_threads(),
-        "git_commit": provenance.git_commit(),
-        "hostname": platform.node(),
-    }
-
-
 def warm_up(threads: int) -> None:
     """Pay now what the first run in a process pays once: its optimizer imports torch._dynamo (over
     a second on a 2-core machine), MFU's matmul peak is measured (``peak_flops``), the commit read
@@ -207,78 +81,103 @@ def warm_up(threads: int) -> None:
 
 
 class Run:
-    """Everything one run holds while it trains."""
+    """Everything one run holds while it trains, built in the run's order: the devices, the data, the
+    model, its wrapping (DDP, then torch.compile), the optimizer and the schedule."""
 
     def __init__(self, run, run_dir: Path):
         self.cfg, self.tcfg = run, run.train
         self.dir = RunDir(run_dir)
+        self.device, self.autocast, self.memory = self.devices()
+        self.data, self.batch_gen, self.val, self.threshold = self.build_data()
+        self.model, self.norm_impl = self.build_model()
+        self.step_model, self.eager_model, self.compile_error = self.wrap()
+        self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
+        self.scheduler, self.scaler, self.updates = self.schedule()
+        self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
+
+    def devices(self) -> tuple[torch.device, torch.autocast, PeakMemory]:
+        """This process's device, its settings for this run and the seed: (device, autocast, memory)."""
+        run, tcfg = self.cfg, self.tcfg
         if distributed.is_main():
             self.dir.path.mkdir(parents=True, exist_ok=True)
-        self.device = distributed.setup(resolve_device(self.tcfg.device))
-        if not distributed.trains(True, self.device):  # rank 0 found a result, or refused, and said so
+        device = distributed.setup(resolve_device(tcfg.device))
+        if not distributed.trains(True, device):  # rank 0 found a result, or refused, and said so
             raise SystemExit(0)
-        distributed.local_batch_size(self.tcfg.batch_size)  # a batch that does not split evenly fails here
-        if self.tcfg.precision == "fp16" and self.device.type != "cuda":
+        distributed.local_batch_size(tcfg.batch_size)  # a batch that does not split evenly fails here
+        if tcfg.precision == "fp16" and device.type != "cuda":
             raise ConfigError(
                 "train.precision=fp16 needs a CUDA device (it trains with a gradient scaler)",
                 allowed=["fp32", "bf16"],
             )
         # Set every run, both ways: a threads=0 run after a threads=N one in the same process
         # (the basic launcher, a reused joblib worker) gets PyTorch's default back, not N.
-        torch.set_num_threads(self.tcfg.threads or DEFAULT_THREADS)
+        torch.set_num_threads(tcfg.threads or DEFAULT_THREADS)
         # Set both ways every run: a launcher may run several runs in one process.
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tcfg.tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tcfg.tf32
         impls.use(run.norm_impl)  # every run: one process may train several
         # an earlier run's corpus is not this run's memory
         forget_other_corpora(run.data, run.model.block_size)
-        self.memory = PeakMemory(self.device)  # before the data and model exist
+        memory = PeakMemory(device)  # before the data and model exist
         # Each rank its own dropout stream; the initial weights are rank 0's alone (DDP copies them to every
         # rank).
         torch.manual_seed(run.seed + distributed.rank())
-        eval_sequences = self.tcfg.eval_batches * self.tcfg.batch_size
-        self.data = build_dataset(run.data, run.model.block_size, eval_sequences)
-        # The embedding has embedding_size rows: token shards' vocabularies padded to a multiple of 64.
-        self.model = GPT(run.model, self.data.embedding_size, run.norm, run.placement).to(self.device)
-        self.step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
-        self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
-        tcfg = self.tcfg  # the schedule holds the config, not the run: no reference cycle keeps a run alive
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, tcfg))
-        remember_run(self.model, self.optimizer)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tcfg.precision == "fp16")
-        # The optimizer's updates, counted by a hook: fp16's scaler skips an update whose gradients
-        # overflowed, and such a step is no step of the schedule. (A list, not self: no reference cycle.)
-        self.updates = updates = [0]
-        self.optimizer.register_step_post_hook(lambda *_: updates.__setitem__(0, updates[0] + 1))
-        self.autocast = torch.autocast(
-            self.device.type, dtype=PRECISIONS[self.tcfg.precision], enabled=self.tcfg.precision != "fp32"
+        autocast = torch.autocast(
+            device.type, dtype=PRECISIONS[tcfg.precision], enabled=tcfg.precision != "fp32"
         )
-        self.batch_gen = torch.Generator().manual_seed(run.seed)
-        self.val = [
+        return device, autocast, memory
+
+    def build_data(self) -> tuple:
+        """(dataset, the training batch stream, the fixed validation batches on the device, the loss
+        above which the run has diverged)."""
+        run, tcfg = self.cfg, self.tcfg
+        data = build_dataset(run.data, run.model.block_size, tcfg.eval_batches * tcfg.batch_size)
+        batch_gen = torch.Generator().manual_seed(run.seed)
+        val = [
             (x.to(self.device), y.to(self.device))
-            for x, y in self.data.val_batches(self.tcfg.eval_batches, self.tcfg.batch_size)
+            for x, y in data.val_batches(tcfg.eval_batches, tcfg.batch_size)
         ]
-        self.threshold = self.tcfg.diverge_threshold or 3 * math.log(self.data.vocab_size)
-        self.norm_impl = norms.implementations(
-            self.model, self.device
-        )  # norm.impl=fused that can't: fails here
-        self.compile_error = None
-        self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
+        return data, batch_gen, val, tcfg.diverge_threshold or 3 * math.log(data.vocab_size)
+
+    def build_model(self) -> tuple[GPT, dict[str, str]]:
+        """The model on the device, and the implementation each of its norms runs."""
+        run = self.cfg
+        # The embedding has embedding_size rows: token shards' vocabularies padded to a multiple of 64.
+        model = GPT(run.model, self.data.embedding_size, run.norm, run.placement).to(self.device)
+        return model, norms.implementations(model, self.device)  # norm.impl=fused that can't: fails here
+
+    def wrap(self) -> tuple[nn.Module, nn.Module, str | None]:
+        """(the module each step trains: DDP under torchrun, compiled under train.compile; the
+        statistics steps' eager module; why compiling failed, or None)."""
+        step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
         # The statistics steps' module: their forward hooks are registered per step, which a compiled
         # graph never calls, so those steps run eagerly, on the very parameters the compiled module trains.
-        self.eager_model = self.step_model
+        eager_model, compile_error = step_model, None
         if self.tcfg.compile:
             # Compiled on the batch the first step trains on (drawn from a copy of the stream, which
             # stays where it is): this rank's share, the shapes every step has, so training never
             # recompiles for a shape the trial alone had.
             first = torch.Generator().set_state(self.batch_gen.get_state())
-            self.step_model, self.compile_error = compile_model(
-                self.step_model, self.model, *self.train_batch(first), self.autocast
+            step_model, compile_error = compile_model(
+                step_model, self.model, *self.train_batch(first), self.autocast
             )
-            if self.compile_error and self.tcfg.compile is True:
+            if compile_error and self.tcfg.compile is True:
                 raise ConfigError(
-                    f"train.compile=true: torch.compile failed here ({self.compile_error})",
+                    f"train.compile=true: torch.compile failed here ({compile_error})",
                     allowed=["train.compile=auto (falls back to eager, and says so)", "train.compile=false"],
                 )
+        return step_model, eager_model, compile_error
+
+    def schedule(self) -> tuple:
+        """(the LR schedule, fp16's gradient scaler, the count of the optimizer's updates)."""
+        tcfg = self.tcfg  # the schedule holds the config, not the run: no reference cycle keeps a run alive
+        scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, tcfg))
+        remember_run(self.model, self.optimizer)
+        scaler = torch.amp.GradScaler(self.device.type, enabled=tcfg.precision == "fp16")
+        # The optimizer's updates, counted by a hook: fp16's scaler skips an update whose gradients
+        # overflowed, and such a step is no step of the schedule. (A list, not self: no reference cycle.)
+        updates = [0]
+        self.optimizer.register_step_post_hook(lambda *_: updates.__setitem__(0, updates[0] + 1))
+        return scheduler, scaler, updates
 
     def train_batch(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's share of the next global training batch, on the device."""
@@ -579,22 +478,18 @@ class Loop:
 
 
 def train(run, run_dir: Path, console: Console | None = None) -> dict:
-    """Train one configuration; return (and write) its summary. Raises ConfigError on bad input."""
+    """Train one configuration; return (and write) its summary. Raises ConfigError on bad input.
+
+    The run in order: the norms' kernels and config.yaml; ``Run`` builds the devices, the data, the
+    model, its wrapping (DDP, torch.compile), the optimizer and the schedule; ``Loop`` resumes from a
+    checkpoint; the steps; the causality probe and the summary."""
     console = console or Console(stderr=True)
     started, phases = time.perf_counter(), Phases()
-    if impls.builds_kernels(run.norm_impl, resolve_device(run.train.device)):
-        with phases("kernel_build"):  # once per machine, and never inside a timed phase
-            kernels.available()
-    # train() from Python keeps its config as the CLI does (unless the caller gave the run another identity)
-    if (
-        run.source is not None
-        and not (Path(run_dir) / CONFIG).exists()
-        and config_hash(run.source) == run.config_hash
-    ):
-        RunDir(run_dir).write_config(run.source)
+    build_kernels(run, phases)
+    keep_config(run, run_dir)
     with phases("setup"):
         free_earlier_runs()  # before anything of this run exists
-        state = Run(run, run_dir)
+        state = Run(run, run_dir)  # devices, data, model, wrap, optimizer, schedule
         if state.compile_error:
             console.print(
                 f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
@@ -602,7 +497,36 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
                 soft_wrap=True,
             )
         loop = Loop(state, console, started, phases)
-    tcfg, status, error, step = state.tcfg, "completed", None, loop.start
+    status, error, step, stop = run_steps(loop)
+    if status == "interrupted":
+        return interrupted(loop, stop, step)
+    return finish(loop, status, error, step)
+
+
+def build_kernels(run, phases: Phases) -> None:
+    """The fused norms' kernels, built when this run needs them: once per machine, and never inside a
+    timed phase."""
+    if impls.builds_kernels(run.norm_impl, resolve_device(run.train.device)):
+        with phases("kernel_build"):
+            kernels.available()
+
+
+def keep_config(run, run_dir: Path) -> None:
+    """train() from Python keeps its config as the CLI does (unless the caller gave the run another
+    identity)."""
+    if (
+        run.source is not None
+        and not (Path(run_dir) / CONFIG).exists()
+        and config_hash(run.source) == run.config_hash
+    ):
+        RunDir(run_dir).write_config(run.source)
+
+
+def run_steps(loop: Loop) -> tuple[str, str | None, int, StopSignals | None]:
+    """The steps from where the run stands to train.steps, each a list of the components whose turn it
+    is; returns (status, error, the last step, the stop signals)."""
+    state, tcfg, console = loop.state, loop.tcfg, loop.console
+    status, error, step, stop = "completed", None, loop.start, None
     try:
         if loop.start == 0:
             loop.evaluate(0)
@@ -644,133 +568,4 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
             console.print(traceback.format_exc(), markup=False, highlight=False)
     finally:
         loop.sinks.close()
-    if status == "interrupted":
-        return interrupted(loop, stop, step)
-    with phases("probe"):
-        leak = state.probe() if status != "failed" else {"train": None, "eval": None}
-        # each layer's contribution (docs/diagnostics.md), with the other statistics
-        skip = (
-            layer_skip_losses(state.model, state.evaluate) if loop.stats and status == "completed" else None
-        )
-    with phases("finish"):
-        summary = run_summary(loop, status, error, step, leak)
-        summary["layer_skip_loss"] = skip
-    return save_result(loop, summary)
-
-
-def save_result(loop: Loop, summary: dict) -> dict:
-    """The final weights, the trackers' summaries, then summary.json: the run is a result from here.
-    A full disk on the way leaves the run resumable from its last checkpoint."""
-    state, tcfg = loop.state, loop.tcfg
-    if loop.main:
-        try:
-            if tcfg.save_model and summary["status"] != "failed":
-                checkpoint.save_weights(state.dir.path, state.model)
-            with loop.phases("finish"):
-                # before summary.json, which MLflow copies; a tracker that fails is a warning, never the run
-                summary = loop.sinks.finish(summary)
-            summary["time_s"] = loop.phases.seconds
-            state.dir.write_summary(summary)
-        except DiskFull as err:
-            err.resume_step = loop.saved_step
-            raise
-        state.dir.remove_checkpoints()  # the summary is the result now
-    else:
-        summary["time_s"] = loop.phases.seconds
-    return summary
-
-
-def interrupted(loop: Loop, stop: StopSignals, step: int, pass_on: bool = True) -> dict:
-    """Stopped by a signal after its checkpoint: end the trackers' runs and pass the signal on (the
-    last of a batched group's seeds passes it: ``pass_on``)."""
-    loop.sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
-    try:
-        if pass_on:
-            stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
-    except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
-        loop.console.print(f"[yellow]not requeued[/yellow]: {err}", highlight=False)
-    return {
-        "status": "interrupted",
-        "steps": step,
-        "signal": stop.received,
-        "checkpoint": str(loop.state.dir.path / checkpoint.CHECKPOINT),
-    }
-
-
-def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
-    """Nats per token to bits per byte: loss / ln 2 / (bytes per token); None without bytes."""
-    if bytes_per_token is None or not math.isfinite(loss):
-        return None
-    return loss / math.log(2) / bytes_per_token
-
-
-def run_summary(loop: Loop, status: str, error: str | None, step: int, leak: dict) -> dict:
-    """summary.json's content: results, speed, memory, diagnostics, the causality probe and the
-    environment."""
-    state, tcfg = loop.state, loop.tcfg
-    finite_vals = [v for v in loop.val_losses if math.isfinite(v)]
-    finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]
-    speed = loop.timer.summary(loop.tokens_per_step)
-    model_flops = flops_per_token(state.model)
-    mfu = peak = peak_source = None
-    if speed["tokens_per_s"]:
-        peak, peak_source = peak_flops(state.device, PRECISIONS[tcfg.precision], tcfg.peak_flops, tcfg.tf32)
-        # tokens_per_s counts the global batch, which every rank's device shares.
-        mfu = model_flops * speed["tokens_per_s"] / (peak * distributed.world_size())
-    grad_norms = loop.grad_norms
-    bytes_per_token = state.data.bytes_per_token
-    return {
-        "status": status,
-        "error": error,
-        "final_val_loss": loop.val_losses[-1] if status == "completed" else None,
-        "best_val_loss": min(finite_vals) if finite_vals else None,
-        # Bits per byte: comparable across tokenizers (null for the synthetic corpus, which has no bytes).
-        "final_val_bpb": bits_per_byte(loop.val_losses[-1], bytes_per_token)
-        if status == "completed"
-        else None,
-        "best_val_bpb": bits_per_byte(min(finite_vals), bytes_per_token) if finite_vals else None,
-        "bytes_per_token": bytes_per_token,
-        "floor_loss": state.data.floor_loss,
-        **speed,
-        **state.memory.summary(),  # peak_mem_mb: this run's peak; peak_mem_kind says what it measures
-        "mfu": mfu,
-        "flops_per_token": model_flops,
-        "peak_flops": peak,  # per device
-        "peak_flops_source": peak_source,
-        "max_grad_norm": max(finite_norms) if finite_norms else None,
-        "max_grad_spike": grad_spike(grad_norms),
-        **(
-            loop.stats.peaks if loop.stats else dict.fromkeys(PEAKS)
-        ),  # max_attn_logit, max_log_z over the statistics steps
-        "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms))
-        if grad_norms and tcfg.grad_clip > 0
-        else 0.0,
-        "wall_s": loop.wall_s(),
-        "resumed_at": loop.resumed_at,
-        "steps": step,
-        "params": state.model.num_params(),
-        "vocab_size": state.data.vocab_size,
-        "embedding_size": state.data.embedding_size,  # the vocabulary padded (token shards)
-        "world_size": distributed.world_size(),
-        "sync_batchnorm": distributed.batchnorm_sync(state.model),
-        "causal_leak": leak,
-        "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
-        "compiled": bool(tcfg.compile and state.compile_error is None),
-        "config_hash": state.cfg.config_hash,
-        "env": environment(state.device),
-        "provenance": run_provenance(state),
-    }
-
-
-def run_provenance(state: Run) -> dict:
-    """What this run's figures were measured with (normbench.core.provenance): under a compiled model
-    inductor fuses every built-in norm's math itself."""
-    compiled = state.tcfg.compile and state.compile_error is None
-    state_of_compile = (
-        "on" if compiled else "off" if not state.tcfg.compile else f"fell back: {state.compile_error}"
-    )
-    norm_impl = {
-        kind: impls.COMPILED if compiled and kind in impls.TABLE else how
-        for kind, how in state.norm_impl.items()
-    }
-    return provenance.collect(state.device, state.tcfg.precision, norm_impl, state_of_compile)
+    return status, error, step, stop

@@ -1,0 +1,174 @@
+"""The end of a run: the causality probe, summary.json and what is kept with it.
+
+summary.json holds the run's results, speed, memory, diagnostics, the causality probe, the
+environment and the provenance of its figures; ``save_result`` writes it after the final weights
+and the trackers' summaries; an interrupted run ends with its checkpoint instead (``interrupted``).
+Every function reads a training loop's ``Loop`` and its ``Run`` (normbench.training.loop, which
+calls them, so they are typed loosely here); a batched group writes each seed's summary through them
+too (normbench.training.batched).
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+
+import torch
+
+from normbench.core import provenance
+from normbench.core.devices import PRECISIONS
+from normbench.core.errors import DiskFull
+from normbench.model import impls
+from normbench.training import checkpoint, distributed
+from normbench.training.diagnostics import PEAKS, grad_spike, layer_skip_losses
+from normbench.training.perf import flops_per_token, peak_flops
+from normbench.training.preemption import StopSignals
+
+LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
+
+
+def environment(device: torch.device) -> dict:
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "device_type": device.type,
+        "threads": torch.get_num_threads(),
+        "git_commit": provenance.git_commit(),
+        "hostname": platform.node(),
+    }
+
+
+def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
+    """Nats per token to bits per byte: loss / ln 2 / (bytes per token); None without bytes."""
+    if bytes_per_token is None or not math.isfinite(loss):
+        return None
+    return loss / math.log(2) / bytes_per_token
+
+
+def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> dict:
+    """summary.json's content: results, speed, memory, diagnostics, the causality probe and the
+    environment."""
+    state, tcfg = loop.state, loop.tcfg
+    finite_vals = [v for v in loop.val_losses if math.isfinite(v)]
+    finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]
+    speed = loop.timer.summary(loop.tokens_per_step)
+    model_flops = flops_per_token(state.model)
+    mfu = peak = peak_source = None
+    if speed["tokens_per_s"]:
+        peak, peak_source = peak_flops(state.device, PRECISIONS[tcfg.precision], tcfg.peak_flops, tcfg.tf32)
+        # tokens_per_s counts the global batch, which every rank's device shares.
+        mfu = model_flops * speed["tokens_per_s"] / (peak * distributed.world_size())
+    grad_norms = loop.grad_norms
+    bytes_per_token = state.data.bytes_per_token
+    return {
+        "status": status,
+        "error": error,
+        "final_val_loss": loop.val_losses[-1] if status == "completed" else None,
+        "best_val_loss": min(finite_vals) if finite_vals else None,
+        # Bits per byte: comparable across tokenizers (null for the synthetic corpus, which has no bytes).
+        "final_val_bpb": bits_per_byte(loop.val_losses[-1], bytes_per_token)
+        if status == "completed"
+        else None,
+        "best_val_bpb": bits_per_byte(min(finite_vals), bytes_per_token) if finite_vals else None,
+        "bytes_per_token": bytes_per_token,
+        "floor_loss": state.data.floor_loss,
+        **speed,
+        **state.memory.summary(),  # peak_mem_mb: this run's peak; peak_mem_kind says what it measures
+        "mfu": mfu,
+        "flops_per_token": model_flops,
+        "peak_flops": peak,  # per device
+        "peak_flops_source": peak_source,
+        "max_grad_norm": max(finite_norms) if finite_norms else None,
+        "max_grad_spike": grad_spike(grad_norms),
+        **(
+            loop.stats.peaks if loop.stats else dict.fromkeys(PEAKS)
+        ),  # max_attn_logit, max_log_z over the statistics steps
+        "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms))
+        if grad_norms and tcfg.grad_clip > 0
+        else 0.0,
+        "wall_s": loop.wall_s(),
+        "resumed_at": loop.resumed_at,
+        "steps": step,
+        "params": state.model.num_params(),
+        "vocab_size": state.data.vocab_size,
+        "embedding_size": state.data.embedding_size,  # the vocabulary padded (token shards)
+        "world_size": distributed.world_size(),
+        "sync_batchnorm": distributed.batchnorm_sync(state.model),
+        "causal_leak": leak,
+        "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
+        "compiled": bool(tcfg.compile and state.compile_error is None),
+        "config_hash": state.cfg.config_hash,
+        "env": environment(state.device),
+        "provenance": run_provenance(state),
+    }
+
+
+def run_provenance(state) -> dict:
+    """What this run's figures were measured with (normbench.core.provenance): under a compiled model
+    inductor fuses every built-in norm's math itself."""
+    compiled = state.tcfg.compile and state.compile_error is None
+    state_of_compile = (
+        "on" if compiled else "off" if not state.tcfg.compile else f"fell back: {state.compile_error}"
+    )
+    norm_impl = {
+        kind: impls.COMPILED if compiled and kind in impls.TABLE else how
+        for kind, how in state.norm_impl.items()
+    }
+    return provenance.collect(state.device, state.tcfg.precision, norm_impl, state_of_compile)
+
+
+def finish(loop, status: str, error: str | None, step: int) -> dict:
+    """The causality probe, each layer's contribution, then the summary, saved."""
+    state = loop.state
+    with loop.phases("probe"):
+        leak = state.probe() if status != "failed" else {"train": None, "eval": None}
+        # each layer's contribution (docs/diagnostics.md), with the other statistics
+        skip = (
+            layer_skip_losses(state.model, state.evaluate) if loop.stats and status == "completed" else None
+        )
+    with loop.phases("finish"):
+        summary = run_summary(loop, status, error, step, leak)
+        summary["layer_skip_loss"] = skip
+    return save_result(loop, summary)
+
+
+def save_result(loop, summary: dict) -> dict:
+    """The final weights, the trackers' summaries, then summary.json: the run is a result from here.
+    A full disk on the way leaves the run resumable from its last checkpoint."""
+    state, tcfg = loop.state, loop.tcfg
+    if loop.main:
+        try:
+            if tcfg.save_model and summary["status"] != "failed":
+                checkpoint.save_weights(state.dir.path, state.model)
+            with loop.phases("finish"):
+                # before summary.json, which MLflow copies; a tracker that fails is a warning, never the run
+                summary = loop.sinks.finish(summary)
+            summary["time_s"] = loop.phases.seconds
+            state.dir.write_summary(summary)
+        except DiskFull as err:
+            err.resume_step = loop.saved_step
+            raise
+        state.dir.remove_checkpoints()  # the summary is the result now
+    else:
+        summary["time_s"] = loop.phases.seconds
+    return summary
+
+
+def interrupted(loop, stop: StopSignals, step: int, pass_on: bool = True) -> dict:
+    """Stopped by a signal after its checkpoint: end the trackers' runs and pass the signal on (the
+    last of a batched group's seeds passes it: ``pass_on``)."""
+    loop.sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
+    try:
+        if pass_on:
+            stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
+    except Exception as err:  # submitit declining to requeue (timed out too often): still a resumable run
+        loop.console.print(f"[yellow]not requeued[/yellow]: {err}", highlight=False)
+    return {
+        "status": "interrupted",
+        "steps": step,
+        "signal": stop.received,
+        "checkpoint": str(loop.state.dir.path / checkpoint.CHECKPOINT),
+    }
