@@ -29,6 +29,7 @@ from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
 from normbench.core.runs import PLAN, SUMMARY, RunLock
 from normbench.report import charts as charts_module
+from normbench.report.charts.styles import make_styles, size_styles
 from normbench.report.load import NUMERICS, find_inputs, in_bits_per_byte, load_runs, read_bench
 from normbench.report.metrics import BITS_PER_BYTE, METRICS, loss_unit
 from normbench.report.metrics import metric as metric_of
@@ -246,11 +247,11 @@ def run_report(
         d.agg = aggregate(d.runs, d.keys, metric, scale[0])
         d.tuned = tune(d, d.tune, warn) if d.tune else None
         d.agg = d.agg.join(aggregate_statistics(d))
-        d.styles = charts_module.make_styles(d.runs, d.agg, d.tune)
+        d.styles = make_styles(d.runs, d.agg, d.tune)
         table = display_table(d.agg, d.keys, metric)
         if scale[0]:  # before the verdict, which compares the configurations within each size
             d.scale = scale_axis(d, *scale)
-            d.styles = charts_module.size_styles(d)
+            d.styles = size_styles(d)
         sentences = verdict(d)
         write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
         write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
