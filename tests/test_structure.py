@@ -106,7 +106,7 @@ ALLOWED = {
     "bench": {"core", "model"},
     "report": {"core", "bench"},  # normbench.bench.goals only: it imports nothing
     "training": {"core", "model", "data"},
-    "extending": {"core", "model", "data", "training", "bench"},
+    "extending": {"core", "model", "training", "bench"},
     "sweeps": {"core", "model", "data", "training"},
     "claims": {"core", "model", "data", "training", "sweeps", "report"},  # above the sweeps and the report
 }
