@@ -19,35 +19,33 @@ import tempfile
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
+from normbench.core.configtree import compose
 from normbench.training.batched import train_batched
-from normbench.training.config import conf_dir, parse_config
+from normbench.training.config import parse_config
 from normbench.training.loop import train, warm_up
 
 
 def runs_of(model: str, k: int, steps: int, overrides: list[str], batched: bool) -> list:
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return [
-            parse_config(
-                compose(
-                    config_name="config",
-                    overrides=[
-                        f"model={model}",
-                        f"seed={seed}",
-                        f"train.steps={steps}",
-                        f"train.eval_every={steps}",
-                        "train.progress=false",
-                        "train.device=cpu",
-                        f"train.batched={str(batched).lower()}",
-                        *overrides,
-                    ],
-                )
+    return [
+        parse_config(
+            compose(
+                [
+                    f"model={model}",
+                    f"seed={seed}",
+                    f"train.steps={steps}",
+                    f"train.eval_every={steps}",
+                    "train.progress=false",
+                    "train.device=cpu",
+                    f"train.batched={str(batched).lower()}",
+                    *overrides,
+                ],
             )
-            for seed in range(k)
-        ]
+        )
+        for seed in range(k)
+    ]
 
 
 def timed(model: str, k: int, steps: int, overrides: list[str], batched: bool, out: Path) -> float:

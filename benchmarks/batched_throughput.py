@@ -22,41 +22,39 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 from torch.func import vmap
 from torch.nn import functional as F
 
+from normbench.core.configtree import compose
 from normbench.core.devices import PRECISIONS, synchronize
 from normbench.training.batched import BatchedOps, train_batched
-from normbench.training.config import conf_dir, parse_config
+from normbench.training.config import parse_config
 from normbench.training.loop import train
 
 
 def runs_of(k: int, args, overrides: list[str], batched: bool) -> list:
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return [
-            parse_config(
-                compose(
-                    config_name="config",
-                    overrides=[
-                        f"model={args.model}",
-                        f"seed={seed}",
-                        f"train.steps={args.steps}",
-                        f"train.eval_every={args.steps}",
-                        f"train.log_every={max(1, args.steps // 4)}",
-                        "train.stats_every=0",
-                        "train.checkpoint_every=0",
-                        "train.progress=false",
-                        f"train.device={args.device}",
-                        f"train.batched={str(batched).lower()}",
-                        *overrides,
-                    ],
-                )
+    return [
+        parse_config(
+            compose(
+                [
+                    f"model={args.model}",
+                    f"seed={seed}",
+                    f"train.steps={args.steps}",
+                    f"train.eval_every={args.steps}",
+                    f"train.log_every={max(1, args.steps // 4)}",
+                    "train.stats_every=0",
+                    "train.checkpoint_every=0",
+                    "train.progress=false",
+                    f"train.device={args.device}",
+                    f"train.batched={str(batched).lower()}",
+                    *overrides,
+                ],
             )
-            for seed in range(k)
-        ]
+        )
+        for seed in range(k)
+    ]
 
 
 def attention_ms(device: str, dtype: torch.dtype, k: int, *shape: int) -> dict[str, float | str]:

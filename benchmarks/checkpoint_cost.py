@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
+from normbench.core.configtree import compose
 from normbench.training import checkpoint
-from normbench.training.config import conf_dir, parse_config
+from normbench.training.config import parse_config
 from normbench.training.loop import Run
 
 
@@ -33,8 +33,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=10, help="training steps timed per round")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["train.device=cpu", *args.overrides])
+    cfg = compose(["train.device=cpu", *args.overrides])
     run = parse_config(cfg)
     cadence = run.train.eval_every if run.train.checkpoint_every is None else run.train.checkpoint_every
     with tempfile.TemporaryDirectory() as tmp:

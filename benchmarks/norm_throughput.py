@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-from normbench.training.config import conf_dir, parse_config
+from normbench.core.configtree import compose
+from normbench.training.config import parse_config
 from normbench.training.loop import Run
 
 SIZES = {
@@ -73,20 +73,18 @@ def measure(
 ):
     """(tokens per step, norm -> per-round seconds per step) for one size."""
     runs = {}
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        for name in norms:
-            cfg = compose(
-                "config",
-                [
-                    *size,
-                    f"norm={name}",
-                    f"train.device={device}",
-                    f"train.precision={precision}",
-                    "train.progress=false",
-                    *overrides,
-                ],
-            )
-            runs[name] = Run(parse_config(cfg), tmp / name)
+    for name in norms:
+        cfg = compose(
+            [
+                *size,
+                f"norm={name}",
+                f"train.device={device}",
+                f"train.precision={precision}",
+                "train.progress=false",
+                *overrides,
+            ],
+        )
+        runs[name] = Run(parse_config(cfg), tmp / name)
     first = next(iter(runs.values())).cfg
     tokens = first.train.batch_size * first.model.block_size
     steps = {name: (lambda run=run: run.train_step(None)) for name, run in runs.items()}

@@ -52,20 +52,14 @@ def trackers(repeats: int) -> None:
     """Train one run with logger=jsonl, then replay its records and summary into MetricSinks per logger
     choice, as train() does (log each record, flush after each train record, close, finish): the time a
     tracker adds to a run, without the training's own noise."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
+    from normbench.core.configtree import compose
     from normbench.core.fileio import read_jsonl
-    from normbench.training.config import conf_dir, parse_config
+    from normbench.training.config import parse_config
     from normbench.training.loop import train
     from normbench.training.sinks import MetricSinks
 
     def run_config(choice: str, tmp: str):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return parse_config(
-                compose("config", overrides=[*SMALL, f"logger={choice}", f"results_dir={tmp}"])
-            )
+        return parse_config(compose([*SMALL, f"logger={choice}", f"results_dir={tmp}"]))
 
     start = time.perf_counter()
     import mlflow  # noqa: F401  (paid once per process: a sweep's worker pays it once)

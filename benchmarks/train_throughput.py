@@ -34,14 +34,14 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
+from normbench.core.configtree import compose
 from normbench.core.runs import RunDir
 from normbench.data.corpus import build_dataset
 from normbench.model.gpt import GPT
-from normbench.training.config import conf_dir, parse_config
+from normbench.training.config import parse_config
 from normbench.training.diagnostics import LayerStats
 from normbench.training.loop import Run, train
 from normbench.training.optim import build_optimizer, lr_factor
@@ -166,11 +166,10 @@ def main() -> None:
         "train.eval_every=100000",
         *args.overrides,
     ]
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        runs = {
-            "normbench": parse_config(compose("config", base)),
-            "no-stats": parse_config(compose("config", [*base, "train.stats_every=0"])),
-        }
+    runs = {
+        "normbench": parse_config(compose(base)),
+        "no-stats": parse_config(compose([*base, "train.stats_every=0"])),
+    }
     bare_run = runs["normbench"]
     if bare_run.train.device != "cpu":
         # The bare loop is written for the CPU (no device moves, no synchronised timing).

@@ -357,8 +357,8 @@ def bench(
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the results as CSV here."),
 ) -> None:
     """Micro-benchmark every norm (forward, forward+backward) against PyTorch's native op."""
+    from normbench.bench.timing import run_bench
     from normbench.core.errors import ConfigError
-    from normbench.training.bench import run_bench
 
     try:
         run_bench(
@@ -397,8 +397,8 @@ def coordcheck(
     param: str = typer.Option("both", "--param", help="sp, mup or both (side by side)."),
     out: Path = typer.Option(Path("coordcheck"), "--out", "-o", help="Output folder."),
 ) -> None:
+    from normbench.coordcheck import run_coordcheck
     from normbench.core.errors import ConfigError
-    from normbench.training.coordcheck import run_coordcheck
 
     _refuse_options(
         ctx.args,
@@ -515,7 +515,7 @@ def check(
     from rich.console import Console
 
     from normbench.core.errors import ConfigError
-    from normbench.training import conformance
+    from normbench.extending import conformance
 
     _refuse_options(
         ctx.args,
@@ -541,8 +541,8 @@ def new(
     folder: Path = typer.Option(Path("."), "--dir", help="Where to write the module, its YAML and its test."),
 ) -> None:
     """Write a starting norm or placement (module, conf/ YAML, a test running normbench check) that passes."""
-    from normbench import scaffold
     from normbench.core.errors import ConfigError
+    from normbench.extending import scaffold
 
     try:
         written = scaffold.write(kind, name, folder)

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hypothesis import settings
 
+from normbench.core.configtree import compose
 from normbench.model.gpt import GPT
-from normbench.training.config import conf_dir, load_group, parse_config
+from normbench.training.config import load_group, parse_config
 from normbench.training.diagnostics import LayerStats
 from normbench.training.loop import Run, train
 
@@ -52,9 +51,7 @@ def tiny(*overrides: str) -> list[str]:
 
 
 def compose_cfg(overrides=()):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return compose(list(overrides))
 
 
 def skip_unless_ci(reason: str) -> None:

@@ -9,12 +9,12 @@ import pytest
 import torch
 from rich.console import Console
 
+from normbench.bench.goals import GOALS, LIMIT
+from normbench.bench.timing import COLUMNS, goals, run_bench, time_ms
 from normbench.core import provenance
-from normbench.core.benchgoals import GOALS, LIMIT
 from normbench.core.errors import ConfigError
 from normbench.model import kernels
 from normbench.model.norms import NORMS
-from normbench.training.bench import COLUMNS, goals, run_bench, time_ms
 
 NATIVE = {"ln", "rms", "bn", "gn"}
 
@@ -194,7 +194,7 @@ def test_cpu_clock_counts_work_not_waiting():
 
 
 def test_compile_failure_is_skipped_with_a_note(monkeypatch):
-    import normbench.training.bench as bench
+    import normbench.bench.timing as bench
 
     def broken(*args):
         raise RuntimeError("no C++ compiler found\nlong traceback...")

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 from normbench.cli import app
 from normbench.core.errors import ConfigError
 from normbench.core.identity import config_hash
+from normbench.extending import conformance
 from normbench.model import extensions
 from normbench.model.gpt import GPT
 from normbench.model.norms import NORMS, norm_class
 from normbench.model.placements import PLACEMENTS
-from normbench.training import conformance
 from normbench.training.config import conf_dir, load_group, parse_config
 
 # The throwaway package: one sound norm and three unsound ones, each broken in one way, and two placements.
@@ -348,7 +348,7 @@ def test_entry_point_packages_are_found_and_a_broken_one_is_named(userpkg, tmp_p
 
 
 def test_new_writes_a_norm_and_a_placement_that_pass_their_lines(tmp_path, monkeypatch):
-    from normbench import scaffold
+    from normbench.extending import scaffold
 
     for kind in ("norm", "placement"):
         written = scaffold.write(kind, "fresh", tmp_path)

@@ -18,13 +18,13 @@ from conftest import compose_cfg, tiny
 from typer.testing import CliRunner
 
 from normbench.cli import app
+from normbench.coordcheck import coord_check, growth, parse_params, parse_widths
 from normbench.core.errors import ConfigError
 from normbench.core.identity import config_hash
 from normbench.model.gpt import GPT
 from normbench.model.norms import NORMS
 from normbench.model.placements import PLACEMENTS
 from normbench.training.config import load_group, parse_config
-from normbench.training.coordcheck import coord_check, growth, parse_params, parse_widths
 from normbench.training.loop import Run
 from normbench.training.optim import build_optimizer, lr_factor
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from normbench.core.errors import ConfigError
 from normbench.report import CHARTS, default_group_keys, load_runs, run_report
 from normbench.report import charts as charts_module
+from normbench.report.charts import styles as chart_styles
 
 RUN_CHARTS = [
     "loss_curves",
@@ -768,20 +769,18 @@ def test_a_sweep_in_progress_with_nothing_finished_is_one_line_saying_what_runs(
 def test_every_placement_has_its_own_chart_style():
     from normbench.model.placements import PLACEMENTS
 
-    styles = [charts_module.placement_style(name) for name in PLACEMENTS]
+    styles = [chart_styles.placement_style(name) for name in PLACEMENTS]
     assert len({str(ls) for ls, _ in styles}) == len(PLACEMENTS) and len({h for _, h in styles}) == len(
         PLACEMENTS
     )
-    assert charts_module.placement_style("a-new-placement") == charts_module.placement_style(
-        "a-new-placement"
-    )
+    assert chart_styles.placement_style("a-new-placement") == chart_styles.placement_style("a-new-placement")
 
 
 def test_hybrid_placement_has_a_fixed_style_no_other_placement_uses():
-    ours = charts_module.placement_style("hybrid")
-    assert ours == charts_module.PLACEMENT_STYLES["hybrid"]
-    others = [style for name, style in charts_module.PLACEMENT_STYLES.items() if name != "hybrid"]
-    for ls, hatch in [*others, *charts_module.EXTRA_STYLES, charts_module.MIXED_STYLE]:
+    ours = chart_styles.placement_style("hybrid")
+    assert ours == chart_styles.PLACEMENT_STYLES["hybrid"]
+    others = [style for name, style in chart_styles.PLACEMENT_STYLES.items() if name != "hybrid"]
+    for ls, hatch in [*others, *chart_styles.EXTRA_STYLES, chart_styles.MIXED_STYLE]:
         assert str(ls) != str(ours[0]) and hatch != ours[1]
 
 

@@ -220,7 +220,7 @@ def test_styles_are_unique_and_a_tuned_configuration_keeps_its_colour():
     marker; the rows of one configuration share its colour, whatever their results' order."""
     import pandas as pd
 
-    from normbench.report.charts import make_styles
+    from normbench.report.charts.styles import make_styles
 
     rows = [
         (f"{n}/{p} lr={lr}", n, p)

@@ -1,7 +1,7 @@
 """Where the Hydra config tree lives and what its groups offer.
 
-Imports nothing heavy (no torch, no Hydra): ``normbench --help`` lists the groups from here
-and must stay fast. ``normbench.training.config`` re-exports both functions.
+Imports nothing heavy (no torch; Hydra only inside ``compose``): ``normbench --help`` lists the groups
+from here and must stay fast. ``normbench.training.config`` re-exports both functions.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import yaml
+
+from normbench.core.errors import ConfigError, composition_error
 
 # The entry-point groups through which installed packages add norms and placements
 # (normbench.model.extensions registers them).
@@ -53,3 +55,21 @@ def default_option(group: str) -> str:
         if isinstance(entry, dict) and group in entry:
             return str(entry[group])
     raise KeyError(f"conf/config.yaml chooses no default for '{group}'")
+
+
+def compose(overrides: list[str]):
+    """The config ``normbench train`` would run with these overrides, without a run directory; a mistake
+    Hydra finds raises ConfigError in one line. A package's norms and placements are options once
+    ``normbench.model.extensions.install()`` has run."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(composition_error(err)) from None

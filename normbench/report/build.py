@@ -16,7 +16,6 @@ backtest.csv, summary.md, report.html, the charts.
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
@@ -28,7 +27,8 @@ from rich.markup import escape
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
 from normbench.core.runs import PLAN, SUMMARY, RunLock
-from normbench.report import charts as charts_module
+from normbench.report.charts import FORMATS, draw_charts
+from normbench.report.charts.styles import make_styles, size_styles
 from normbench.report.load import NUMERICS, find_inputs, in_bits_per_byte, load_runs, read_bench
 from normbench.report.metrics import BITS_PER_BYTE, METRICS, loss_unit
 from normbench.report.metrics import metric as metric_of
@@ -45,9 +45,6 @@ from normbench.report.tables import (
 )
 from normbench.report.tuning import aggregate_statistics, resolve_tune_key, tune
 from normbench.report.verdict import provenance_summary, scale_verdict, verdict
-
-FORMATS = ("png", "svg", "pdf")
-DPI = 100
 
 
 def nothing_finished(paths: list[Path], run_dirs: list[Path]) -> str:
@@ -80,40 +77,6 @@ def _check_options(paths, metric, formats) -> None:
     for fmt in formats:
         if fmt not in FORMATS:
             raise ConfigError(f"unknown chart format {fmt!r}", allowed=FORMATS)
-
-
-def _draw_charts(d, out: Path, formats, warn) -> tuple[list, list[str]]:
-    """Draw every registered chart; a chart left out this time is deleted from ``out``.
-
-    Returns the charts for the page and, per chart not drawn, 'name (why)'."""
-    drawn, written, notes = [], set(), []
-    for name, title, draw in charts_module.CHARTS:
-        try:
-            no_runs = name in charts_module.RUN_CHARTS and d.agg is None
-            none = "no completed run" if len(d.runs) else "no run directories among the inputs"
-            result = none if no_runs else draw(d)
-        except Exception as err:  # odd data in one chart must not cost the tables and the other charts
-            warn(f"chart {name} failed: {err!r}")
-            result = f"failed: {err!r}"
-        if result is None:  # not for these runs
-            continue
-        if isinstance(result, str):
-            notes.append(f"{name} ({result})")
-            drawn.append((title, None, result))
-            continue
-        for fmt in ["png", *sorted(set(formats) - {"png"})]:  # PNG always: the page embeds it
-            buffer = io.BytesIO()
-            result.savefig(buffer, format=fmt, dpi=DPI)
-            write_atomic(out / f"{name}.{fmt}", buffer.getvalue())
-            written.add(f"{name}.{fmt}")
-            if fmt == "png":
-                drawn.append((title, buffer.getvalue(), None))
-    # A chart left out this time must not survive from an earlier report in the same folder.
-    for name, _, _ in charts_module.CHARTS:
-        for fmt in FORMATS:
-            if f"{name}.{fmt}" not in written:
-                (out / f"{name}.{fmt}").unlink(missing_ok=True)
-    return drawn, notes
 
 
 def _check_numerics(d, allow_mixed: bool) -> None:
@@ -247,11 +210,11 @@ def run_report(
         d.agg = aggregate(d.runs, d.keys, metric, scale[0])
         d.tuned = tune(d, d.tune, warn) if d.tune else None
         d.agg = d.agg.join(aggregate_statistics(d))
-        d.styles = charts_module.make_styles(d.runs, d.agg, d.tune)
+        d.styles = make_styles(d.runs, d.agg, d.tune)
         table = display_table(d.agg, d.keys, metric)
         if scale[0]:  # before the verdict, which compares the configurations within each size
             d.scale = scale_axis(d, *scale)
-            d.styles = charts_module.size_styles(d)
+            d.styles = size_styles(d)
         sentences = verdict(d)
         write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
         write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
@@ -283,7 +246,7 @@ def run_report(
             ),
         )
 
-    charts, not_drawn = _draw_charts(d, out, formats, warn)
+    charts, not_drawn = draw_charts(d, out, formats, warn)
     write_atomic(
         out / "report.html",
         render_html(

@@ -1,7 +1,7 @@
 """Implementation cost: whether a bench CSV shows a norm's implementation at the cost its math allows.
 
 The norms that move no more bytes than LayerNorm, and how close to its native op they must run
-(``LIMIT``), come from normbench.core.benchgoals, shared with ``normbench bench``: an
+(``LIMIT``), come from normbench.bench.goals, shared with ``normbench bench``: an
 implementation slower than that measures the code, not the norm. The bench chart,
 the throughput chart and the verdict all carry the one sentence built here, so a throughput
 difference is never read as a property of the norm without it.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from normbench.core.benchgoals import LIMIT, NO_SLOWER_THAN_LN
+from normbench.bench.goals import LIMIT, NO_SLOWER_THAN_LN
 
 BENCH_HINT = (
     "run `normbench bench --out bench.csv` on the training machine, then `normbench report RUNS bench.csv`"

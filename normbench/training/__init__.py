@@ -1,6 +1,5 @@
 """Training: the run's typed config (`config`), the loop (`loop`), its diagnostics, throughput,
-checkpoints, stop signals, metric sinks, DDP, and the tools built on a training step (`bench`,
-`coordcheck`).
+checkpoints, stop signals, metric sinks and DDP.
 
 Imports the model, the data and the core; nothing from sweeps or the report.
 """

@@ -19,13 +19,14 @@ import pandas as pd
 import torch
 from rich.console import Console
 
+from normbench.core.configtree import compose
 from normbench.core.devices import resolve_device
-from normbench.core.errors import ConfigError, composition_error
+from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
 from normbench.data.corpus import build_dataset
 from normbench.model import extensions
 from normbench.model.gpt import GPT, PARAMS, leaves_no_trace
-from normbench.training.config import conf_dir, parse_config
+from normbench.training.config import parse_config
 from normbench.training.optim import build_optimizer
 
 COLUMNS = ["param", "width", "step", "layer", "rms"]
@@ -51,23 +52,6 @@ def parse_params(text: str) -> list[str]:
     if text not in PARAMS:
         raise ConfigError(f"unknown --param '{text}'", allowed=[*PARAMS, "both"])
     return [text]
-
-
-def compose(overrides: list[str]):
-    """The config ``normbench train`` would run with these overrides, without a run directory."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    extensions.install()  # installed packages' norms and placements are config options too
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(composition_error(err)) from None
 
 
 def block_rms(run, steps: int) -> list[dict]:
@@ -108,6 +92,7 @@ def coord_check(overrides: list[str], widths: list[int], steps: int, params: lis
     the base."""
     if steps < 1:
         raise ConfigError(f"--steps must be a positive integer, got {steps}")
+    extensions.install()  # installed packages' norms and placements are config options too
     rows = []
     for param in params:
         for width in widths:

@@ -32,8 +32,8 @@ from rich.progress import Progress
 from rich.table import Table
 from torch import nn
 
+from normbench.bench.goals import GOALS
 from normbench.core import provenance
-from normbench.core.benchgoals import GOALS
 from normbench.core.devices import PRECISIONS, resolve_device
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic

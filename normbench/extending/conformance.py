@@ -5,7 +5,7 @@ output of the right shape with finite values, no future leak, the declared ``sta
 gradient for every parameter, a model that learns) fail the check; the others (the output's dtype,
 precision, a state-dict round trip, torch.compile, speed) are reported and flagged with their cost.
 Built on what normbench already has: the causal probe (normbench.model.causality), the norm
-benchmark and its 1.1x goal (normbench.training.bench), the training loop.
+benchmark and its 1.1x goal (normbench.bench), the training loop.
 """
 
 from __future__ import annotations
@@ -21,17 +21,19 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from normbench.bench import timing
+from normbench.bench.goals import GOALS
+from normbench.core.configtree import compose
+from normbench.model import extensions
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT
 from normbench.model.norms import build_norm, norm_class
 from normbench.model.targets import is_builtin
-from normbench.training import bench
 from normbench.training.config import parse_config
-from normbench.training.coordcheck import compose
 
 LEARN_STEPS = 40  # a model=micro run this long falls well below its initial loss (docs/extending.md)
 WIDTHS = (256, 1024)  # the widths of the speed line
-SPEED_GOAL = bench.GOALS["rms"][1]  # the norm benchmark's goal: at most 1.1x LayerNorm's native op
+SPEED_GOAL = GOALS["rms"][1]  # the norm benchmark's goal: at most 1.1x LayerNorm's native op
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", **{v: k for k, v in HALF.items()}}
 
@@ -179,7 +181,7 @@ def speed_line(name: str) -> Line:
     The 1.1x goal holds normbench's own norms, whose fused kernels were written to meet it; a user's
     norm in eager PyTorch ops runs several times LayerNorm's single fused op (so does F.rms_norm on a
     CPU), and its ratio is reported, not flagged: it is what the norm costs a sweep, not a fault."""
-    df = bench._run(
+    df = timing._run(
         torch.device("cpu"),
         ["fp32"],
         list(WIDTHS),
@@ -239,6 +241,7 @@ def learn_line(overrides: list[str], steps: int) -> Line:
 def run_check(overrides: list[str], *, compile: bool = True, speed: bool = True, steps: int | None = None):
     """The conformance table for the norm and placement these overrides choose; ``steps`` of the
     learning run (LEARN_STEPS by default)."""
+    extensions.install()  # installed packages' norms and placements are config options too
     cfg = compose(overrides)
     run = parse_config(cfg)
     norm = dict(run.norm)
