@@ -16,10 +16,11 @@ import tempfile
 from pathlib import Path
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 import normbench
 from normbench.claims.cli import app as claims_app
+from normbench.core.errors import ConfigError
 from normbench.core.configtree import (  # not normbench.training.config, which imports torch
     added_options,
     group_options,
@@ -72,7 +73,20 @@ def _config_dir_in(args: list[str]) -> Path | None:
     return None
 
 
+class MistakeEdge(TyperGroup):
+    """The one handler of a user's mistake: a ConfigError raised anywhere under a command (the
+    ``claims`` commands too) is its one line, ``error: ...``, and exit 2, with no traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as err:
+            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+
+
 app = typer.Typer(
+    cls=MistakeEdge,
     help=(
         "normbench: normalization ablations (LayerNorm, RMSNorm, BatchNorm, ... ; pre, post, ...) in mini "
         "GPTs."
@@ -126,7 +140,7 @@ def _hydra(args: list[str]) -> None:
             sys.argv = ["normbench", *args, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"]
             hydra_main()
     except (HydraException, OmegaConfBaseException) as err:
-        _fail(composition_error(err))
+        raise ConfigError(composition_error(err)) from None
     finally:
         if full_error is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -164,7 +178,9 @@ def train(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
     if grid and not distributed.launched():  # under torchrun the job says what to do instead
         # the same overrides, less the single run's directory
         rest = [a for a in ctx.args if a not in grid and not a.startswith("hydra.run.dir=")]
-        _fail(f"train runs one configuration: run a grid with {shlex.join(['normbench', 'sweep', *rest])}")
+        raise ConfigError(
+            f"train runs one configuration: run a grid with {shlex.join(['normbench', 'sweep', *rest])}"
+        )
     _hydra(_with_config_dir(ctx.args, config_dir))
 
 
@@ -216,7 +232,6 @@ def sweep(
         help="Train each config's seeds together as one batched model (what cannot runs one at a time).",
     ),
 ) -> None:
-    from normbench.core.errors import ConfigError
     from normbench.model import extensions
     from normbench.sweeps import batching, multirun
 
@@ -232,23 +247,14 @@ def sweep(
     extensions.install()  # installed packages' norms and placements, for the plan's composition
     from normbench.sweeps.sweep import run_sweep
 
-    try:
-        code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, child=child)
-    except ConfigError as err:
-        _fail(err)
-    raise typer.Exit(code)
-
-
-def _fail(err: Exception) -> None:
-    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, child=child))
 
 
 def _refuse_options(args: list[str], command: str, usage: str) -> None:
     """Hydra overrides pass through Typer untouched; an unknown --option among them is a mistake."""
     flags = [a for a in args if a.startswith("-")]
     if flags:
-        _fail(f"unknown option {flags[0]}: {command} takes {usage}")
+        raise ConfigError(f"unknown option {flags[0]}: {command} takes {usage}")
 
 
 @app.command()
@@ -317,27 +323,22 @@ def report(
     ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
-    from normbench.core.errors import ConfigError
     from normbench.core.terminal import terminal_console
     from normbench.report import run_report
 
-    console = terminal_console(width)
-    try:
-        run_report(
-            paths or [Path("results")],
-            out=out,
-            group_by=group_by.split(",") if group_by else None,
-            metric=metric,
-            formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
-            tune_key=tune,
-            scale_key=scale,
-            baseline=baseline,
-            predict=predict,
-            console=console,
-            allow_mixed=allow_mixed,
-        )
-    except ConfigError as err:
-        _fail(err)
+    run_report(
+        paths or [Path("results")],
+        out=out,
+        group_by=group_by.split(",") if group_by else None,
+        metric=metric,
+        formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
+        tune_key=tune,
+        scale_key=scale,
+        baseline=baseline,
+        predict=predict,
+        console=terminal_console(width),
+        allow_mixed=allow_mixed,
+    )
 
 
 @app.command()
@@ -357,23 +358,23 @@ def bench(
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the results as CSV here."),
 ) -> None:
     """Micro-benchmark every norm (forward, forward+backward) against PyTorch's native op."""
-    from normbench.core.errors import ConfigError
     from normbench.training.bench import run_bench
 
     try:
-        run_bench(
-            device=device,
-            dtypes=[d.strip() for d in dtype.split(",")],
-            dims=[int(d) for d in dims.split(",")] if dims else None,
-            tokens=tokens,
-            norms=norms.split(",") if norms else None,
-            repeats=repeats,
-            compile=compile,
-            threads=threads,
-            out=out,
-        )
-    except ValueError as err:  # ConfigError, or a --dims entry that is not an integer
-        _fail(err if isinstance(err, ConfigError) else f"--dims takes integers, e.g. 128,1024 ({err})")
+        widths = [int(d) for d in dims.split(",")] if dims else None
+    except ValueError as err:
+        raise ConfigError(f"--dims takes integers, e.g. 128,1024 ({err})") from None
+    run_bench(
+        device=device,
+        dtypes=[d.strip() for d in dtype.split(",")],
+        dims=widths,
+        tokens=tokens,
+        norms=norms.split(",") if norms else None,
+        repeats=repeats,
+        compile=compile,
+        threads=threads,
+        out=out,
+    )
 
 
 @app.command(
@@ -397,7 +398,6 @@ def coordcheck(
     param: str = typer.Option("both", "--param", help="sp, mup or both (side by side)."),
     out: Path = typer.Option(Path("coordcheck"), "--out", "-o", help="Output folder."),
 ) -> None:
-    from normbench.core.errors import ConfigError
     from normbench.training.coordcheck import run_coordcheck
 
     _refuse_options(
@@ -405,10 +405,7 @@ def coordcheck(
         "coordcheck",
         "--config-dir, --widths, --steps, --param, --out and Hydra overrides KEY=VALUE",
     )
-    try:
-        run_coordcheck(_with_config_dir(ctx.args, config_dir), widths, steps, param, out)
-    except ConfigError as err:
-        _fail(err)
+    run_coordcheck(_with_config_dir(ctx.args, config_dir), widths, steps, param, out)
 
 
 @app.command()
@@ -440,7 +437,7 @@ def prepare(
     dtype: str = typer.Option("auto", "--dtype", help="auto (uint16 below 65,536 tokens), uint16 or uint32."),
 ) -> None:
     """Tokenize text into llm.c token shards for data=tokens data.path=DIR (docs/data.md)."""
-    from normbench.core.errors import ConfigError, DiskFull
+    from normbench.core.errors import DiskFull
     from normbench.data.prepare import Options
     from normbench.data.prepare import prepare as run_prepare
 
@@ -456,10 +453,8 @@ def prepare(
     )
     try:
         folder = run_prepare(opts, out)
-    except ConfigError as err:
-        _fail(err)
     except DiskFull as err:
-        _fail(f"{err}; nothing was kept: free space and run it again")
+        raise ConfigError(f"{err}; nothing was kept: free space and run it again") from None
     typer.echo(f"train on it: normbench train data=tokens data.path={folder}")
 
 
@@ -468,7 +463,7 @@ def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
     if config_dir is None:
         return list(args)
     if not config_dir.is_dir():
-        _fail(f"--config-dir {config_dir}: no such folder")
+        raise ConfigError(f"--config-dir {config_dir}: no such folder")
     quoted = str(config_dir.resolve()).replace("\\", "\\\\").replace("'", "\\'")
     # Beside the user's own overrides: Hydra's parser takes the overrides as one run of arguments, so one
     # after its flags (model=wee --cfg job hydra.searchpath=...) would be refused.
@@ -514,7 +509,6 @@ def check(
 ) -> None:
     from rich.console import Console
 
-    from normbench.core.errors import ConfigError
     from normbench.training import conformance
 
     _refuse_options(
@@ -522,11 +516,8 @@ def check(
         "check",
         "--config-dir, --json, --no-compile, --no-speed, --steps and KEY=VALUE",
     )
-    try:
-        overrides = _with_config_dir(ctx.args, config_dir)
-        result = conformance.run_check(overrides, compile=compile, speed=speed, steps=steps)
-    except ConfigError as err:
-        _fail(err)
+    overrides = _with_config_dir(ctx.args, config_dir)
+    result = conformance.run_check(overrides, compile=compile, speed=speed, steps=steps)
     if as_json:
         print(conformance.as_json(result))
     else:
@@ -542,13 +533,8 @@ def new(
 ) -> None:
     """Write a starting norm or placement (module, conf/ YAML, a test running normbench check) that passes."""
     from normbench import scaffold
-    from normbench.core.errors import ConfigError
 
-    try:
-        written = scaffold.write(kind, name, folder)
-    except ConfigError as err:
-        _fail(err)
-    for path in written:
+    for path in scaffold.write(kind, name, folder):
         typer.echo(f"wrote {path}")
     typer.echo(f"try it: cd {folder} && PYTHONPATH=. normbench check --config-dir conf {kind}={name}")
 

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normbench.claims.schema import Claim
 from normbench.core.configtree import conf_dir
-from normbench.core.errors import ConfigError, did_you_mean
+from normbench.core.errors import ConfigError, about, did_you_mean
 from normbench.core.fileio import leaves
 
 
@@ -143,10 +143,8 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
 
     extensions.install()  # installed packages' norms and placements are config options too
     config_dir = config_dir if config_dir is not None else claim_config_dir(claim.path)
-    try:
+    with about(f"{claim.path}: sweep"):
         configs = job_configs(claim_args(claim, list(overrides), config_dir))
-    except ConfigError as err:
-        raise ConfigError(f"{claim.path}: sweep: {err}") from None
     jobs = pd.DataFrame([job_row(cfg) for _, cfg in configs])
     for field, spec in (("compare.a", claim.a), ("compare.b", claim.b)):
         if spec:

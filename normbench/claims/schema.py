@@ -53,7 +53,7 @@ from pathlib import Path
 import yaml
 
 from normbench.core.configtree import conf_dir, group_options
-from normbench.core.errors import ConfigError, did_you_mean
+from normbench.core.errors import ConfigError, did_you_mean, first_line
 from normbench.report.metrics import METRICS
 
 KINDS = ("better", "worse", "not_worse", "equivalent", "trend", "rate", "steps_to_target", "stable_lr")
@@ -254,7 +254,7 @@ def parse_claim(path: Path) -> Claim:
     try:
         body = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: not readable YAML ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: not readable YAML ({first_line(err, named=False)})") from None
     body = _mapping(
         path, "", body, FIELDS, ("id", "claim", "source", "sweep", "compare", "predicate", "scale")
     )

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, first_line
 
 EOT = "<|endoftext|>"
 # End-of-text tokens of common tokenizer.json files (GPT-2, LLaMA-3, SentencePiece-style), in order.
@@ -186,7 +186,7 @@ def load_json(path: Path) -> HFTokenizer:
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as err:  # tokenizers raises a bare Exception for a malformed file
-        raise ConfigError(f"{path}: not a Hugging Face tokenizer.json ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: not a Hugging Face tokenizer.json ({first_line(err, named=False)})") from None
     return HFTokenizer(tok, str(path))
 
 

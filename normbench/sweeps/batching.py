@@ -43,7 +43,7 @@ def mark(job_cfg: DictConfig, overrides: list[str]) -> tuple[list[str], str | No
     cfg = copy.deepcopy(job_cfg)
     with open_dict(cfg):
         del cfg["hydra"]
-    try:
+    try:  # recovered: an invalid config is no batch, and fails as its own run says (make_plan)
         run = parse_config(cfg)
     except ConfigError:
         return overrides, None

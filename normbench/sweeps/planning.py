@@ -247,6 +247,7 @@ def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str], sw
                 HydraConfig.instance().set_config(job_cfg)
             run_dir = sweep_dir / str(OmegaConf.select(job_cfg, "hydra.sweep.subdir"))
             job = Job(num, job_overrides, run_dir, config_hash(job_cfg), unbatched=unbatched)
+            # Recovered: an invalid job is a line of the plan, and fails as its run; the others go on.
             try:
                 with open_dict(job_cfg):
                     del job_cfg["hydra"]

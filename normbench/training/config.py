@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from normbench.core.configtree import conf_dir, default_option, group_options
-from normbench.core.errors import ConfigError, unknown_key
+from normbench.core.errors import ConfigError, first_line, unknown_key
 from normbench.core.identity import NOT_HASHED, config_hash
 from normbench.data.corpus import DATA_SCHEMAS, DataConfig
 from normbench.model.gpt import ModelConfig
@@ -66,7 +66,7 @@ def _typed(schema, node, group: str):
             isinstance(err, (ConfigKeyError, ConfigAttributeError)) and key
         ):  # a key the schema lacks, added with +KEY=VALUE
             raise ConfigError(unknown_key(f"{group}.{key}", [f.name for f in fields(schema)])) from None
-        reason = str(err).splitlines()[0]
+        reason = first_line(err, named=False)
         raise ConfigError(f"{group}.{key}: {reason}" if key else f"{group}: {reason}") from None
     if key is not None:
         _TYPED[key] = copy.deepcopy(typed)

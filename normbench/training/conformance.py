@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from normbench.core.errors import first_line
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT
 from normbench.model.norms import build_norm, norm_class
@@ -166,7 +167,7 @@ def compile_line(module: torch.nn.Module, x: torch.Tensor) -> Line:
     except Exception as err:  # no C++ compiler here, a graph the compiler refuses: reported, not fatal
         return Line(
             "torch.compile same output",
-            f"{type(err).__name__}: {str(err).splitlines()[0][:80]}",
+            first_line(err, 120),
             False,
             False,
         )
