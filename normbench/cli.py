@@ -20,11 +20,11 @@ from typer.core import TyperCommand, TyperGroup
 
 import normbench
 from normbench.claims.cli import app as claims_app
-from normbench.core.errors import ConfigError
 from normbench.core.configtree import (  # not normbench.training.config, which imports torch
     added_options,
     group_options,
 )
+from normbench.core.errors import ConfigError
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 GROUPS = "{groups}"  # where a command's help lists the config groups' options (GroupsHelp)

@@ -38,9 +38,8 @@ def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
         return
     from rich.table import Table
 
-    from normbench.core.terminal import terminal_console
-
     from normbench.claims.schema import load_registry
+    from normbench.core.terminal import terminal_console
 
     registry = load_registry(config_dir)
     table = Table(title=f"{len(registry)} claims", title_justify="left")
@@ -159,7 +158,9 @@ def report(
     paths = [p for p in paths if p.is_dir()]
     registry = load_registry(config_dir)
     console = terminal_console()
-    verdicts = assess_all(registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}"))
+    verdicts = assess_all(
+        registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
+    )
     if reports:
         _claim_reports([v.folder for v in verdicts if v.folder is not None], console)
     target = out or (paths[0] if paths else LOCAL)

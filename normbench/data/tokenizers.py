@@ -186,7 +186,9 @@ def load_json(path: Path) -> HFTokenizer:
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as err:  # tokenizers raises a bare Exception for a malformed file
-        raise ConfigError(f"{path}: not a Hugging Face tokenizer.json ({first_line(err, named=False)})") from None
+        raise ConfigError(
+            f"{path}: not a Hugging Face tokenizer.json ({first_line(err, named=False)})"
+        ) from None
     return HFTokenizer(tok, str(path))
 
 
