@@ -8,7 +8,7 @@ naming the claim's field:
 - an override whose key the composed config lacks (``train.stepz``), with the key nearest to it;
 - an arm (``compare.a``, ``compare.b``) that no job matches: a key no job's config has, or a value
   no job takes, with the values the sweep offers for it (the arm is matched as the verdict matches
-  runs, normbench.claims.predicates.arm, on the same columns normbench.report.load reads);
+  runs, normbench.claims.arms.arm, on the same columns normbench.report.load reads);
 - a tuned key (``compare.tune``) or a trend's axis (``predicate.axis``) that takes one value in the
   sweep: there would be nothing to tune, or no trend to fit;
 - a ``scale.model`` other than the model option the sweep's jobs compose (unless the user's own
@@ -87,7 +87,7 @@ def _number(text: str) -> float | None:
 
 
 def _check_arm(claim: Claim, field: str, spec: dict, jobs: pd.DataFrame) -> None:
-    from normbench.claims.predicates import arm
+    from normbench.claims.arms import arm
 
     for key in spec:
         if key not in jobs:
