@@ -127,4 +127,13 @@ def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
     return run
 
 
+def checked(cfg: DictConfig, cfg_hash: str | None = None) -> tuple[RunConfig | None, str | None]:
+    """(the run's config, None), or (None, why it cannot run): a sweep's plan and its batching ask this
+    of every job, and go on past one that cannot (it fails as its own run)."""
+    try:
+        return parse_config(cfg, cfg_hash), None
+    except ConfigError as err:
+        return None, str(err)
+
+
 __all__ = ["NOT_HASHED", "RunConfig", "conf_dir", "config_hash", "group_options", "parse_config"]
