@@ -2,8 +2,9 @@
 
 ``train`` and ``sweep`` hand their arguments to Hydra untouched (override syntax,
 ``--cfg job``, ``hydra.run.dir=...``); the other commands call library functions. The options
-that every command composing a config shares (``--config-dir``) are declared once here, and a
-mistake Hydra finds is said in one line (``normbench.core.errors.composition_error``).
+that every command composing a config shares (``--config-dir``) are declared once here. A user's
+mistake is a ConfigError wherever it is found, said in one line with exit 2 by the app's one handler
+(``MistakeEdge``); a mistake Hydra finds becomes one (``normbench.core.errors.composition_error``).
 """
 
 from __future__ import annotations

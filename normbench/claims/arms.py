@@ -1,6 +1,6 @@
 """A claim's arms: the runs each side compares, each seed at its tuning value, read as samples.
 
-**The arms.** Each arm is the runs whose config matches the claim's ``compare.a`` (``b``). With a
+Each arm is the runs whose config matches the claim's ``compare.a`` (``b``). With a
 tuning key (``compare.tune``, the learning rate) each seed is read at the value chosen on the
 arm's *other* seeds (leave one seed out: the lowest mean final validation loss among them, a
 diverged or failed run counting as its loss at initialisation). Choosing on the seeds an arm is
@@ -45,6 +45,7 @@ def learned(runs: pd.DataFrame) -> pd.Series:
 
 
 def grid(runs: pd.DataFrame, key: str | None) -> list[float]:
+    """The values ``key`` takes among the runs, sorted (none without a key)."""
     if key is None or key not in runs:
         return []
     return sorted(pd.to_numeric(runs[key], errors="coerce").dropna().unique())
@@ -82,10 +83,8 @@ def samples(runs: pd.DataFrame, metric: str, log: bool = False) -> dict:
 
 def per_seed_best(runs: pd.DataFrame, key: str) -> dict:
     """{seed: log2 of the value of ``key`` with the seed's lowest final loss} (diverged: loss at init)."""
-    table = runs.assign(_loss=learned(runs), _value=pd.to_numeric(runs[key], errors="coerce"))
-    table = table[table["_loss"].notna()]
-    best = table.loc[table.groupby("seed")["_loss"].idxmin()] if len(table) else table
-    return dict(zip(best["seed"], np.log2(best["_value"])))
+    best = {seed: at_best_value(seeds, key, learned(seeds))[1] for seed, seeds in runs.groupby("seed")}
+    return {seed: np.log2(value) for seed, value in best.items() if not np.isnan(value)}
 
 
 def log2_step(runs: pd.DataFrame, key: str | None) -> float:

@@ -2,7 +2,7 @@
 the exact sign-flip (or permutation) test, a grid's resolution as a floor under a spread, and the
 seeds that would settle an interval too wide.
 
-**The tests.** Seeds are compared with normbench.report.stats.compare (paired by seed when both
+Seeds are compared with normbench.report.stats.compare (paired by seed when both
 arms ran the same seeds, Welch otherwise): t intervals. Where the seeds show no spread at all a t
 interval has width 0 and says nothing; the verdict is then the exact sign-flip (or, unpaired,
 permutation) test's, whose smallest p with n pairs is 2 / 2^n: three identical differences cannot

@@ -22,9 +22,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from normbench.claims.predicates import ALPHA, Outcome, judge
+from normbench.claims.predicates import Outcome, judge
 from normbench.claims.running import recorded_overrides
 from normbench.claims.schema import Claim
+from normbench.claims.smallsample import ALPHA
 from normbench.core.provenance import NUMERICS, describe, provenance_of
 from normbench.core.runs import RunDir
 from normbench.report.load import NUMERICS as NUMERICS_COLUMN
