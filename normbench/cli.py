@@ -2,8 +2,9 @@
 
 ``train`` and ``sweep`` hand their arguments to Hydra untouched (override syntax,
 ``--cfg job``, ``hydra.run.dir=...``); the other commands call library functions. The options
-that every command composing a config shares (``--config-dir``) are declared once here, and a
-mistake Hydra finds is said in one line (``normbench.core.errors.composition_error``).
+that every command composing a config shares (``--config-dir``) are declared once here. A user's
+mistake is a ConfigError wherever it is found, said in one line with exit 2 by the app's one handler
+(``MistakeEdge``); a mistake Hydra finds becomes one (``normbench.core.errors.composition_error``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 import normbench
 from normbench.claims.cli import app as claims_app
@@ -24,6 +25,7 @@ from normbench.core.configtree import (  # not normbench.training.config, which 
     added_options,
     group_options,
 )
+from normbench.core.errors import ConfigError
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 GROUPS = "{groups}"  # where a command's help lists the config groups' options (GroupsHelp)
@@ -72,7 +74,20 @@ def _config_dir_in(args: list[str]) -> Path | None:
     return None
 
 
+class MistakeEdge(TyperGroup):
+    """The one handler of a user's mistake: a ConfigError raised anywhere under a command (the
+    ``claims`` commands too) is its one line, ``error: ...``, and exit 2, with no traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as err:
+            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+
+
 app = typer.Typer(
+    cls=MistakeEdge,
     help=(
         "normbench: normalization ablations (LayerNorm, RMSNorm, BatchNorm, ... ; pre, post, ...) in mini "
         "GPTs."
@@ -126,7 +141,7 @@ def _hydra(args: list[str]) -> None:
             sys.argv = ["normbench", *args, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"]
             hydra_main()
     except (HydraException, OmegaConfBaseException) as err:
-        _fail(composition_error(err))
+        raise ConfigError(composition_error(err)) from None
     finally:
         if full_error is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -164,7 +179,9 @@ def train(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
     if grid and not distributed.launched():  # under torchrun the job says what to do instead
         # the same overrides, less the single run's directory
         rest = [a for a in ctx.args if a not in grid and not a.startswith("hydra.run.dir=")]
-        _fail(f"train runs one configuration: run a grid with {shlex.join(['normbench', 'sweep', *rest])}")
+        raise ConfigError(
+            f"train runs one configuration: run a grid with {shlex.join(['normbench', 'sweep', *rest])}"
+        )
     _hydra(_with_config_dir(ctx.args, config_dir))
 
 
@@ -216,7 +233,6 @@ def sweep(
         help="Train each config's seeds together as one batched model (what cannot runs one at a time).",
     ),
 ) -> None:
-    from normbench.core.errors import ConfigError
     from normbench.model import extensions
     from normbench.sweeps import batching, multirun
 
@@ -232,23 +248,14 @@ def sweep(
     extensions.install()  # installed packages' norms and placements, for the plan's composition
     from normbench.sweeps.sweep import run_sweep
 
-    try:
-        code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, child=child)
-    except ConfigError as err:
-        _fail(err)
-    raise typer.Exit(code)
-
-
-def _fail(err: Exception) -> None:
-    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, child=child))
 
 
 def _refuse_options(args: list[str], command: str, usage: str) -> None:
     """Hydra overrides pass through Typer untouched; an unknown --option among them is a mistake."""
     flags = [a for a in args if a.startswith("-")]
     if flags:
-        _fail(f"unknown option {flags[0]}: {command} takes {usage}")
+        raise ConfigError(f"unknown option {flags[0]}: {command} takes {usage}")
 
 
 @app.command()
@@ -317,27 +324,22 @@ def report(
     ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
-    from normbench.core.errors import ConfigError
     from normbench.core.terminal import terminal_console
     from normbench.report import run_report
 
-    console = terminal_console(width)
-    try:
-        run_report(
-            paths or [Path("results")],
-            out=out,
-            group_by=group_by.split(",") if group_by else None,
-            metric=metric,
-            formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
-            tune_key=tune,
-            scale_key=scale,
-            baseline=baseline,
-            predict=predict,
-            console=console,
-            allow_mixed=allow_mixed,
-        )
-    except ConfigError as err:
-        _fail(err)
+    run_report(
+        paths or [Path("results")],
+        out=out,
+        group_by=group_by.split(",") if group_by else None,
+        metric=metric,
+        formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
+        tune_key=tune,
+        scale_key=scale,
+        baseline=baseline,
+        predict=predict,
+        console=terminal_console(width),
+        allow_mixed=allow_mixed,
+    )
 
 
 @app.command()
@@ -358,22 +360,22 @@ def bench(
 ) -> None:
     """Micro-benchmark every norm (forward, forward+backward) against PyTorch's native op."""
     from normbench.bench.timing import run_bench
-    from normbench.core.errors import ConfigError
 
     try:
-        run_bench(
-            device=device,
-            dtypes=[d.strip() for d in dtype.split(",")],
-            dims=[int(d) for d in dims.split(",")] if dims else None,
-            tokens=tokens,
-            norms=norms.split(",") if norms else None,
-            repeats=repeats,
-            compile=compile,
-            threads=threads,
-            out=out,
-        )
-    except ValueError as err:  # ConfigError, or a --dims entry that is not an integer
-        _fail(err if isinstance(err, ConfigError) else f"--dims takes integers, e.g. 128,1024 ({err})")
+        widths = [int(d) for d in dims.split(",")] if dims else None
+    except ValueError as err:
+        raise ConfigError(f"--dims takes integers, e.g. 128,1024 ({err})") from None
+    run_bench(
+        device=device,
+        dtypes=[d.strip() for d in dtype.split(",")],
+        dims=widths,
+        tokens=tokens,
+        norms=norms.split(",") if norms else None,
+        repeats=repeats,
+        compile=compile,
+        threads=threads,
+        out=out,
+    )
 
 
 @app.command(
@@ -398,17 +400,13 @@ def coordcheck(
     out: Path = typer.Option(Path("coordcheck"), "--out", "-o", help="Output folder."),
 ) -> None:
     from normbench.coordcheck import run_coordcheck
-    from normbench.core.errors import ConfigError
 
     _refuse_options(
         ctx.args,
         "coordcheck",
         "--config-dir, --widths, --steps, --param, --out and Hydra overrides KEY=VALUE",
     )
-    try:
-        run_coordcheck(_with_config_dir(ctx.args, config_dir), widths, steps, param, out)
-    except ConfigError as err:
-        _fail(err)
+    run_coordcheck(_with_config_dir(ctx.args, config_dir), widths, steps, param, out)
 
 
 @app.command()
@@ -440,7 +438,7 @@ def prepare(
     dtype: str = typer.Option("auto", "--dtype", help="auto (uint16 below 65,536 tokens), uint16 or uint32."),
 ) -> None:
     """Tokenize text into llm.c token shards for data=tokens data.path=DIR (docs/data.md)."""
-    from normbench.core.errors import ConfigError, DiskFull
+    from normbench.core.errors import DiskFull
     from normbench.data.prepare import Options
     from normbench.data.prepare import prepare as run_prepare
 
@@ -456,10 +454,8 @@ def prepare(
     )
     try:
         folder = run_prepare(opts, out)
-    except ConfigError as err:
-        _fail(err)
     except DiskFull as err:
-        _fail(f"{err}; nothing was kept: free space and run it again")
+        raise ConfigError(f"{err}; nothing was kept: free space and run it again") from None
     typer.echo(f"train on it: normbench train data=tokens data.path={folder}")
 
 
@@ -468,7 +464,7 @@ def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
     if config_dir is None:
         return list(args)
     if not config_dir.is_dir():
-        _fail(f"--config-dir {config_dir}: no such folder")
+        raise ConfigError(f"--config-dir {config_dir}: no such folder")
     quoted = str(config_dir.resolve()).replace("\\", "\\\\").replace("'", "\\'")
     # Beside the user's own overrides: Hydra's parser takes the overrides as one run of arguments, so one
     # after its flags (model=wee --cfg job hydra.searchpath=...) would be refused.
@@ -514,7 +510,6 @@ def check(
 ) -> None:
     from rich.console import Console
 
-    from normbench.core.errors import ConfigError
     from normbench.extending import conformance
 
     _refuse_options(
@@ -522,11 +517,8 @@ def check(
         "check",
         "--config-dir, --json, --no-compile, --no-speed, --steps and KEY=VALUE",
     )
-    try:
-        overrides = _with_config_dir(ctx.args, config_dir)
-        result = conformance.run_check(overrides, compile=compile, speed=speed, steps=steps)
-    except ConfigError as err:
-        _fail(err)
+    overrides = _with_config_dir(ctx.args, config_dir)
+    result = conformance.run_check(overrides, compile=compile, speed=speed, steps=steps)
     if as_json:
         print(conformance.as_json(result))
     else:
@@ -541,14 +533,9 @@ def new(
     folder: Path = typer.Option(Path("."), "--dir", help="Where to write the module, its YAML and its test."),
 ) -> None:
     """Write a starting norm or placement (module, conf/ YAML, a test running normbench check) that passes."""
-    from normbench.core.errors import ConfigError
     from normbench.extending import scaffold
 
-    try:
-        written = scaffold.write(kind, name, folder)
-    except ConfigError as err:
-        _fail(err)
-    for path in written:
+    for path in scaffold.write(kind, name, folder):
         typer.echo(f"wrote {path}")
     typer.echo(f"try it: cd {folder} && PYTHONPATH=. normbench check --config-dir conf {kind}={name}")
 

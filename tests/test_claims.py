@@ -153,7 +153,7 @@ def test_better_reads_the_paired_t_interval(tmp_path, a, b, word):
 def test_the_seeds_suggested_have_80_percent_power_by_simulation(effect, sides):
     """The suggested n: a simulated paired t test (normal differences of mean ``effect``, sd 1) rejects
     in about 80% of 4,000 trials at n, and less at n - 4."""
-    from normbench.claims.predicates import seeds_needed
+    from normbench.claims.smallsample import seeds_needed
 
     n = int(seeds_needed(1.0, effect, 0.05, sides).split()[1])
     rng = np.random.default_rng(1)
@@ -1131,7 +1131,7 @@ def test_a_claims_note_on_what_changed_reaches_its_row_and_the_page(tmp_path):
 def test_an_estimate_beyond_the_margin_says_how_many_seeds_would_show_it_beyond():
     """Equivalence claimed, a - b of about 0.05 against a margin of 0.02, too noisy to call: the seeds
     that would show it beyond the margin (80% power for 0.05 - 0.02), not 'no seed count'."""
-    from normbench.claims.predicates import power, seeds_needed
+    from normbench.claims.smallsample import power, seeds_needed
 
     said = seeds_needed(0.03, 0.05 - 0.02, 0.05, sides=1)
     n = int(said.split()[1])

@@ -35,7 +35,7 @@ from torch import nn
 from normbench.bench.goals import GOALS
 from normbench.core import provenance
 from normbench.core.devices import PRECISIONS, resolve_device
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, first_line
 from normbench.core.fileio import write_atomic
 from normbench.model.impls import COMPILED, EAGER, chosen
 from normbench.model.norms import NORMS, build_norm
@@ -344,8 +344,7 @@ def _run(dev, dtypes, dims, tokens, norms, repeats, compile, console) -> pd.Data
                     try:
                         impls["compiled"] = (_compile(m, *next(inputs)), list(m.parameters()))
                     except Exception as e:  # no C++ compiler, unsupported platform, compiler bug
-                        first = (str(e).strip().splitlines() or [""])[0][:120]
-                        console.print(f"[yellow]compiled skipped from here on: {type(e).__name__}: {first}")
+                        console.print(f"[yellow]compiled skipped from here on: {first_line(e, 160)}")
                         compile = False
                 steps = {
                     (impl, p): step

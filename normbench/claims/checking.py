@@ -8,7 +8,7 @@ naming the claim's field:
 - an override whose key the composed config lacks (``train.stepz``), with the key nearest to it;
 - an arm (``compare.a``, ``compare.b``) that no job matches: a key no job's config has, or a value
   no job takes, with the values the sweep offers for it (the arm is matched as the verdict matches
-  runs, normbench.claims.predicates.arm, on the same columns normbench.report.load reads);
+  runs, normbench.claims.arms.arm, on the same columns normbench.report.load reads);
 - a tuned key (``compare.tune``) or a trend's axis (``predicate.axis``) that takes one value in the
   sweep: there would be nothing to tune, or no trend to fit;
 - a ``scale.model`` other than the model option the sweep's jobs compose (unless the user's own
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normbench.claims.schema import Claim
 from normbench.core.configtree import conf_dir
-from normbench.core.errors import ConfigError, did_you_mean
+from normbench.core.errors import ConfigError, about, did_you_mean
 from normbench.core.fileio import leaves
 
 
@@ -87,7 +87,7 @@ def _number(text: str) -> float | None:
 
 
 def _check_arm(claim: Claim, field: str, spec: dict, jobs: pd.DataFrame) -> None:
-    from normbench.claims.predicates import arm
+    from normbench.claims.arms import arm
 
     for key in spec:
         if key not in jobs:
@@ -143,10 +143,8 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
 
     extensions.install()  # installed packages' norms and placements are config options too
     config_dir = config_dir if config_dir is not None else claim_config_dir(claim.path)
-    try:
+    with about(f"{claim.path}: sweep"):
         configs = job_configs(claim_args(claim, list(overrides), config_dir))
-    except ConfigError as err:
-        raise ConfigError(f"{claim.path}: sweep: {err}") from None
     jobs = pd.DataFrame([job_row(cfg) for _, cfg in configs])
     for field, spec in (("compare.a", claim.a), ("compare.b", claim.b)):
         if spec:

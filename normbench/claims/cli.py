@@ -30,21 +30,6 @@ app = typer.Typer(
 )
 
 
-def _fail(err: Exception) -> None:
-    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
-
-
-def _registry(config_dir: Path | None):
-    from normbench.claims.schema import load_registry
-    from normbench.core.errors import ConfigError
-
-    try:
-        return load_registry(config_dir)
-    except ConfigError as err:
-        _fail(err)
-
-
 @app.callback(invoke_without_command=True)
 def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
     """List the claims (id, source, the claim, its model size, its sweep's cost); the subcommands run and
@@ -53,9 +38,10 @@ def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
         return
     from rich.table import Table
 
+    from normbench.claims.schema import load_registry
     from normbench.core.terminal import terminal_console
 
-    registry = _registry(config_dir)
+    registry = load_registry(config_dir)
     table = Table(title=f"{len(registry)} claims", title_justify="left")
     table.add_column("id", no_wrap=True)
     table.add_column("source", min_width=14)
@@ -108,26 +94,24 @@ def run(
     ),
 ) -> None:
     from normbench.claims.running import run_claims
-    from normbench.claims.schema import select
+    from normbench.claims.schema import load_registry, select
     from normbench.core.errors import ConfigError
 
     flags = [a for a in ctx.args if a.startswith("-")]
     if flags:
-        _fail(
+        raise ConfigError(
             f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, "
             "--dry-run, --batch-seeds/--no-batch-seeds, claim ids and KEY=VALUE"
         )
     ids = [a for a in ctx.args if "=" not in a]
     overrides = [a for a in ctx.args if "=" in a]
-    registry = _registry(config_dir)
+    registry = load_registry(config_dir)
     if not ids and not all_claims:
-        _fail("name the claims to run (normbench claims lists them), or --all")
-    try:
-        chosen = registry if all_claims else select(registry, ids)
-        code = run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run, batch_seeds=batch_seeds)
-    except ConfigError as err:
-        _fail(err)
-    raise typer.Exit(code)
+        raise ConfigError("name the claims to run (normbench claims lists them), or --all")
+    chosen = registry if all_claims else select(registry, ids)
+    raise typer.Exit(
+        run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run, batch_seeds=batch_seeds)
+    )
 
 
 @app.command()
@@ -160,31 +144,29 @@ def report(
 ) -> None:
     """Every claim's verdict: claims.csv, claims.md, claims.html and this table (claims not run say so)."""
     from normbench.claims import output
+    from normbench.claims.schema import load_registry
     from normbench.claims.verdicts import assess_all
     from normbench.core.errors import ConfigError
     from normbench.core.terminal import terminal_console
 
-    try:
-        if markdown is not None:
-            frame = output.read_csv(markdown)
-            typer.echo(output.headline_table(frame) if headline else output.markdown(frame), nl=False)
-            return
-        paths = paths or [LOCAL]
-        for path in paths:
-            if not path.is_dir() and path != LOCAL:
-                raise ConfigError(f"{path}: no such folder (the claims' runs: normbench claims run ID)")
-        paths = [p for p in paths if p.is_dir()]
-        registry = _registry(config_dir)
-        console = terminal_console()
-        verdicts = assess_all(
-            registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
-        )
-        if reports:
-            _claim_reports([v.folder for v in verdicts if v.folder is not None], console)
-        target = out or (paths[0] if paths else LOCAL)
-        frame = output.write(verdicts, target, PUBLISHED / "claims.csv")
-    except ConfigError as err:
-        _fail(err)
+    if markdown is not None:
+        frame = output.read_csv(markdown)
+        typer.echo(output.headline_table(frame) if headline else output.markdown(frame), nl=False)
+        return
+    paths = paths or [LOCAL]
+    for path in paths:
+        if not path.is_dir() and path != LOCAL:
+            raise ConfigError(f"{path}: no such folder (the claims' runs: normbench claims run ID)")
+    paths = [p for p in paths if p.is_dir()]
+    registry = load_registry(config_dir)
+    console = terminal_console()
+    verdicts = assess_all(
+        registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
+    )
+    if reports:
+        _claim_reports([v.folder for v in verdicts if v.folder is not None], console)
+    target = out or (paths[0] if paths else LOCAL)
+    frame = output.write(verdicts, target, PUBLISHED / "claims.csv")
     output.show(frame, console)
     console.print(f"wrote {target / 'claims.csv'}, claims.md, claims.html", highlight=False)
 
@@ -199,6 +181,8 @@ def _claim_reports(folders: list[Path], console) -> None:
     from normbench.report import run_report
 
     for folder in folders:
+        # Recovered here, not at the command line's edge: one claim's report that cannot be made (its
+        # runs all failed, say) must not cost the verdicts of the others, written next.
         try:
             run_report([folder], out=folder / "report", console=Console(file=io.StringIO()))
         except ConfigError as err:
@@ -211,13 +195,9 @@ def check(path: Path = typer.Argument(..., help="A claim YAML (CONFIG_DIR/claim/
     found in it. One line naming the field that is wrong, exit 2; or what it claims."""
     from normbench.claims.checking import check_claim
     from normbench.claims.schema import parse_claim
-    from normbench.core.errors import ConfigError
 
-    try:
-        claim = parse_claim(path)
-        checked = check_claim(claim)
-    except ConfigError as err:
-        _fail(err)
+    claim = parse_claim(path)
+    checked = check_claim(claim)
     typer.echo(
         f"ok: {claim.id} ({claim.cites}): {claim.kind}, {checked.jobs} runs in its default sweep, "
         f"at model={claim.scale['model']}"

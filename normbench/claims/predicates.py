@@ -1,22 +1,7 @@
 """Predicates: a claim's runs -> its verdict word, estimate, interval, n and test.
 
-**The arms.** Each arm is the runs whose config matches the claim's ``compare.a`` (``b``). With a
-tuning key (``compare.tune``, the learning rate) each seed is read at the value chosen on the
-arm's *other* seeds (leave one seed out: the lowest mean final validation loss among them, a
-diverged or failed run counting as its loss at initialisation). Choosing on the seeds an arm is
-then compared on flatters the arm whose seeds scatter more; choosing on the others does not. An
-arm whose best value (over all its seeds) is the grid's smallest or largest may do better still
-off the grid: its verdict is inconclusive until the grid is extended. A run that diverged is
-read at its initialisation loss (it learned nothing) where the metric is a loss.
-
-**The tests.** Seeds are compared with normbench.report.stats.compare (paired by seed when both
-arms ran the same seeds, Welch otherwise): t intervals. Where the seeds show no spread at all a t
-interval has width 0 and says nothing; the verdict is then the exact sign-flip (or, unpaired,
-permutation) test's, whose smallest p with n pairs is 2 / 2^n: three identical differences cannot
-read "reproduced". Grid-valued and step-valued outcomes (a best or largest stable learning rate, a
-step count at an evaluation) are discrete: their spread is floored at the grid's resolution
-(a value read on a grid of step h carries h / sqrt(12) of rounding), and the exact test must agree
-with the interval. The words:
+Each predicate reads the claim's arms (normbench.claims.arms) with the small-sample statistics of
+normbench.claims.smallsample. The words:
 
 - better / worse: the interval of the difference a - b (of the logs, with ``compare.log``) excludes
   0 on the claimed side (lower is better for a loss, higher for tokens_per_s and mfu): reproduced;
@@ -57,7 +42,6 @@ t intervals at that level.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -65,19 +49,27 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from normbench.claims.arms import arm, at_best, grid, log2_step, matches, per_seed_best, samples
 from normbench.claims.schema import Claim
+from normbench.claims.smallsample import (
+    ALPHA,
+    exact_floor,
+    exact_p,
+    floored,
+    interval,
+    no_spread,
+    outside_p,
+    seed_sd,
+    seeds_needed,
+    t_p,
+    tost_p,
+)
 from normbench.report.load import ReportData
 from normbench.report.metrics import HIGHER_IS_BETTER
-from normbench.report.stats import CONFIDENCE, Comparison, compare, fit_trend
+from normbench.report.stats import Comparison, compare, fit_trend
 from normbench.report.tables import varying_keys
 
-ALPHA = 1 - CONFIDENCE
-POWER = 0.8  # the power a suggested seed count is for
-MAX_SEEDS = 1000  # beyond this, "no seed count settles it"
-EXACT_UP_TO = 14  # pairs (2^14 sign flips) enumerated exactly; beyond, a fixed sample of them
 STABLE_FRACTION = 0.9  # a stable run ends at most at this share of its own initial loss
-TUNED_ON = "final_val_loss"  # what the tuning value is chosen by, whatever the claim's metric
-LOSSES = ("final_val_loss", "best_val_loss")  # metrics a diverged run is read at its init loss for
 
 
 @dataclass
@@ -113,174 +105,7 @@ def _settled(word: str, reason: str, edge: str | None, **base) -> Outcome:
     return Outcome(word, reason=reason, **base)
 
 
-# ----------------------------------------------------------------------------- the arms
-
-
-def _matches(column: pd.Series, value) -> pd.Series:
-    """Config values equal to a YAML value: numbers numerically (0 and 0.0), booleans and text as text."""
-    if isinstance(value, bool):
-        return column.astype(str).str.lower().eq(str(value).lower())
-    if isinstance(value, (int, float)):
-        return pd.to_numeric(column, errors="coerce").sub(value).abs().le(1e-12 * max(1.0, abs(value)))
-    return column.astype(str).eq(str(value))
-
-
-def arm(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
-    """The runs whose config has every key: value of ``spec`` (none when a key is not in the runs)."""
-    mask = pd.Series(True, index=runs.index)
-    for key, value in spec.items():
-        mask &= _matches(runs[key], value) if key in runs else False
-    return runs[mask]
-
-
-def _learned(runs: pd.DataFrame) -> pd.Series:
-    """Each run's final validation loss, a run that did not complete read at its loss at init."""
-    final = pd.to_numeric(runs[TUNED_ON], errors="coerce")
-    return final.where(runs["status"].eq("completed"), pd.to_numeric(runs["init_val_loss"], errors="coerce"))
-
-
-def _grid(runs: pd.DataFrame, key: str | None) -> list[float]:
-    if key is None or key not in runs:
-        return []
-    return sorted(pd.to_numeric(runs[key], errors="coerce").dropna().unique())
-
-
-def at_best(runs: pd.DataFrame, key: str | None, side: str = "a") -> tuple[pd.DataFrame, str | None]:
-    """(the arm's runs, each seed at the value of ``key`` chosen on the arm's other seeds; a note when
-    the arm's best value is at the grid's edge). Every run counts without a key or with one value."""
-    grid = _grid(runs, key)
-    if len(grid) < 2:
-        return runs, None
-    table = pd.DataFrame(
-        {"seed": runs["seed"], "value": pd.to_numeric(runs[key], errors="coerce"), "loss": _learned(runs)},
-        index=runs.index,
-    )
-    chosen = []
-    for seed in table["seed"].unique():
-        others = table[table["seed"].ne(seed)]
-        means = (others if len(others) else table).groupby("value")["loss"].mean().dropna()
-        if len(means):
-            chosen += list(table.index[table["seed"].eq(seed) & table["value"].eq(means.idxmin())])
-    overall = table.groupby("value")["loss"].mean().dropna()
-    edge = None
-    if len(overall) and overall.idxmin() in (grid[0], grid[-1]):
-        end = "smallest" if overall.idxmin() == grid[0] else "largest"
-        edge = f"{side}'s best {key} ({overall.idxmin():g}) is the grid's {end}: extend the grid past it"
-    return runs.loc[chosen], edge
-
-
-def samples(runs: pd.DataFrame, metric: str, log: bool = False) -> dict:
-    """{seed: metric} (its natural log with ``log``) over the runs with a finite value (and a positive
-    one with ``log``): completed runs, and for a loss also the diverged ones, at their loss at init."""
-    if metric not in runs:
-        return {}
-    values = pd.to_numeric(runs[metric], errors="coerce")
-    done = runs["status"].eq("completed")
-    if metric in LOSSES:
-        values = values.where(done, pd.to_numeric(runs["init_val_loss"], errors="coerce"))
-        done = done | runs["status"].eq("diverged")
-    if log:
-        values = np.log(values.where(values > 0))
-    kept = runs[done & np.isfinite(values)]
-    return dict(zip(kept["seed"], values[kept.index]))
-
-
-# ----------------------------------------------------------------------------- tests and seed counts
-
-
-def interval(c: Comparison, alpha: float) -> tuple[float, float]:
-    """c's t interval at confidence 1 - alpha (NaN where there is no spread to build one from)."""
-    if math.isclose(alpha, ALPHA) and c.ci is not None and c.se > 0:
-        return c.ci.low, c.ci.high
-    if not c.se > 0:
-        return math.nan, math.nan
-    half = float(stats.t.ppf(1 - alpha / 2, c.df) * c.se)
-    return c.diff - half, c.diff + half
-
-
-def _t_p(diff: float, se: float, df: float) -> float:
-    """Two-sided p of diff against 0 with standard error se (1 without spread: see exact_p)."""
-    if not se > 0:
-        return 1.0
-    return float(2 * stats.t.sf(abs(diff) / se, df))
-
-
-def tost_p(diff: float, se: float, df: float, delta: float) -> float:
-    """Two one-sided tests of |diff| < delta: the larger of the two one-sided p-values."""
-    if not se > 0:
-        return 1.0
-    return float(max(stats.t.sf((diff + delta) / se, df), stats.t.cdf((diff - delta) / se, df)))
-
-
-def outside_p(diff: float, se: float, df: float, delta: float) -> float:
-    """The one-sided test that the difference lies beyond ±delta (on the side of its estimate)."""
-    if not se > 0:
-        return 1.0
-    return float(min(stats.t.sf((diff - delta) / se, df), stats.t.cdf((diff + delta) / se, df)))
-
-
-def exact_p(a: dict, b: dict, shift: float = 0.0, side: int = 0) -> float:
-    """The exact test of mean(a) - mean(b) against ``shift``, valid for few seeds and ties: the sign-flip
-    test of the per-seed differences when both arms ran the same seeds, the permutation test of the
-    arm labels otherwise. ``side``: 0 two-sided, +1 (a - b > shift), -1 (a - b < shift)."""
-    if set(a) == set(b) and len(a) >= 1:
-        d = np.array([a[s] - b[s] for s in sorted(a)], float) - shift
-        if len(d) <= EXACT_UP_TO:
-            flips = np.array(list(itertools.product((1.0, -1.0), repeat=len(d))))
-        else:  # 2^n is too many: a fixed random sample of the sign flips
-            flips = np.random.default_rng(0).choice((1.0, -1.0), size=(2**EXACT_UP_TO, len(d)))
-        stats_ = flips @ d / len(d)
-        observed = d.mean()
-    else:
-        xa, xb = np.array(list(a.values()), float) - shift, np.array(list(b.values()), float)
-        pooled, n = np.concatenate([xa, xb]), len(xa)
-        if math.comb(len(pooled), n) <= 2**EXACT_UP_TO:
-            picks = [list(i) for i in itertools.combinations(range(len(pooled)), n)]
-        else:  # a fixed random sample of the relabellings
-            rng = np.random.default_rng(0)
-            picks = [list(rng.permutation(len(pooled))[:n]) for _ in range(2**EXACT_UP_TO)]
-        stats_ = np.array([pooled[i].mean() - np.delete(pooled, i).mean() for i in picks])
-        observed = xa.mean() - xb.mean()
-    tol = 1e-12 * max(1.0, abs(observed))
-    if side == 0:
-        return float(np.mean(np.abs(stats_) >= abs(observed) - tol))
-    return float(np.mean(side * stats_ >= side * observed - tol))
-
-
-def floored(c: Comparison, n: int, resolution: float) -> Comparison:
-    """c with its standard error at least that of a difference of two values rounded to a grid of step
-    ``resolution`` (each carries resolution / sqrt(12), the difference sqrt(2) times that)."""
-    floor = resolution / math.sqrt(6) / math.sqrt(max(n, 1))
-    if not resolution > 0 or c.se >= floor:
-        return c
-    df = c.df if math.isfinite(c.df) and c.df > 0 else max(n - 1.0, 1.0)
-    return dataclasses.replace(c, se=floor, df=df, ci=None)
-
-
-def power(n: int, effect: float, alpha: float, sides: int = 2) -> float:
-    """The power of a t test on n paired differences at level alpha for a true mean ``effect`` (in
-    units of the differences' spread): the noncentral t's mass beyond the critical value."""
-    df, nc = n - 1, effect * math.sqrt(n)
-    crit = stats.t.ppf(1 - alpha / sides, df)
-    return float(stats.nct.sf(crit, df, nc) + (stats.nct.cdf(-crit, df, nc) if sides == 2 else 0.0))
-
-
-def seeds_needed(sd: float, margin: float, alpha: float, sides: int = 2) -> str:
-    """'about N seeds per arm would settle it': the fewest seeds at which a t test at level alpha
-    (``sides`` 2: two-sided; 1: one-sided, as each of two one-sided tests) has 80% power for an
-    effect of ``margin`` at the measured spread ``sd`` of a seed's difference."""
-    if not margin > 0 or not math.isfinite(sd):
-        return "no seed count settles it at this estimate"
-    if sd == 0:
-        return "no spread between the seeds: more seeds, so that an exact test can reach its level"
-    for n in range(2, MAX_SEEDS):
-        if power(n, margin / sd, alpha, sides) >= POWER:
-            return f"about {n} seeds per arm would settle it with 80% power (spread {sd:.3g})"
-    return f"more than {MAX_SEEDS} seeds per arm would be needed (spread {sd:.3g})"
-
-
-def _sd(c: Comparison, n: int) -> float:
-    return c.se * math.sqrt(n) if c.se > 0 else 0.0
+# ----------------------------------------------------------------------------- what cannot be compared
 
 
 def _too_few(claim: Claim, n_a: int, n_b: int, what: str = "completed seeds") -> str | None:
@@ -300,22 +125,6 @@ def _several(d: ReportData, arms: dict, by: list) -> str | None:
     return None
 
 
-def _exact_floor(p: float, n: int, alpha: float) -> str:
-    """'the exact test's p is 0.25 (at least 0.25 with 3 seeds; 7 seeds can reach 0.025)'."""
-    enough = next(k for k in range(2, 64) if 2 / 2**k < alpha)
-    least = f"at least {2 / 2**n:.3g} with {n} seeds; {enough} can reach {alpha:.3g}"
-    return f"the exact sign-flip test's p is {p:.3g} ({least})"
-
-
-def _no_spread(sa: dict, sb: dict, alpha: float) -> tuple[bool, float, str]:
-    """(whether the exact test reaches alpha in the claimed direction, its p, a note) for seeds whose
-    differences show no spread, where a t interval says nothing."""
-    p = exact_p(sa, sb, side=0)
-    n = min(len(sa), len(sb))
-    note = f"no spread between the seeds: {_exact_floor(p, n, alpha)}"
-    return p < alpha, p, note
-
-
 # ----------------------------------------------------------------------------- the predicates
 
 
@@ -329,12 +138,12 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         return _inconclusive(reason, **base)
     c = compare(sa, sb)
     n, delta = min(len(sa), len(sb)), claim.predicate.get("delta")
-    chosen = "each seed at the value chosen on the arm's other seeds, " if _grid(a, claim.tune) else ""
-    base.update(estimate=c.diff, test=f"difference of means, {chosen}{c.method}", spread=_sd(c, n))
+    chosen = "each seed at the value chosen on the arm's other seeds, " if grid(a, claim.tune) else ""
+    base.update(estimate=c.diff, test=f"difference of means, {chosen}{c.method}", spread=seed_sd(c, n))
     edge = _join(edge_a, edge_b)
     want = 1 if (claim.kind == "worse") != (claim.metric in HIGHER_IS_BETTER) else -1
     if not c.se > 0:  # identical differences: the exact test decides, and there is no interval
-        significant, p, note = _no_spread(sa, sb, alpha)
+        significant, p, note = no_spread(sa, sb, alpha)
         base.update(p=p, test=f"{base['test']}; exact sign-flip test")
         if significant and not edge and claim.kind in ("better", "worse"):
             word = "reproduced" if want * c.diff > 0 else "not reproduced"
@@ -355,7 +164,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
             if p_in < alpha and not edge:
                 return Outcome("reproduced", **base)
             # inside the margin: the seeds to show it inside; beyond it: the seeds to show it beyond
-            needed = seeds_needed(_sd(c, n), abs(delta - abs(c.diff)), alpha, sides=1)
+            needed = seeds_needed(seed_sd(c, n), abs(delta - abs(c.diff)), alpha, sides=1)
             return _inconclusive(_join(edge, needed), **base)
         # not_worse: how much worse a is, -want * (a - b), at most delta; one-sided at alpha
         worse_by = -want * c.diff
@@ -371,12 +180,12 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         if worst < delta and not edge:
             return Outcome("reproduced", **base)
         return _inconclusive(
-            _join(edge, seeds_needed(_sd(c, n), abs(delta - worse_by), alpha, sides=1)), **base
+            _join(edge, seeds_needed(seed_sd(c, n), abs(delta - worse_by), alpha, sides=1)), **base
         )
     # better / worse: the sign of a - b that is an improvement for a
     low, high = interval(c, alpha)
     base.update(low=low, high=high, level=f"{100 * (1 - alpha):.3g}%")
-    base["p"] = _t_p(c.diff, c.se, c.df)  # two-sided: it decides either word
+    base["p"] = t_p(c.diff, c.se, c.df)  # two-sided: it decides either word
     if want * low < 0 and want * high < 0:
         return _settled("not reproduced", "the difference is significant the other way", edge, **base)
     if want * low > 0 and want * high > 0 and not edge:
@@ -391,21 +200,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
             f"the claimed effect {effect:g}" if effect is not None else "an effect the source does not size"
         )
         return _inconclusive(f"{within}, but a margin not smaller than {claimed} cannot refute it", **base)
-    return _inconclusive(_join(edge, seeds_needed(_sd(c, n), abs(c.diff), alpha)), **base)
-
-
-def _per_seed_best(runs: pd.DataFrame, key: str) -> dict:
-    """{seed: log2 of the value of ``key`` with the seed's lowest final loss} (diverged: loss at init)."""
-    table = runs.assign(_loss=_learned(runs), _value=pd.to_numeric(runs[key], errors="coerce"))
-    table = table[table["_loss"].notna()]
-    best = table.loc[table.groupby("seed")["_loss"].idxmin()] if len(table) else table
-    return dict(zip(best["seed"], np.log2(best["_value"])))
-
-
-def _log2_step(runs: pd.DataFrame, key: str | None) -> float:
-    """The grid's step in log2 (its smallest gap): the resolution of a value read off it."""
-    grid = [v for v in _grid(runs, key) if v > 0]
-    return float(np.min(np.diff(np.log2(grid)))) if len(grid) >= 2 else 0.0
+    return _inconclusive(_join(edge, seeds_needed(seed_sd(c, n), abs(c.diff), alpha)), **base)
 
 
 def _slope(claim: Claim, d: ReportData, runs_a: pd.DataFrame, runs_b: pd.DataFrame, alpha: float):
@@ -413,11 +208,11 @@ def _slope(claim: Claim, d: ReportData, runs_a: pd.DataFrame, runs_b: pd.DataFra
     p, axis = claim.predicate, claim.predicate["axis"]
     sizes = sorted(pd.to_numeric(pd.concat([runs_a[axis], runs_b[axis]])).dropna().unique())
     x, gap, se, df, ns, edges = [], [], [], [], [], []
-    step = _log2_step(runs_a, claim.tune)
+    step = log2_step(runs_a, claim.tune)
     for size in sizes:
-        sa_runs = runs_a[_matches(runs_a[axis], float(size))]
+        sa_runs = runs_a[matches(runs_a[axis], float(size))]
         if p["of"] == "gap":
-            sb_runs = runs_b[_matches(runs_b[axis], float(size))]
+            sb_runs = runs_b[matches(runs_b[axis], float(size))]
             (ra, ea), (rb, eb) = at_best(sa_runs, claim.tune, "a"), at_best(sb_runs, claim.tune, "b")
             sa, sb = samples(ra, claim.metric, claim.log), samples(rb, claim.metric, claim.log)
             if min(len(sa), len(sb)) < claim.min_seeds:
@@ -426,7 +221,7 @@ def _slope(claim: Claim, d: ReportData, runs_a: pd.DataFrame, runs_b: pd.DataFra
             gap_i, se_i, df_i, n_i = c.diff, c.se, c.df, min(len(sa), len(sb))
             edges += [f"at {axis}={size:g} {e}" for e in (ea, eb) if e]
         else:
-            logs = list(_per_seed_best(sa_runs, claim.tune).values())
+            logs = list(per_seed_best(sa_runs, claim.tune).values())
             if len(logs) < claim.min_seeds:
                 continue
             n_i = len(logs)
@@ -496,7 +291,7 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         return Outcome("reproduced", **base)
     want = 1 if p["direction"] == "increasing" else -1
     low, high = interval(c, alpha)
-    base.update(low=low, high=high, p=_t_p(fit.slope, c.se, fit.df))
+    base.update(low=low, high=high, p=t_p(fit.slope, c.se, fit.df))
     base["level"] = f"{100 * (1 - alpha):.3g}%"
     if want * low < 0 and want * high < 0:
         return _settled("not reproduced", "the slope is significant the other way", edge, **base)
@@ -591,10 +386,10 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         low=math.exp(low),
         high=math.exp(high),
         level=f"{100 * (1 - alpha):.3g}%",
-        p=max(_t_p(c.diff - bound, c.se, c.df), p_exact),
+        p=max(t_p(c.diff - bound, c.se, c.df), p_exact),
         test=f"log steps to loss {target:.4f} (both arms' mean by step {mid:g}), {c.method}, "
         "floored at the evaluations' spacing; exact sign-flip test",
-        spread=_sd(c, n),
+        spread=seed_sd(c, n),
     )
     notes = [
         f"{k} run(s) of {s} never reached it (censored at their last step)" for s, k in censored.items() if k
@@ -609,8 +404,8 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         reason = _join(f"a needs more than {claim.predicate['below']:g}x b's steps", *notes)
         return _settled("not reproduced", reason, edge, **base)
     if not significant and (high < bound or low > bound):
-        return _inconclusive(_join(_exact_floor(p_exact, n, alpha), *notes, edge), **base)
-    return _inconclusive(_join(edge, *notes, seeds_needed(_sd(c, n), abs(c.diff - bound), alpha)), **base)
+        return _inconclusive(_join(exact_floor(p_exact, n, alpha), *notes, edge), **base)
+    return _inconclusive(_join(edge, *notes, seeds_needed(seed_sd(c, n), abs(c.diff - bound), alpha)), **base)
 
 
 def _stable(runs: pd.DataFrame) -> pd.Series:
@@ -640,7 +435,7 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         # a seed unstable at every rate it ran: its largest stable rate lies below the grid, read one
         # grid step below its smallest (a bound: its true rate may be lower still)
         never = sorted(set(runs["seed"]) - set(stable.index) - set(crashed.index))
-        floor = math.log2(values.min()) - _log2_step(runs, key) if len(values) else math.nan
+        floor = math.log2(values.min()) - log2_step(runs, key) if len(values) else math.nan
         sides[side].update(dict.fromkeys(never, floor))
         below[side] = len(never)
     left_out = (
@@ -656,7 +451,7 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     ):
         return _inconclusive(_join(reason, left_out), **base)
     n = min(len(sides["a"]), len(sides["b"]))
-    c = floored(compare(sides["a"], sides["b"]), n, _log2_step(pd.concat(arms.values()), key))
+    c = floored(compare(sides["a"], sides["b"]), n, log2_step(pd.concat(arms.values()), key))
     low, high = interval(c, alpha)
     bound = math.log2(factor)
     p_up, p_down = exact_p(sides["a"], sides["b"], bound, +1), exact_p(sides["a"], sides["b"], bound, -1)
@@ -665,10 +460,10 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         low=2**low,
         high=2**high,
         level=f"{100 * (1 - alpha):.3g}%",
-        p=min(1.0, max(_t_p(c.diff - bound, c.se, c.df), 2 * min(p_up, p_down))),
+        p=min(1.0, max(t_p(c.diff - bound, c.se, c.df), 2 * min(p_up, p_down))),
         test=f"log2 largest stable {key} per seed, {c.method}, floored at the grid's step; "
         "exact sign-flip test",
-        spread=_sd(c, n),
+        spread=seed_sd(c, n),
     )
     # An arm that never went unstable is censored at the grid's top: its true rate is higher still. So
     # a censored b makes the ratio an upper bound (only "not reproduced" can be read), a censored a a
@@ -705,8 +500,8 @@ def _stable_lr(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         )
     if low >= bound - 1e-12 or high < bound:
         p = 2 * min(p_up, p_down)
-        return _inconclusive(_join(_exact_floor(p, n, alpha), left_out), **base)
-    return _inconclusive(_join(seeds_needed(_sd(c, n), abs(c.diff - bound), alpha), left_out), **base)
+        return _inconclusive(_join(exact_floor(p, n, alpha), left_out), **base)
+    return _inconclusive(_join(seeds_needed(seed_sd(c, n), abs(c.diff - bound), alpha), left_out), **base)
 
 
 PREDICATES = {

@@ -1,4 +1,4 @@
-"""A claim's YAML: its fields, their checks (one line naming the field), and the registry of them all.
+"""A claim's YAML: its fields as typed records, their checks (one line naming the field), the registry.
 
     id: rms_matches_ln                  # the file's name without .yaml
     claim: RMSNorm reaches LayerNorm's loss ...   # one sentence, the source's own number in it
@@ -46,14 +46,18 @@ overrides' keys, each arm, the tuned key and the trend's axis, and ``scale.model
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import yaml
 
 from normbench.core.configtree import conf_dir, group_options
-from normbench.core.errors import ConfigError, did_you_mean
+from normbench.core.errors import ConfigError, did_you_mean, first_line
 from normbench.report.metrics import METRICS
 
 KINDS = ("better", "worse", "not_worse", "equivalent", "trend", "rate", "steps_to_target", "stable_lr")
@@ -61,22 +65,7 @@ SOURCE_KINDS = ("paper", "article")
 TREND_OF = ("gap", "best_value")
 TREND_DIRECTIONS = ("increasing", "decreasing", "flat")
 RATE_DIRECTIONS = ("more", "fewer")
-# Every field of a claim, and which of them a user may leave out (with the default).
-FIELDS = (
-    "id",
-    "claim",
-    "source",
-    "sweep",
-    "compare",
-    "predicate",
-    "scale",
-    "min_seeds",
-    "scale_dependent",
-    "cost_s",
-    "note",
-)
-OPTIONAL = {"scale_dependent": None, "cost_s": None, "min_seeds": 3, "note": None}
-SOURCE_FIELDS = ("kind", "authors", "year", "arxiv", "title", "setting")
+# The fields of each predicate kind beside its kind and why.
 PREDICATE_FIELDS = {
     "better": ("delta", "effect"),
     "worse": ("delta", "effect"),
@@ -87,7 +76,6 @@ PREDICATE_FIELDS = {
     "steps_to_target": ("below",),
     "stable_lr": ("factor",),
 }
-SCALE_FIELDS = ("model", "why")
 # The predicates whose outcome is discrete (steps at an evaluation, a rate on a grid): an exact test
 # decides them, and with n seeds its p is at least 2 / 2^n, so they need EXACT_SEEDS to reach 0.05.
 EXACT = ("steps_to_target", "stable_lr")
@@ -107,6 +95,74 @@ METRIC_NAMES = (
 )
 ARXIV = re.compile(r"\d{4}\.\d{4,5}")
 ID = re.compile(r"[a-z][a-z0-9_]*")
+
+
+# A claim's YAML as typed records: each field's type, with what a wrong value is told it must be (for
+# a choice: what the value is not), checked by ``_typed``; a field without a default is required.
+# What depends on several fields is checked after (``parse_claim``).
+@dataclass
+class SourceFile:
+    kind: Annotated[Literal[SOURCE_KINDS], "a source kind"]
+    authors: Annotated[str, "the authors' names"]
+    title: Annotated[str, "the source's title"]
+    setting: Annotated[str, "the source's model size and data"]
+    year: Annotated[int | None, "a year"] = None  # required for a paper
+    arxiv: Annotated[str | None, 'an arXiv id in quotes, e.g. "1910.07467"'] = None  # required for a paper
+
+
+@dataclass
+class SweepFile:
+    experiment: Annotated[str | None, "a conf/experiment/ name or null"] = None
+    overrides: Annotated[list[str], "a list of KEY=VALUE strings"] = field(default_factory=list)
+
+
+ARM = "a mapping of config keys to values, e.g. {norm: rms, placement: pre}"
+
+
+@dataclass
+class CompareFile:
+    a: Annotated[dict, ARM]
+    metric: Annotated[str, "a metric's name"]
+    b: Annotated[dict | None, ARM] = None
+    tune: Annotated[str | None, "a config key (train.lr) or null"] = None
+    log: Annotated[bool, "true or false"] = False
+
+
+@dataclass
+class PredicateFile:
+    kind: Annotated[Literal[KINDS], "a predicate"]
+    why: Annotated[str | None, "one sentence of text"] = None
+    delta: Annotated[float | None, "a positive number"] = None
+    effect: Annotated[float | None, "a positive number"] = None
+    axis: Annotated[str | None, "a size key, e.g. model.n_layer"] = None
+    of: Annotated[Literal[TREND_OF] | None, "a trend statistic"] = None
+    direction: Annotated[str | None, "a direction"] = None
+    below: Annotated[float | None, "a positive number"] = None
+    factor: Annotated[float | None, "a positive number"] = None
+
+
+@dataclass
+class ScaleFile:
+    model: Annotated[str, "a conf/model option"]
+    why: Annotated[str, "one sentence of text"]
+
+
+MIN_SEEDS = "an integer ≥ 2 (an interval needs two seeds)"
+
+
+@dataclass
+class ClaimFile:
+    id: Annotated[str, "lower_snake_case text"]
+    claim: Annotated[str, "one sentence of text"]
+    source: Annotated[SourceFile, "a mapping"]
+    sweep: Annotated[SweepFile, "a mapping"]
+    compare: Annotated[CompareFile, "a mapping"]
+    predicate: Annotated[PredicateFile, "a mapping"]
+    scale: Annotated[ScaleFile, "a mapping"]
+    min_seeds: Annotated[int, MIN_SEEDS] = 3
+    scale_dependent: Annotated[str | None, "null or the source's setting, as text"] = None
+    cost_s: Annotated[float | None, "null or a positive number of seconds"] = None
+    note: Annotated[str | None, "null or text (what changed in the verdict, and why)"] = None
 
 
 @dataclass(frozen=True)
@@ -202,23 +258,60 @@ def _fail(path: Path, where: str, what: str, allowed=None) -> None:
     raise ConfigError(f"{path}: {where}: {what}", allowed=allowed)
 
 
-def _mapping(path: Path, where: str, value, fields: tuple, required: tuple = ()) -> dict:
-    """``value`` checked as a mapping of ``fields``; ``where`` is its field ("" for the file itself)."""
+def _typed(path: Path, where: str, record: type, value):
+    """``value`` as ``record`` (one of the records above), each field checked against its type; ``where``
+    is its field ("" for the file itself)."""
     if not isinstance(value, dict):
         _fail(path, where or "the file", f"must be a mapping, not {type(value).__name__}")
-    unknown = [k for k in value if k not in fields]
+    names = [f.name for f in dataclasses.fields(record)]
+    unknown = [k for k in value if k not in names]
     if unknown:
-        _fail(path, f"{where}.{unknown[0]}" if where else str(unknown[0]), "unknown field", allowed=fields)
-    for key in required:
-        if value.get(key) in (None, ""):
-            _fail(path, f"{where}.{key}" if where else key, "missing")
+        _fail(path, f"{where}.{unknown[0]}" if where else str(unknown[0]), "unknown field", allowed=names)
+    hints, typed = typing.get_type_hints(record, include_extras=True), {}
+    for f in dataclasses.fields(record):
+        at = f"{where}.{f.name}" if where else f.name
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.name not in value and not required:
+            continue
+        if value.get(f.name) in (None, "") and required:
+            _fail(path, at, "missing")
+        kind, what = typing.get_args(hints[f.name])  # Annotated[type, what a wrong value must be]
+        typed[f.name] = _value(path, at, kind, value[f.name], what)
+    return record(**typed)
+
+
+def _value(path: Path, at: str, kind, value, what: str):
+    """``value`` of the type ``kind`` (str, int, float, bool, a Literal, a list of text, a mapping, a
+    record, or one of these or None), else one line saying what it must be."""
+    options = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        kind = next(k for k in options if k is not type(None))
+        options = typing.get_args(kind)
+    if typing.get_origin(kind) is Literal:
+        if value not in options:
+            _fail(path, at, f"{value!r} is not {what}", allowed=options)
+        return value
+    if dataclasses.is_dataclass(kind):
+        return _typed(path, at, kind, value)
+    fits = {
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        dict: isinstance(value, dict),
+        list[str]: isinstance(value, list) and all(isinstance(v, str) for v in value),
+    }[kind]
+    if not fits:
+        _fail(path, at, f"must be {what}, not {value!r}")
+    return float(value) if kind is float else value
+
+
+def _positive(path: Path, where: str, value: float | None) -> float:
+    if value is None or not value > 0:
+        _fail(path, where, f"must be a positive number, not {value!r}")
     return value
-
-
-def _number(path: Path, where: str, value, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and value <= 0):
-        _fail(path, where, f"must be a {'positive ' if positive else ''}number, not {value!r}")
-    return float(value)
 
 
 def _config_key(key: str) -> bool:
@@ -233,8 +326,8 @@ def _config_key(key: str) -> bool:
     return key in ("norm", "placement", "seed") or (group in ("norm", "placement", "data") and bool(leaf))
 
 
-def _arm(path: Path, where: str, value) -> dict:
-    if not isinstance(value, dict) or not value:
+def _arm(path: Path, where: str, value: dict) -> dict:
+    if not value:
         _fail(path, where, "must map config keys to values, e.g. {norm: rms, placement: pre}")
     for key, v in value.items():
         if isinstance(v, (dict, list)):
@@ -254,134 +347,105 @@ def parse_claim(path: Path) -> Claim:
     try:
         body = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: not readable YAML ({str(err).splitlines()[0]})") from None
-    body = _mapping(
-        path, "", body, FIELDS, ("id", "claim", "source", "sweep", "compare", "predicate", "scale")
+        raise ConfigError(f"{path}: not readable YAML ({first_line(err, named=False)})") from None
+    file = _typed(path, "", ClaimFile, body)
+    source, sweep, compare, predicate, scale = (
+        file.source,
+        file.sweep,
+        file.compare,
+        file.predicate,
+        file.scale,
     )
-    body = {**OPTIONAL, **body}
-    cid = body["id"]
-    if not isinstance(cid, str) or not ID.fullmatch(cid):
-        _fail(path, "id", f"{cid!r} must be lower_snake_case (letters, digits, _)")
-    if cid != path.stem:
-        _fail(path, "id", f"'{cid}' must equal the file's name, '{path.stem}'")
-    if not isinstance(body["claim"], str):
-        _fail(path, "claim", "must be one sentence of text")
-    source = _mapping(path, "source", body["source"], SOURCE_FIELDS, ("kind", "authors", "title", "setting"))
-    if source["kind"] not in SOURCE_KINDS:
-        _fail(path, "source.kind", f"'{source['kind']}' is not a source kind", allowed=SOURCE_KINDS)
-    if source["kind"] == "paper" and not ARXIV.fullmatch(str(source.get("arxiv") or "")):
-        _fail(path, "source.arxiv", f"a paper needs its arXiv id (NNNN.NNNNN), not {source.get('arxiv')!r}")
-    if (source["kind"] == "paper" or source.get("year") is not None) and not isinstance(
-        source.get("year"), int
-    ):
-        _fail(path, "source.year", f"must be a year, not {source.get('year')!r}")
-    sweep = _mapping(path, "sweep", body["sweep"], ("experiment", "overrides"))
-    experiment, overrides = sweep.get("experiment"), sweep.get("overrides") or []
-    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+    if not ID.fullmatch(file.id):
+        _fail(path, "id", f"{file.id!r} must be lower_snake_case (letters, digits, _)")
+    if file.id != path.stem:
+        _fail(path, "id", f"'{file.id}' must equal the file's name, '{path.stem}'")
+    if source.kind == "paper" and not ARXIV.fullmatch(source.arxiv or ""):
+        _fail(path, "source.arxiv", f"a paper needs its arXiv id (NNNN.NNNNN), not {source.arxiv!r}")
+    if source.kind == "paper" and source.year is None:
+        _fail(path, "source.year", "must be a year, not None")
+    if not all("=" in o for o in sweep.overrides):
         _fail(path, "sweep.overrides", "must be a list of KEY=VALUE strings")
-    if experiment is None and not overrides:
+    if sweep.experiment is None and not sweep.overrides:
         _fail(path, "sweep", "needs an experiment or overrides")
-    if experiment is not None:
-        _experiment_path(str(experiment), path)
-    compare = _mapping(path, "compare", body["compare"], ("a", "b", "metric", "tune", "log"), ("a", "metric"))
-    a = _arm(path, "compare.a", compare["a"])
-    b = _arm(path, "compare.b", compare["b"]) if compare.get("b") is not None else None
-    metric = compare["metric"]
-    if metric not in METRIC_NAMES:
-        near = did_you_mean(str(metric), METRIC_NAMES)
+    if sweep.experiment is not None:
+        _experiment_path(sweep.experiment, path)
+    a = _arm(path, "compare.a", compare.a)
+    b = _arm(path, "compare.b", compare.b) if compare.b is not None else None
+    if compare.metric not in METRIC_NAMES:
+        near = did_you_mean(compare.metric, METRIC_NAMES)
         _fail(
-            path, "compare.metric", f"{metric!r} is not a metric normbench writes{near}", allowed=METRIC_NAMES
+            path,
+            "compare.metric",
+            f"{compare.metric!r} is not a metric normbench writes{near}",
+            allowed=METRIC_NAMES,
         )
-    tune = compare.get("tune")
-    if tune is not None and not isinstance(tune, str):
-        _fail(path, "compare.tune", "must be a config key (train.lr) or null")
-    if not isinstance(compare.get("log", False), bool):
-        _fail(path, "compare.log", f"must be true or false, not {compare['log']!r}")
-    predicate = body["predicate"]
-    kind = predicate.get("kind") if isinstance(predicate, dict) else None
-    if kind not in KINDS:
-        _fail(path, "predicate.kind", f"{kind!r} is not a predicate", allowed=KINDS)
-    predicate = _mapping(path, "predicate", predicate, ("kind", "why", *PREDICATE_FIELDS[kind]))
-    _check_predicate(path, kind, predicate, b, tune)
-    scale = _mapping(path, "scale", body["scale"], SCALE_FIELDS, SCALE_FIELDS)
+    given = {k: v for k, v in dataclasses.asdict(predicate).items() if v is not None}
+    allowed = ("kind", "why", *PREDICATE_FIELDS[predicate.kind])
+    if unknown := [k for k in body["predicate"] if k not in allowed]:
+        _fail(path, f"predicate.{unknown[0]}", "unknown field", allowed=allowed)
+    _check_predicate(path, predicate, b, compare.tune)
     models = sorted({*group_options("model"), *_user_options(path, "model")})
-    if scale["model"] not in models:
-        _fail(path, "scale.model", f"{scale['model']!r} is not a model size", allowed=models)
-    if not isinstance(scale["why"], str):
-        _fail(path, "scale.why", "must be one sentence of text")
-    min_seeds = body["min_seeds"]
-    if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 2:
-        _fail(path, "min_seeds", f"must be an integer ≥ 2 (an interval needs two seeds), not {min_seeds!r}")
-    if predicate["kind"] in EXACT and min_seeds < EXACT_SEEDS:
+    if scale.model not in models:
+        _fail(path, "scale.model", f"{scale.model!r} is not a model size", allowed=models)
+    if file.min_seeds < 2:
+        _fail(path, "min_seeds", f"must be {MIN_SEEDS}, not {file.min_seeds!r}")
+    if predicate.kind in EXACT and file.min_seeds < EXACT_SEEDS:
         _fail(
             path,
             "min_seeds",
-            f"a {predicate['kind']} outcome is discrete and judged by an exact test, whose p with n seeds "
+            f"a {predicate.kind} outcome is discrete and judged by an exact test, whose p with n seeds "
             f"is at least 2 / 2^n: fewer than {EXACT_SEEDS} can never reach 0.05, so the claim could not "
-            f"come out either way (got {min_seeds})",
+            f"come out either way (got {file.min_seeds})",
         )
-    if body["scale_dependent"] is not None and not isinstance(body["scale_dependent"], str):
-        _fail(path, "scale_dependent", "must be null or the source's setting, as text")
-    if body["cost_s"] is not None:
-        _number(path, "cost_s", body["cost_s"])
-    if body["note"] is not None and not isinstance(body["note"], str):
-        _fail(path, "note", "must be null or text: what changed in the verdict, and why")
+    if file.cost_s is not None:
+        _positive(path, "cost_s", file.cost_s)
     return Claim(
-        id=cid,
-        claim=" ".join(body["claim"].split()),
-        source=dict(source),
-        experiment=None if experiment is None else str(experiment),
-        overrides=tuple(overrides),
+        id=file.id,
+        claim=" ".join(file.claim.split()),
+        source={k: v for k, v in dataclasses.asdict(source).items() if v is not None},
+        experiment=sweep.experiment,
+        overrides=tuple(sweep.overrides),
         a=a,
         b=b,
-        metric=compare["metric"],
-        tune=tune,
-        log=compare.get("log", False),
-        predicate=dict(predicate),
-        min_seeds=min_seeds,
-        scale={"model": str(scale["model"]), "why": " ".join(scale["why"].split())},
-        scale_dependent=body["scale_dependent"],
-        cost_s=body["cost_s"],
+        metric=compare.metric,
+        tune=compare.tune,
+        log=compare.log,
+        predicate=given,
+        min_seeds=file.min_seeds,
+        scale={"model": scale.model, "why": " ".join(scale.why.split())},
+        scale_dependent=file.scale_dependent,
+        cost_s=file.cost_s,
         path=path,
-        note=None if body["note"] is None else " ".join(body["note"].split()),
+        note=None if file.note is None else " ".join(file.note.split()),
     )
 
 
-def _check_predicate(path: Path, kind: str, p: dict, b: dict | None, tune: str | None) -> None:
-    one_arm = kind == "trend" and p.get("of") == "best_value"
-    if b is None and not one_arm:
+def _check_predicate(path: Path, p: PredicateFile, b: dict | None, tune: str | None) -> None:
+    kind = p.kind
+    if b is None and not (kind == "trend" and p.of == "best_value"):
         _fail(path, "compare.b", f"a {kind} predicate compares two arms: give b")
-    if kind in ("equivalent", "not_worse") or p.get("delta") is not None:
-        _number(path, "predicate.delta", p.get("delta"))
-    if p.get("effect") is not None:
-        _number(path, "predicate.effect", p.get("effect"))
+    if kind in ("equivalent", "not_worse") or p.delta is not None:
+        _positive(path, "predicate.delta", p.delta)
+    if p.effect is not None:
+        _positive(path, "predicate.effect", p.effect)
     if kind == "trend":
-        if not isinstance(p.get("axis"), str):
+        if p.axis is None:
             _fail(path, "predicate.axis", "a trend needs its size key, e.g. model.n_layer")
-        if p.get("of") not in TREND_OF:
-            _fail(path, "predicate.of", f"{p.get('of')!r} is not a trend statistic", allowed=TREND_OF)
-        if p.get("direction") not in TREND_DIRECTIONS:
-            _fail(
-                path,
-                "predicate.direction",
-                f"{p.get('direction')!r} is not a trend",
-                allowed=TREND_DIRECTIONS,
-            )
-        if p["direction"] == "flat" and p.get("delta") is None:
+        if p.of is None:
+            _fail(path, "predicate.of", "None is not a trend statistic", allowed=TREND_OF)
+        if p.direction not in TREND_DIRECTIONS:
+            _fail(path, "predicate.direction", f"{p.direction!r} is not a trend", allowed=TREND_DIRECTIONS)
+        if p.direction == "flat" and p.delta is None:
             _fail(path, "predicate.delta", "a flat trend needs its margin")
-        if p["of"] == "best_value" and not tune:
+        if p.of == "best_value" and not tune:
             _fail(path, "compare.tune", "a trend of the best value needs the key tuned")
-    if kind == "rate" and p.get("direction") not in RATE_DIRECTIONS:
-        _fail(
-            path,
-            "predicate.direction",
-            f"{p.get('direction')!r} is not a rate claim",
-            allowed=RATE_DIRECTIONS,
-        )
+    if kind == "rate" and p.direction not in RATE_DIRECTIONS:
+        _fail(path, "predicate.direction", f"{p.direction!r} is not a rate claim", allowed=RATE_DIRECTIONS)
     if kind == "steps_to_target":
-        _number(path, "predicate.below", p.get("below"))
+        _positive(path, "predicate.below", p.below)
     if kind == "stable_lr":
-        _number(path, "predicate.factor", p.get("factor"))
+        _positive(path, "predicate.factor", p.factor)
         if not tune:
             _fail(path, "compare.tune", "a stable-LR claim needs the swept key (train.lr)")
 

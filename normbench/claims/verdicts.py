@@ -22,10 +22,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from normbench.claims.predicates import ALPHA, Outcome, judge
+from normbench.claims.predicates import Outcome, judge
 from normbench.claims.running import recorded_overrides
 from normbench.claims.schema import Claim
-from normbench.core.provenance import NUMERICS, provenance_of
+from normbench.claims.smallsample import ALPHA
+from normbench.core.provenance import NUMERICS, describe, provenance_of
 from normbench.core.runs import RunDir
 from normbench.report.load import NUMERICS as NUMERICS_COLUMN
 from normbench.report.load import find_inputs, load_runs
@@ -92,27 +93,8 @@ def describe_provenance(run_dirs: list[str]) -> str:
             )
     if not blocks:
         return ""
-
-    def values(key: str) -> str:
-        found = sorted(
-            {
-                str(b[key]) + ("+dirty" if key == "commit" and b.get("dirty") else "")
-                for b in blocks
-                if b.get(key)
-            }
-        )
-        return "/".join(found)
-
-    impls = sorted({f"{k}={v}" for b in blocks for k, v in (b.get("norm_impl") or {}).items()})
-    parts = [
-        f"normbench {values('commit')}" if values("commit") else "",
-        f"torch {values('torch')}" if values("torch") else "",
-        values("device"),
-        " ".join(impls),
-        "/".join(sorted(dates)),
-        f"{missing} of {len(blocks)} runs without provenance (their env read instead)" if missing else "",
-    ]
-    return ", ".join(p for p in parts if p)
+    note = f"{missing} of {len(blocks)} runs without provenance (their env read instead)" if missing else ""
+    return ", ".join(p for p in (describe(blocks, brief=True), "/".join(sorted(dates)), note) if p)
 
 
 def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda m: None) -> Verdict:

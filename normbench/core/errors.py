@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.util
 
@@ -15,10 +16,22 @@ class ConfigError(ValueError):
         super().__init__(text)
 
 
-def first_line(err: BaseException, limit: int = 300) -> str:
-    """An exception as one line for a terminal or a summary: its type and the first line of its message."""
+@contextlib.contextmanager
+def about(subject: str):
+    """A ConfigError raised inside said of ``subject`` (a file and its field, a key and its value):
+    ``SUBJECT: its message``, still one line."""
+    try:
+        yield
+    except ConfigError as err:
+        raise ConfigError(f"{subject}: {err}") from None
+
+
+def first_line(err: BaseException, limit: int = 300, named: bool = True) -> str:
+    """An exception as one line for a terminal or a summary: its type and the first line of its message
+    (the message's line alone when not ``named``, to follow what a sentence already says it is about)."""
     text = (str(err).strip().splitlines() or [""])[0]
-    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    if named or not text:
+        text = f"{type(err).__name__}: {text}" if text else type(err).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

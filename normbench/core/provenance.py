@@ -13,6 +13,7 @@ the report and the claims registry)::
 A stored result is only the same computation as a new one when their ``numerics`` agree. Runs
 stored before results carried provenance count as the oldest version, ``LEGACY_NUMERICS``.
 
+``describe`` says what a set of runs was measured with (the report's line, a claim's verdict).
 ``collect`` writes the block (training and the norm bench); ``norm_impl`` comes from
 normbench.model.impls, ``compile`` is "on", "off" or "fell back: <reason>". Results are the same
 bit for bit only under the same implementation and thread count (tests/test_train.py checks it).
@@ -26,7 +27,7 @@ import functools
 import platform
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 NUMERICS = 3
@@ -43,6 +44,56 @@ def numerics_of(summary: Mapping) -> int:
     """The ``numerics`` version a stored run was computed with."""
     value = provenance_of(summary).get("numerics", LEGACY_NUMERICS)
     return value if isinstance(value, int) else LEGACY_NUMERICS
+
+
+def describe(blocks: Sequence[Mapping], brief: bool = False) -> str:
+    """What a set of runs was measured with, from their provenance blocks (one per run; an empty one
+    for a run that recorded none): each field's distinct values, a field no run recorded left out.
+
+    The report's sentence: 'Provenance: commit 29939de; torch 2.13.0+cpu; device cpu (AMD EPYC);
+    precision fp32; compile off; numerics 3; norm implementations ln=native.', values in the runs'
+    order, and how many runs recorded none. ``brief``: a verdict's cell, 'normbench 29939de, torch
+    2.13.0+cpu, cpu, ln=native': the commit, torch, the device type and the norms' implementations,
+    each field's values sorted and joined by /."""
+
+    def impl(block: Mapping) -> str:
+        value = block.get("norm_impl")
+        return " ".join(f"{k}={v}" for k, v in sorted(value.items())) if isinstance(value, Mapping) else value
+
+    def commit(block: Mapping) -> str:
+        dirty = str(block.get("dirty")) == "True"
+        return f"{block['commit']}{('+dirty' if brief else ' (uncommitted changes)') if dirty else ''}"
+
+    def device(block: Mapping) -> str:
+        name = block.get("device_name")
+        return block["device"] if brief or not name else f"{block['device']} ({name})"
+
+    def values(key: str, show=None) -> str:
+        show = show or (lambda block: str(block[key]))
+        found = dict.fromkeys(show(b) for b in blocks if b.get(key) is not None and b.get(key) != "")
+        return "/".join(sorted(found)) if brief else ", ".join(found)
+
+    if brief:
+        impls = sorted({pair for b in blocks for pair in (impl(b) or "").split()})
+        parts = [
+            f"normbench {values('commit', commit)}" if values("commit") else "",
+            f"torch {values('torch')}" if values("torch") else "",
+            values("device", device),
+            " ".join(impls),
+        ]
+        return ", ".join(p for p in parts if p)
+    fields = {
+        "commit": values("commit", commit),
+        "torch": values("torch"),
+        "device": values("device", device),
+        "precision": values("precision"),
+        "compile": values("compile"),
+        "numerics": values("numerics"),
+        "norm implementations": values("norm_impl", impl),
+    }
+    unrecorded = sum(not b.get("torch") for b in blocks)
+    note = f" ({unrecorded} of {len(blocks)} runs recorded none)" if unrecorded else ""
+    return "Provenance: " + "; ".join(f"{k} {v}" for k, v in fields.items() if v) + note + "."
 
 
 @functools.cache

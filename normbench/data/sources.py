@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, first_line
 
 PIECE_BYTES = 1 << 20  # the longest piece of text encoded at once
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -253,8 +253,9 @@ def _hf_documents(source: Source, column: str) -> Iterator[tuple[str, bool]]:
         try:
             ds = datasets.load_dataset(source.location, split="train", streaming=True)
         except Exception as err:  # offline: ConnectionError, or datasets' own "offline mode" errors
+            why = first_line(err, 160, named=False)
             raise ConfigError(
-                f"hub dataset {source.location!r} could not be loaded ({first_words(err)}); offline, "
+                f"hub dataset {source.location!r} could not be loaded ({why}); offline, "
                 "save it with datasets' save_to_disk where the network allows and give that folder"
             ) from None
     names = list(ds.column_names or []) if ds.column_names is not None else []
@@ -279,11 +280,6 @@ def _check_hub_reachable(name: str) -> None:
             f"{name!r} is no local file or folder, and as a hub dataset: {url.hostname} cannot be reached "
             "(offline?); save it with datasets' save_to_disk where the network allows and give that folder"
         ) from None
-
-
-def first_words(err: BaseException) -> str:
-    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return text[:160]
 
 
 def documents(source: Source, opts) -> Iterator[tuple[str, bool]]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, first_line
 from normbench.data.sources import Source, all_documents, labelled
 
 EOT = "<|endoftext|>"
@@ -188,7 +188,9 @@ def load_json(path: Path) -> HFTokenizer:
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as err:  # tokenizers raises a bare Exception for a malformed file
-        raise ConfigError(f"{path}: not a Hugging Face tokenizer.json ({str(err).splitlines()[0]})") from None
+        raise ConfigError(
+            f"{path}: not a Hugging Face tokenizer.json ({first_line(err, named=False)})"
+        ) from None
     return HFTokenizer(tok, str(path))
 
 

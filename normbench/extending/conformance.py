@@ -24,6 +24,7 @@ from rich.table import Table
 from normbench.bench import timing
 from normbench.bench.goals import GOALS
 from normbench.core.configtree import compose
+from normbench.core.errors import first_line
 from normbench.model import extensions
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT
@@ -168,7 +169,7 @@ def compile_line(module: torch.nn.Module, x: torch.Tensor) -> Line:
     except Exception as err:  # no C++ compiler here, a graph the compiler refuses: reported, not fatal
         return Line(
             "torch.compile same output",
-            f"{type(err).__name__}: {str(err).splitlines()[0][:80]}",
+            first_line(err, 120),
             False,
             False,
         )

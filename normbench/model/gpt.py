@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, about
 from normbench.model.layers import ARCHS, Arch, AttentionNorms, softcap
 from normbench.model.norms import NORMS, build_norm, norm_options
 from normbench.model.placements import BlockSpec, placement_class, placement_options
@@ -147,10 +147,8 @@ def _attn_norm_factory(key: str, name: str, dim: int, what: str):
     # No bias, as in ViT-22B and Wortsman et al.: q and k are scaled, not shifted (v alike).
     options = {"bias": False} if "bias" in norm_options(name) else {}
     make = functools.partial(build_norm, name, dim, **options)
-    try:
+    with about(f"model.{key}={name} over {dim} channels"):
         make()
-    except ConfigError as err:
-        raise ConfigError(f"model.{key}={name} over {dim} channels: {err}") from None
     return make
 
 

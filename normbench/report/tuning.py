@@ -18,22 +18,21 @@ tuning key. For each one:
   the difference to the best configuration (of the same size, with a scale axis) with its
   interval and p-value.
 
-The same comparison without a tuning key (``seed_statistics``) fills aggregate.csv;
-``best_value_samples`` gives each configuration's per-seed values at its best value to other
-callers (the claims registry).
+The same comparison without a tuning key (``seed_statistics``) fills aggregate.csv. The choice of
+a configuration's runs at its best value (``at_best_value``) is the claims registry's too, which
+chooses each seed's value on the other seeds (normbench.claims.arms).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from normbench.core.errors import ConfigError
 from normbench.report.load import ReportData
-from normbench.report.metrics import BITS_PER_BYTE, DEFAULT, Metric, metric
+from normbench.report.metrics import Metric, metric
 from normbench.report.stats import NEEDS_SEEDS, compare, mean_ci
 from normbench.report.tables import config_label, default_group_keys, ran, varying_keys
 
@@ -149,11 +148,36 @@ def seed_statistics(d: ReportData, labels: list[str]) -> pd.DataFrame:
     return compare_with_best(samples, m, sizes)
 
 
-def _best(means: pd.Series, m: Metric) -> float:
-    """The value of the tuned key with the best mean (NaN when none completed)."""
+def _best(means: pd.Series, higher_is_better: bool) -> float:
+    """The value of the tuned key with the best mean (NaN when none has one)."""
     if not means.notna().any():
         return math.nan
-    return means.idxmax() if m.higher_is_better else means.idxmin()
+    return means.idxmax() if higher_is_better else means.idxmin()
+
+
+def at_best_value(
+    runs: pd.DataFrame, key: str, scores: pd.Series, higher_is_better: bool = False, held_out: bool = False
+) -> tuple[pd.Index, float]:
+    """(the runs of one configuration at its best value of ``key``, that best value).
+
+    The best value is the one whose runs have the best mean of ``scores`` (a Series over ``runs``;
+    NaN scores count for nothing): the lowest, or the highest where higher is better; NaN when no
+    value has a score. ``held_out``: each seed's runs at the value best on the configuration's
+    *other* seeds (leave one seed out; a lone seed at its own best). Choosing on the seeds then
+    compared flatters the configuration whose seeds scatter more; choosing on the others does not.
+    """
+    values = pd.to_numeric(runs[key], errors="coerce")
+    best = _best(scores.groupby(values).mean(), higher_is_better)
+    if not held_out:
+        return runs.index[values.eq(best)], best
+    chosen = []
+    for seed in runs["seed"].unique():
+        others = runs["seed"].ne(seed)
+        if not others.any():
+            others = pd.Series(True, index=runs.index)
+        value = _best(scores[others].groupby(values[others]).mean(), higher_is_better)
+        chosen += list(runs.index[runs["seed"].eq(seed) & values.eq(value)])
+    return pd.Index(chosen), best
 
 
 def _at_init(group: pd.DataFrame, m: Metric) -> float:
@@ -175,34 +199,6 @@ def _config_groups(d: ReportData, runs: pd.DataFrame, tune_key: str):
         yield config_label(keys, values) or "all runs", dict(zip(keys, values)), group
 
 
-def best_value_samples(
-    d: ReportData, metric_name: str = DEFAULT, configs=None, tune_key: str = "train.lr"
-) -> dict[str, dict | list]:
-    """Each configuration's per-seed values of ``metric_name`` at its own best value of ``tune_key``.
-
-    ``d``: loaded runs (normbench.report.load_runs); configurations are named as the report names
-    them (the group keys without ``tune_key``, e.g. "rms/pre"); ``configs``: the labels wanted (None:
-    all). Returns {label: {seed: value}} (a plain list where seeds repeat), completed runs only;
-    the best value is the one with the best mean over completed seeds (lowest, or highest for a
-    metric where higher is better). Without ``tune_key`` among the runs' keys, every run counts.
-    A bits-per-byte metric over runs still in nats (as load_runs returns them) reads each run's own
-    summary field (final_val_bpb, best_val_bpb).
-    """
-    m = metric(metric_name)
-    if m.name in BITS_PER_BYTE and d.metric not in BITS_PER_BYTE:
-        m = replace(m, column=m.name)
-    have = tune_key in d.runs
-    runs = d.runs.assign(_value=pd.to_numeric(d.runs[tune_key], errors="coerce") if have else 0.0)
-    out = {}
-    for label, _, group in _config_groups(d, runs, tune_key):
-        if configs is not None and label not in configs:
-            continue
-        done = group["status"].eq("completed") & group[m.source].notna()
-        best = _best(group[done].groupby("_value")[m.source].mean(), m)
-        out[label] = _by_seed(group[group["_value"].eq(best)], m.source)
-    return out
-
-
 def _fmt_grid(values) -> str:
     return " ".join(f"{v:g}" for v in values)
 
@@ -217,7 +213,7 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
         grid = sorted(group["_value"].dropna().unique())
         done = group["status"].eq("completed") & group[m.source].notna()
         means = group[done].groupby("_value")[m.source].mean().reindex(grid)
-        best = _best(means, m)
+        chosen, best = at_best_value(group, tune_key, group[m.source].where(done), m.higher_is_better)
         at_init = _at_init(group, m)
         if len(grid) < 2 or not m.loss:
             sensitivity = math.nan  # 0 by definition over one value; without a value at init, undefined
@@ -234,7 +230,7 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
         diverged = status.agg(lambda s: int(s.eq("diverged").sum()))
         failed = status.agg(lambda s: int(s.eq("failed").sum()))
         size = status.size()
-        at_best = group[group["_value"].eq(best)]
+        at_best = group.loc[chosen]
         samples[label] = _by_seed(at_best, m.source)
         final = at_best.loc[at_best["status"].eq("completed"), "final_val_loss"]
         rows.append(

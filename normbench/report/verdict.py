@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from normbench.core.provenance import describe
 from normbench.report.cost import implementation_note
 from normbench.report.load import NOT_RECORDED, NUMERICS, ReportData, layer_skip
 from normbench.report.metrics import Metric, metric
@@ -330,34 +331,12 @@ def mixed_provenance(d: ReportData) -> list[str]:
 def provenance_summary(runs: pd.DataFrame) -> str:
     """One line: the runs' commit(s), torch, device, precision, compile, numerics, norm implementations
     (a field no run recorded left out)."""
-
-    def values(column: str) -> str:
-        return ", ".join(v for v in dict.fromkeys(runs[column].astype(str)) if v != NOT_RECORDED)
-
-    commits = ", ".join(
-        f"{c} (uncommitted changes)" if dirty == "True" else c
-        for c, dirty in dict.fromkeys(zip(runs["provenance.commit"], runs["provenance.dirty"]))
-        if c != NOT_RECORDED
-    )
-    devices = ", ".join(
-        dict.fromkeys(
-            f"{dev} ({name})" if name != NOT_RECORDED else dev
-            for dev, name in zip(runs["provenance.device"], runs["provenance.device_name"])
-            if dev != NOT_RECORDED
-        )
-    )
-    fields = {
-        "commit": commits,
-        "torch": values("provenance.torch"),
-        "device": devices,
-        "precision": values("provenance.precision"),
-        "compile": values("provenance.compile"),
-        "numerics": values(NUMERICS),
-        "norm implementations": values("provenance.norm_impl"),
-    }
-    recorded = runs["provenance.torch"].ne(NOT_RECORDED)
-    unrecorded = "" if recorded.all() else f" ({(~recorded).sum()} of {len(runs)} runs recorded none)"
-    return "Provenance: " + "; ".join(f"{k} {v}" for k, v in fields.items() if v) + unrecorded + "."
+    columns = [c for c in runs if c.startswith("provenance.")]
+    blocks = [
+        {c.removeprefix("provenance."): v for c, v in zip(columns, row) if str(v) != NOT_RECORDED}
+        for row in runs[columns].itertuples(index=False)
+    ]
+    return describe(blocks)
 
 
 def _gap(row) -> str:

@@ -37,16 +37,15 @@ def mark(job_cfg: DictConfig, overrides: list[str]) -> tuple[list[str], str | No
     """A job's overrides with ``train.batched=true`` when its config can train batched, and else why
     not (None for a config that is invalid anyway: it fails as it would have)."""
     from normbench.training.batched import why_not
-    from normbench.training.config import parse_config
+    from normbench.training.config import checked
 
     if job_cfg.train.get("batched"):
         return overrides, None
     cfg = copy.deepcopy(job_cfg)
     with open_dict(cfg):
         del cfg["hydra"]
-    try:
-        run = parse_config(cfg)
-    except ConfigError:
+    run, invalid = checked(cfg)
+    if invalid:
         return overrides, None
     reason = why_not(run)
     return (overrides, reason) if reason else ([*overrides, MARK], None)

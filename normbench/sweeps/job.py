@@ -127,6 +127,8 @@ def _run_locked(
             summary = train(run, run_dir_.path, console=console)
     except DiskFull:
         raise  # nothing can be written: run_job says so in one line
+    # A sweep job's own edge: its config error is recorded in its run directory (a sweep's other jobs
+    # go on), and a single run's leaves nothing behind, before the one line.
     except ConfigError as err:
         if main and multirun:  # recorded as failed (never completed) so the sweep's index and report show it
             run_dir_.write_failure(f"config error: {err}", f"config error: {err}\n", cfg_hash)
@@ -208,6 +210,8 @@ class RunGate(Callback):
 
         console = Console(stderr=True)
         cfg_hash = config_hash(config)
+        # An edge of its own: Hydra turns a callback's exception into a warning and goes on to create
+        # the run directory, so the gate ends the command itself.
         try:
             parse_config(config, cfg_hash)
         except ConfigError as err:

@@ -222,7 +222,7 @@ def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str], sw
     ``sweep_dir``); ``overrides``: the sweeper's params (an experiment's grid), then the task
     overrides from the command line.
     """
-    from normbench.training.config import parse_config
+    from normbench.training.config import checked
 
     if master.hydra.sweeper.get("_target_") != SWEEPER:
         raise ConfigError("normbench sweep plans with its own sweeper", allowed=["hydra/sweeper=normbench"])
@@ -247,12 +247,9 @@ def make_plan(loader: ConfigLoader, master: DictConfig, overrides: list[str], sw
                 HydraConfig.instance().set_config(job_cfg)
             run_dir = sweep_dir / str(OmegaConf.select(job_cfg, "hydra.sweep.subdir"))
             job = Job(num, job_overrides, run_dir, config_hash(job_cfg), unbatched=unbatched)
-            try:
-                with open_dict(job_cfg):
-                    del job_cfg["hydra"]
-                parse_config(job_cfg, job.config_hash)
-            except ConfigError as err:
-                job.invalid = str(err)
+            with open_dict(job_cfg):
+                del job_cfg["hydra"]
+            _, job.invalid = checked(job_cfg, job.config_hash)  # an invalid job is a line of the plan
             jobs.append(job)
         launcher = OmegaConf.to_container(master.hydra.launcher, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:

@@ -26,7 +26,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from normbench.core.configtree import conf_dir, default_option, group_options
 from normbench.core.devices import PRECISIONS
-from normbench.core.errors import ConfigError, unknown_key
+from normbench.core.errors import ConfigError, first_line, unknown_key
 from normbench.core.identity import NOT_HASHED, config_hash
 from normbench.data.corpus import DATA_SCHEMAS, DataConfig
 from normbench.model.gpt import ModelConfig
@@ -147,7 +147,7 @@ def _typed(schema, node, group: str):
             isinstance(err, (ConfigKeyError, ConfigAttributeError)) and key
         ):  # a key the schema lacks, added with +KEY=VALUE
             raise ConfigError(unknown_key(f"{group}.{key}", [f.name for f in fields(schema)])) from None
-        reason = str(err).splitlines()[0]
+        reason = first_line(err, named=False)
         raise ConfigError(f"{group}.{key}: {reason}" if key else f"{group}: {reason}") from None
     if key is not None:
         _TYPED[key] = copy.deepcopy(typed)
@@ -206,6 +206,15 @@ def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
     run.model.validate()
     run.train.validate()
     return run
+
+
+def checked(cfg: DictConfig, cfg_hash: str | None = None) -> tuple[RunConfig | None, str | None]:
+    """(the run's config, None), or (None, why it cannot run): a sweep's plan and its batching ask this
+    of every job, and go on past one that cannot (it fails as its own run)."""
+    try:
+        return parse_config(cfg, cfg_hash), None
+    except ConfigError as err:
+        return None, str(err)
 
 
 __all__ = ["NOT_HASHED", "RunConfig", "conf_dir", "config_hash", "group_options", "parse_config"]

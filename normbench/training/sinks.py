@@ -231,8 +231,6 @@ class MlflowSink:
                 self.run_id = self.client.create_run(experiment_id, run_name=info.name, tags=tags).info.run_id
             params = [Param(k, str(v)) for k, v in leaves(info.config).items()]
             self.client.log_batch(self.run_id, params=params)
-        except ConfigError:
-            raise
         except Exception as err:
             raise ConfigError(
                 f"logger=mlflow: cannot use the tracking store {uri}: {first_line(err)}"
