@@ -111,7 +111,7 @@ def test_a_run_trains_on_cuda_in_each_precision(tmp_path, precision):
         tmp_path, f"train.device=cuda:{index}", f"train.precision={precision}", "train.steps=30"
     )
     assert summary["status"] == "completed", summary["error"]
-    assert summary["env"]["device_type"] == "cuda"
+    assert summary["provenance"]["device"] == "cuda"
     assert summary["peak_mem_kind"] == "cuda_allocated" and summary["peak_mem_mb"] > 0
     evals = [r["val_loss"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
     assert evals[-1] < evals[0]  # it learned, in every precision

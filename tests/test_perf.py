@@ -303,8 +303,8 @@ def test_threads_are_set_every_run(tmp_path):
         )
     finally:
         torch.set_num_threads(default)
-    assert first["env"]["threads"] == other
-    assert second["env"]["threads"] == default
+    assert first["provenance"]["threads"] == other
+    assert second["provenance"]["threads"] == default
 
 
 class FakeDevice:

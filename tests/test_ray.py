@@ -74,7 +74,7 @@ def test_a_sweep_runs_on_a_local_ray_cluster_and_resumes(cluster, tmp_path):
     summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in runs}
     assert all(s["status"] == "completed" for s in summaries.values())
     # Each job ran in a Ray worker with the CPU count its task asked for.
-    assert all(s["env"]["threads"] == 1 for s in summaries.values())
+    assert all(s["provenance"]["threads"] == 1 for s in summaries.values())
 
     stamps = {p.name: os.stat(p / "summary.json").st_mtime_ns for p in runs}
     again = run_cli(*args, cwd=tmp_path, timeout=300)

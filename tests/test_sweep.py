@@ -77,7 +77,7 @@ def test_grid_failures_index_and_resume(tmp_path, monkeypatch):
         if r["status"] == "failed":
             assert "n_head" in r["error"] and (run_dir / "error.log").exists()
         else:
-            assert summary(run_dir)["env"]["threads"] == max(
+            assert summary(run_dir)["provenance"]["threads"] == max(
                 1, available_cpus() // 2
             )  # the joblib threads rule
     assert "failed" in out and "diverged" in out and "index.csv" in out  # the closing table
@@ -442,7 +442,7 @@ def test_submitit_local_launcher(tmp_path, monkeypatch):
     (sweep_dir,) = (tmp_path / "results" / "sweeps").iterdir()
     rows = read_index(sweep_dir)
     assert [r["status"] for r in rows] == ["completed", "completed"]
-    assert all(summary(sweep_dir / r["run_dir"])["env"]["threads"] == 1 for r in rows)
+    assert all(summary(sweep_dir / r["run_dir"])["provenance"]["threads"] == 1 for r in rows)
 
 
 def test_job_threads_rule(monkeypatch):

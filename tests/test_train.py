@@ -55,13 +55,14 @@ def test_run_directory_contract(tmp_path):
         "wall_s",
         "steps",
         "params",
-        "env",
+        "provenance",
         "causal_leak",
     ):
         assert key in on_disk, key
     assert on_disk["status"] == "completed" and on_disk["steps"] == 20
     assert on_disk["params"] == summary["params"] > 0
-    assert set(on_disk["env"]) >= {"torch", "device", "threads", "python", "git_commit"}
+    assert set(on_disk["provenance"]) >= {"torch", "python", "device", "device_name", "threads", "commit"}
+    assert "env" not in on_disk  # one block says what a run was measured with
     assert not list(tmp_path.glob(".*.tmp")), "atomic write left a temp file"
     records = read_metrics(tmp_path)
     train = [r for r in records if r["kind"] == "train"]

@@ -1,10 +1,11 @@
 """Provenance: what a result was measured with, and the ``numerics`` version of the code.
 
-A run's ``summary.json`` carries a ``provenance`` block (written by training, read by sweeps,
-the report and the claims registry)::
+A run's ``summary.json`` carries a ``provenance`` block, the one place it says what it was measured
+with (written by training, read by sweeps, the report and the claims registry)::
 
     {"normbench": "0.1.0", "commit": "29939de", "dirty": false,
-     "torch": "2.13.0+cpu", "device": "cpu", "device_name": "AMD EPYC ...", "threads": 2,
+     "torch": "2.13.0+cpu", "python": "3.12.3", "device": "cpu", "device_name": "AMD EPYC ...",
+     "threads": 2,
      "precision": "fp32", "norm_impl": {"rms": "fused-cpu"}, "compile": "off",
      "numerics": 3, "date": "2026-11-26"}
 
@@ -151,6 +152,7 @@ def collect(device, precision: str, norm_impl: Mapping[str, str], compile: str) 
         "commit": commit,
         "dirty": dirty,
         "torch": torch.__version__,
+        "python": platform.python_version(),
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(),

@@ -11,9 +11,6 @@ too (normbench.training.batched).
 from __future__ import annotations
 
 import math
-import platform
-
-import torch
 
 from normbench.core import provenance
 from normbench.core.devices import PRECISIONS
@@ -27,20 +24,6 @@ from normbench.training.preemption import StopSignals
 LEAK_TOLERANCE = 1e-4  # float noise of two forward passes is ~1e-6; a real leak is orders larger
 
 
-def environment(device: torch.device) -> dict:
-    return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
-        "device_type": device.type,
-        "threads": torch.get_num_threads(),
-        "git_commit": provenance.git_commit(),
-        "hostname": platform.node(),
-    }
-
-
 def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
     """Nats per token to bits per byte: loss / ln 2 / (bytes per token); None without bytes."""
     if bytes_per_token is None or not math.isfinite(loss):
@@ -50,7 +33,7 @@ def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
 
 def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> dict:
     """summary.json's content: results, speed, memory, diagnostics, the causality probe and the
-    environment."""
+    provenance (what the figures were measured with, the one block that says so)."""
     state, tcfg = loop.state, loop.tcfg
     finite_vals = [v for v in loop.val_losses if math.isfinite(v)]
     finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]
@@ -101,7 +84,6 @@ def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> 
         "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
         "compiled": bool(tcfg.compile and state.compile_error is None),
         "config_hash": state.cfg.config_hash,
-        "env": environment(state.device),
         "provenance": run_provenance(state),
     }
 
