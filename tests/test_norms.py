@@ -366,6 +366,7 @@ def _fused_matches_eager(name, options, dtype, width, monkeypatch):
     assert ran_fused(fused_out)  # the kernel ran, not the fallback
     impls.use("eager")
     try:
+        norms.implementations(norm, torch.device("cpu"))  # a norm binds by the mode set when it binds
         eager_out, eager_grads = forward_backward(norm, x, dy)
     finally:
         impls.use("auto")
