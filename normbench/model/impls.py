@@ -56,6 +56,7 @@ class Implementations:
     eager: Callable
     fused_cpu: str | None = None  # its torch.ops.normbench op, called with the same arguments
     compiled: Callable | None = None  # plain-op math, same arguments, for torch.compile on a GPU
+    eager_cpu: Callable | None = None  # the eager math as a CPU runs it, where it differs (fewer calls)
 
 
 TABLE: dict[str, Implementations] = {}  # norm name -> its implementations: every built-in norm
@@ -63,11 +64,17 @@ _mode = {"impl": NormImpl.AUTO}
 _said: set[str] = set()  # the fallback lines printed in this process
 
 
-def implements(kind: str, *, fused_cpu: str | None = None, compiled: Callable | None = None):
-    """Decorator on a norm's eager math: enter it, and its fused implementations, in TABLE."""
+def implements(
+    kind: str,
+    *,
+    fused_cpu: str | None = None,
+    compiled: Callable | None = None,
+    eager_cpu: Callable | None = None,
+):
+    """Decorator on a norm's eager math: enter it, and its other implementations, in TABLE."""
 
     def add(eager: Callable) -> Callable:
-        TABLE[kind] = Implementations(eager, fused_cpu, compiled)
+        TABLE[kind] = Implementations(eager, fused_cpu, compiled, eager_cpu)
         return eager
 
     return add
@@ -93,6 +100,8 @@ def choose(kind: str, module: nn.Module, device: torch.device) -> tuple[str, Cal
             compiled = _compiled(impls, module, device)
             if compiled is not None:
                 return COMPILED, compiled
+    if device.type == "cpu" and impls.eager_cpu is not None:
+        return EAGER, impls.eager_cpu
     return EAGER, impls.eager
 
 

@@ -207,10 +207,16 @@ class LayerNorm(BuiltinNorm):
         return self.impl(x, self.weight, self.bias, self.eps)
 
 
-@implements("ln")
-def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    weight, bias = _params_for(x, weight, bias)
+def _layer_norm_cpu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    # On a CPU the parameters go in as they are (_params_for): at small widths each call shows.
     return F.layer_norm(x, weight.shape, weight, bias, eps)
+
+
+@implements("ln", eager_cpu=_layer_norm_cpu)
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return _layer_norm_cpu(x, *_params_for(x, weight, bias), eps)
 
 
 @register_norm("rms")
@@ -309,13 +315,19 @@ class GroupNorm(BuiltinNorm):
         return self.impl(x, self.weight, self.bias, self.groups, self.eps)
 
 
+def _group_norm_cpu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, eps: float
+) -> torch.Tensor:
+    return F.group_norm(x.reshape(-1, x.shape[-1]), groups, weight, bias, eps).reshape(x.shape)
+
+
 # fused on a CPU: ATen's CPU group_norm on (tokens, C) is slow (docs/benchmarks.md#groupnorm)
-@implements("gn", fused_cpu="group_norm")
+@implements("gn", fused_cpu="group_norm", eager_cpu=_group_norm_cpu)
 def _group_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, eps: float
 ) -> torch.Tensor:
     weight, bias = _params_for(x, weight, bias)
-    return F.group_norm(x.reshape(-1, x.shape[-1]), groups, weight, bias, eps).reshape(x.shape)
+    return _group_norm_cpu(x, weight, bias, groups, eps)
 
 
 class _ScaleNormFunction(torch.autograd.Function):
