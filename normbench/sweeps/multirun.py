@@ -98,7 +98,7 @@ def copy_output(proc: subprocess.Popen, log: Path, before: list[bytes]) -> threa
         with open(log, "ab") as out:
             out.writelines(before)
             out.flush()
-            while chunk := proc.stdout.read1(1 << 16):  # what read_until's reads left buffered, first
+            while chunk := proc.stdout.read1(1 << 16):  # what read_plan's reads left buffered, first
                 out.write(chunk)
                 out.flush()
 
