@@ -119,8 +119,8 @@ def test_slugs_follow_github():
     assert slug("lr_sensitivity: each norm at its best learning rate (90 runs)") == (
         "lr_sensitivity-each-norm-at-its-best-learning-rate-90-runs"
     )
-    assert slug("Per-run peak memory and `normbench --help` (issue 17)") == (
-        "per-run-peak-memory-and-normbench---help-issue-17"
+    assert slug("Per-run peak memory and `normbench --help` (part 17)") == (
+        "per-run-peak-memory-and-normbench---help-part-17"
     )
 
 
@@ -457,12 +457,12 @@ def test_example_checker_finds_a_bad_example(tmp_path, monkeypatch):
     ]
 
 
-# --- the docs describe the product, not how it was developed -------------------------------------------
+# --- the docs describe the product alone ---------------------------------------------------------------
 
 URL = re.compile(r"https?://\S+|\]\([^)]*\)")
-DEVELOPMENT = [
-    (re.compile(r"(?<![\w&])#\d+\b"), "an issue number"),
-    (re.compile(r"\b(issues?|PRs?|pull requests?) #?\d+", re.I), "an issue number"),
+NOT_THE_PRODUCT = [
+    (re.compile(r"(?<![\w&])#\d+\b"), "a reference number"),
+    (re.compile(r"\b(issues?|PRs?|pull requests?) #?\d+", re.I), "a reference number"),
     (re.compile(r"\bsessions?\b", re.I), '"session"'),
     (
         re.compile(
@@ -477,16 +477,16 @@ DEVELOPMENT = [
             r"another branch|development (VM|machine)|engineers)\b",
             re.I,
         ),
-        "the development process",
+        "words about the work, not the product",
     ),
 ]
 
 
-def development_talk(text: str) -> list[str]:
+def beyond_the_product(text: str) -> list[str]:
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         line = URL.sub("", line)
-        for pattern, what in DEVELOPMENT:
+        for pattern, what in NOT_THE_PRODUCT:
             if m := pattern.search(line):
                 found.append(f"{number}: {what}: {m.group(0)!r}")
                 break
@@ -495,17 +495,17 @@ def development_talk(text: str) -> list[str]:
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_docs_speak_of_the_product_only(path):
-    assert development_talk(path.read_text(encoding="utf-8")) == []
+    assert beyond_the_product(path.read_text(encoding="utf-8")) == []
 
 
-def test_development_talk_is_found():
+def test_words_beyond_the_product_are_found():
     text = (
         "Fixed in issue #14, see #7.\nThe second round of measurements.\nIn this session we ran it.\n"
         "The model of before, bit for bit.\n"
         "Fine: [x](a.md#12-steps), https://github.com/o/r/pull/3#issuecomment-1, --rounds 5, round to "
         "nearest even, one block each per round.\n"
     )
-    assert [f.split(":")[0] for f in development_talk(text)] == ["1", "2", "3", "4"]
+    assert [f.split(":")[0] for f in beyond_the_product(text)] == ["1", "2", "3", "4"]
 
 
 # --- the code's pointers into the docs --------------------------------------------------------------------

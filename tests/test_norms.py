@@ -366,6 +366,7 @@ def _fused_matches_eager(name, options, dtype, width, monkeypatch):
     assert ran_fused(fused_out)  # the kernel ran, not the fallback
     impls.use("eager")
     try:
+        norms.implementations(norm, torch.device("cpu"))  # a norm binds by the mode set when it binds
         eager_out, eager_grads = forward_backward(norm, x, dy)
     finally:
         impls.use("auto")
@@ -635,3 +636,15 @@ def test_dyt_alpha_init_per_position_reaches_each_norm_and_defaults_to_alpha_ini
     assert [n.alpha.item() for n in new.modules() if hasattr(n, "alpha")] == [pytest.approx(0.7)] * 5
     with pytest.raises(ConfigError, match="norm 'ln' has no option alpha_init_attn"):
         build_norm("ln", 8, alpha_init_attn=0.8)
+
+
+@pytest.mark.parametrize("name", ["ln", "rms", "gn", "dyt"])
+def test_a_norm_moved_to_another_device_binds_that_devices_implementation(name):
+    """A norm binds its implementation once, for where it is, and again after a move: on the meta
+    device (no kernels there) it runs the eager math, and its output lives there."""
+    norm = build_norm(name, 8)
+    assert norm.impl_name == impls.chosen(name, torch.device("cpu"))
+    norm.to("meta")
+    out = norm(torch.randn(2, 3, 8, device="meta"))
+    assert out.device.type == "meta" and out.shape == (2, 3, 8)
+    assert norm.impl_name == impls.EAGER and norm.device.type == "meta"

@@ -2,7 +2,8 @@
 
 Before launching, ``normbench.sweeps.planning.make_plan`` composes every job (once per choice of
 config groups), fixes the stable sweep directory and reads what each run directory holds; the
-plan goes to ``plan.json`` and one line on stdout (``PLANNED``) tells the sweep command where.
+plan goes to ``plan.json`` and a message on stdout (``normbench.sweeps.multirun.tell``) tells the sweep
+command where.
 Only the runs with something to do are launched: new ones, interrupted ones, and with
 ``retry_failed`` the diverged and failed ones. A run locked by another process is left to it.
 """
@@ -54,7 +55,7 @@ class NormbenchSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from normbench.sweeps.batching import launched
-        from normbench.sweeps.multirun import PLANNED
+        from normbench.sweeps.multirun import tell
         from normbench.sweeps.planning import make_plan, names_runs_by_job, will_run
         from normbench.sweeps.sweep import ray_preflight
 
@@ -66,7 +67,7 @@ class NormbenchSweeper(Sweeper):
             ray_preflight(plan.launcher)
             plan.write()
             OmegaConf.save(self.config, plan.sweep_dir / "multirun.yaml")
-            print(f"{PLANNED} {plan.sweep_dir}", flush=True)
+            tell(planned=str(plan.sweep_dir))
             todo = [job for job in plan.jobs if will_run(job, self.retry_failed)]
             if names_runs_by_job(self.config):
                 todo = plan.jobs  # run directories named by job number: every job keeps its number

@@ -1,7 +1,9 @@
 """Which implementation each norm runs: the table of implementations and the one place that chooses.
 
 Every built-in norm declares its implementations here (``@implements`` on its eager math, in
-normbench.model.norms), and its ``forward`` is its parameters plus one call, ``run(kind, x, ...)``:
+normbench.model.norms), and binds one of them when it is built, again at its first call on another
+device (``choose``):
+its ``forward`` is its parameters plus one call to what it bound.
 
 - ``fused-cpu``: normbench's C++ op (normbench.model.kernels) on a CPU;
 - ``compiled``: the norm's plain-op math torch.compile'd (inductor, Triton) on a GPU, where
@@ -9,18 +11,20 @@ normbench.model.norms), and its ``forward`` is its parameters plus one call, ``r
 - ``eager``: PyTorch ops as written (for LayerNorm, BatchNorm, and GroupNorm and RMSNorm on a GPU,
   PyTorch's own fused kernels).
 
-``norm.impl`` chooses for the process (``use``): ``auto`` runs the fused implementation where it
-builds, else eager, said once with the reason; ``eager`` runs eager everywhere; ``fused`` requires
-the fused one, and a norm or device without one, or a build that fails, is a ConfigError before
-training (``resolve``). ``NORMBENCH_KERNELS=0`` makes auto eager on a CPU. Under torch.compile of
-the whole model the eager math is traced: inductor fuses it itself.
+``norm.impl`` (``NormImpl``) chooses for the process (``use``): ``auto`` binds the fused
+implementation where it builds, else eager, said once with the reason; ``eager`` binds eager
+everywhere; ``fused`` requires the fused one, and a norm or device without one, or a build that
+fails, is a ConfigError before training (``require_fused``). ``NORMBENCH_KERNELS=0`` makes auto
+eager on a CPU. Under torch.compile of the whole model a fused binding traces the eager math:
+inductor fuses it itself.
 """
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,8 +32,22 @@ from torch import nn
 from normbench.core.errors import ConfigError, first_line
 from normbench.model import kernels
 
-MODES = ("auto", "eager", "fused")
 EAGER, FUSED_CPU, COMPILED = "eager", "fused-cpu", "compiled"
+
+
+class NormImpl(enum.StrEnum):
+    """``norm.impl``: which implementation the norms bind; an unknown name is a ConfigError."""
+
+    AUTO = "auto"
+    EAGER = "eager"
+    FUSED = "fused"
+
+    @classmethod
+    def _missing_(cls, value):
+        raise ConfigError(f"unknown norm.impl '{value}'", allowed=[m.value for m in cls])
+
+
+MODES = tuple(m.value for m in NormImpl)
 
 
 @dataclass(frozen=True)
@@ -39,48 +57,71 @@ class Implementations:
     eager: Callable
     fused_cpu: str | None = None  # its torch.ops.normbench op, called with the same arguments
     compiled: Callable | None = None  # plain-op math, same arguments, for torch.compile on a GPU
-    fused: bool = field(init=False, default=False)  # whether it has either
-
-    def __post_init__(self):
-        # read on every forward call: a norm with no fused implementation (LayerNorm, BatchNorm) asks
-        # nothing more, at small widths every check is a visible share of the call
-        object.__setattr__(self, "fused", self.fused_cpu is not None or self.compiled is not None)
+    eager_cpu: Callable | None = None  # the eager math as a CPU runs it, where it differs (fewer calls)
 
 
 TABLE: dict[str, Implementations] = {}  # norm name -> its implementations: every built-in norm
-_mode = {"impl": "auto"}
+_mode = {"impl": NormImpl.AUTO}
 _said: set[str] = set()  # the fallback lines printed in this process
 
 
-def implements(kind: str, *, fused_cpu: str | None = None, compiled: Callable | None = None):
-    """Decorator on a norm's eager math: enter it, and its fused implementations, in TABLE."""
+def implements(
+    kind: str,
+    *,
+    fused_cpu: str | None = None,
+    compiled: Callable | None = None,
+    eager_cpu: Callable | None = None,
+):
+    """Decorator on a norm's eager math: enter it, and its other implementations, in TABLE."""
 
     def add(eager: Callable) -> Callable:
-        TABLE[kind] = Implementations(eager, fused_cpu, compiled)
+        TABLE[kind] = Implementations(eager, fused_cpu, compiled, eager_cpu)
         return eager
 
     return add
 
 
 def use(mode: str) -> None:
-    """Set ``norm.impl`` for this process (a run sets it every time: one process may train several)."""
-    if mode not in MODES:
-        raise ConfigError(f"unknown norm.impl '{mode}'", allowed=list(MODES))
-    _mode["impl"] = mode
+    """Set ``norm.impl`` for this process: the norms built, moved or bound (``choose``) from now on
+    bind by it (a run sets it every time: one process may train several)."""
+    _mode["impl"] = NormImpl(mode)
 
 
-def run(kind: str, x: torch.Tensor, *args):
-    """``kind``'s math on ``x`` with ``args``, by the implementation chosen for x's device."""
+def choose(kind: str, module: nn.Module, device: torch.device) -> tuple[str, Callable]:
+    """What the built-in norm ``module`` (of kind ``kind``) binds on ``device``: (its name, the callable).
+
+    Building the C++ kernels on a CPU, or trying the torch.compile'd math on a GPU, the first time
+    either is asked for.
+    """
     impls = TABLE[kind]
-    if impls.fused and _mode["impl"] != "eager" and not torch.compiler.is_compiling():
-        if x.is_cpu:
-            if impls.fused_cpu is not None and x.numel() > 0 and _kernels():
-                return _op(impls.fused_cpu)(x, *args)
-        elif impls.compiled is not None and x.is_cuda:
-            compiled = _compiled(impls.compiled, x, args)
+    if _mode["impl"] != NormImpl.EAGER:
+        if device.type == "cpu" and impls.fused_cpu is not None and _kernels():
+            return FUSED_CPU, _fused(_op(impls.fused_cpu), impls.eager, cpu=True)
+        if device.type == "cuda" and impls.compiled is not None:
+            compiled = _compiled(impls, module, device)
             if compiled is not None:
-                return compiled(x, *args)
-    return impls.eager(x, *args)
+                return COMPILED, compiled
+    if device.type == "cpu" and impls.eager_cpu is not None:
+        return EAGER, impls.eager_cpu
+    return EAGER, impls.eager
+
+
+def _fused(fast: Callable, eager: Callable, cpu: bool) -> Callable:
+    """``fast``, but the eager math under torch.compile of the whole model (which traces it and fuses it
+    itself) and, for a CPU kernel, on an empty tensor."""
+    if cpu:
+
+        def fused(x: torch.Tensor, *args):
+            if x.numel() and not torch.compiler.is_compiling():
+                return fast(x, *args)
+            return eager(x, *args)
+
+    else:
+
+        def fused(x: torch.Tensor, *args):
+            return eager(x, *args) if torch.compiler.is_compiling() else fast(x, *args)
+
+    return fused
 
 
 # ----------------------------------------------------------------------------- the fused CPU kernels
@@ -112,27 +153,28 @@ def _kernels() -> bool:
 
 # ----------------------------------------------------------------------------- torch.compile on a GPU
 
-_COMPILED: dict[Callable, Callable | None] = {}  # math -> its compiled version, None where compiling failed
+# plain-op math -> its compiled binding, None where compiling failed
+_COMPILED: dict[Callable, Callable | None] = {}
 
 
-def _compiled(fn: Callable, x: torch.Tensor, args: tuple) -> Callable | None:
-    """``fn`` torch.compile'd (dynamic shapes: a new width or batch needs no recompile), or None.
+def _compiled(impls: Implementations, module: nn.Module, device: torch.device) -> Callable | None:
+    """``impls.compiled`` torch.compile'd (dynamic shapes: a new width or batch needs no recompile), or None.
 
-    Compiled on the first call by a trial on a two-token copy of the input and of the arguments
+    Compiled the first time by a trial of ``module`` on two tokens, with copies of its parameters
     (forward and, outside inference mode, backward), so that a failure to compile (no Triton, an
-    unsupported GPU) is told apart from anything the real call raises: a trial that fails makes
-    ``fn`` eager for the process, with one line; an error of a real call (out of memory) propagates.
+    unsupported GPU) is told apart from anything a real call raises: a trial that fails makes the
+    math eager for the process, with one line; an error of a real call (out of memory) propagates.
     """
+    fn = impls.compiled
     if fn not in _COMPILED:
-        compiled = torch.compile(fn, dynamic=True)
+        compiled = _fused(torch.compile(fn, dynamic=True), impls.eager, cpu=False)
         grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-        tiny = x.detach()[..., :2, :].clone().requires_grad_(grad) if x.dim() > 1 else x.detach().clone()
-        copies = [
-            a.detach().clone().requires_grad_(grad and a.requires_grad) if torch.is_tensor(a) else a
-            for a in args
-        ]
+        params = {n: p.detach().clone().requires_grad_(grad) for n, p in module.named_parameters()}
+        dim = next((p.shape[-1] for p in params.values() if p.dim()), 8)
+        bound = getattr(module, "bound", None)  # the trial calls the compiled math through forward
+        module.bound = compiled
         try:
-            out = compiled(tiny, *copies)
+            out = torch.func.functional_call(module, params, (torch.randn(2, dim, device=device),))
             if grad:
                 out.float().sum().backward()
             _COMPILED[fn] = compiled
@@ -142,6 +184,8 @@ def _compiled(fn: Callable, x: torch.Tensor, args: tuple) -> Callable | None:
                 f"normbench: torch.compile of {fn.__name__} failed ({first_line(err, 160)}); eager on GPU",
                 file=sys.stderr,
             )
+        finally:
+            module.bound = bound
     return _COMPILED[fn]
 
 
@@ -149,17 +193,18 @@ def _compiled(fn: Callable, x: torch.Tensor, args: tuple) -> Callable | None:
 
 
 def builds_kernels(mode: str, device: torch.device) -> bool:
-    """Whether a run in ``mode`` on ``device`` would build the C++ kernels when its norms first run:
+    """Whether a run in ``mode`` on ``device`` would build the C++ kernels when its norms are built:
     the caller builds them first, outside the run's timed phases."""
-    return mode != "eager" and device.type == "cpu" and kernels.will_build()
+    return mode != NormImpl.EAGER and device.type == "cpu" and kernels.will_build()
 
 
 def chosen(kind: str, device: torch.device) -> str:
-    """The implementation the norm ``kind`` runs on ``device`` now (building the kernels first if need be)."""
+    """The implementation a norm of ``kind`` binds on ``device`` now (building the kernels first if need be);
+    a user's norm runs itself: its own name says which."""
     impls = TABLE.get(kind)
-    if impls is None:  # a user's norm runs itself: its own name says which
+    if impls is None:
         return kind
-    if _mode["impl"] == "eager":
+    if _mode["impl"] == NormImpl.EAGER:
         return EAGER
     if device.type == "cpu" and impls.fused_cpu is not None:
         return FUSED_CPU if _kernels() else EAGER
@@ -168,32 +213,18 @@ def chosen(kind: str, device: torch.device) -> str:
     return EAGER
 
 
-def resolve(model: nn.Module, device: torch.device, names: dict[type, str]) -> dict[str, str]:
-    """Each norm kind in ``model`` -> the implementation it runs on ``device`` (a provenance's ``norm_impl``).
-
-    ``names``: norm class -> its registered name; a user's norm runs itself, named by its own name.
-    Under ``norm.impl=fused`` a norm that has no fused implementation here, or whose build or
-    compile fails, is a ConfigError now, before training.
-    """
-    kinds: dict[str, nn.Module] = {}
-    for module in model.modules():
-        if type(module) in names:
-            kinds.setdefault(names[type(module)], module)
-    if device.type == "cuda" and _mode["impl"] != "eager":
-        for kind, module in kinds.items():  # the compile trial of each GPU-compiled norm, before training
-            if kind in TABLE and TABLE[kind].compiled is not None:
-                dim = next((p.shape[-1] for p in module.parameters() if p.dim()), 8)
-                module(torch.randn(2, dim, device=device))
-    impl = {kind: chosen(kind, device) for kind in kinds}
-    if _mode["impl"] == "fused":
-        unfused = sorted(kind for kind, how in impl.items() if how == EAGER)
-        if unfused:
-            raise ConfigError(
-                f"norm.impl=fused: {', '.join(unfused)} cannot run fused on {device.type} "
-                f"({_why_not_fused(TABLE[unfused[0]], device)})",
-                allowed=["norm.impl=auto", "norm.impl=eager"],
-            )
-    return impl
+def require_fused(bound: dict[str, str], device: torch.device) -> None:
+    """Under ``norm.impl=fused``, a ConfigError naming the built-in norms in ``bound`` (kind -> what it
+    binds) that bound eager on ``device``."""
+    if _mode["impl"] != NormImpl.FUSED:
+        return
+    unfused = sorted(kind for kind, how in bound.items() if how == EAGER and kind in TABLE)
+    if unfused:
+        raise ConfigError(
+            f"norm.impl=fused: {', '.join(unfused)} cannot run fused on {device.type} "
+            f"({_why_not_fused(TABLE[unfused[0]], device)})",
+            allowed=["norm.impl=auto", "norm.impl=eager"],
+        )
 
 
 def _why_not_fused(impls: Implementations, device: torch.device) -> str:

@@ -17,7 +17,9 @@ norms call them directly; the others upcast explicitly.
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -55,9 +57,46 @@ def _params_for(x: torch.Tensor, *params: torch.Tensor | None) -> tuple:
 
 
 def implementations(model: nn.Module, device: torch.device) -> dict[str, str]:
-    """Each norm in ``model`` (by its registered name) -> the implementation it runs on ``device``
-    (normbench.model.impls.resolve: under norm.impl=fused, a ConfigError where one can't)."""
-    return impls.resolve(model, device, {cls: name for name, cls in NORMS.items()})
+    """Bind every built-in norm in ``model`` for ``device`` by the process's ``norm.impl``
+    (normbench.model.impls.use); return each norm (by its registered name) -> the implementation it
+    runs, a user's norm by its own name. Under norm.impl=fused, a ConfigError where one can't."""
+    names = {cls: name for name, cls in NORMS.items()}
+    bound: dict[str, str] = {}
+    for module in model.modules():
+        name = names.get(type(module))
+        if name is not None:
+            how = module.bind(device) if isinstance(module, BuiltinNorm) else impls.chosen(name, device)
+            bound.setdefault(name, how)
+    impls.require_fused(bound, device)
+    return bound
+
+
+class BuiltinNorm(nn.Module):
+    """A built-in norm: the implementation of its ``kind`` (normbench.model.impls) is bound when it is
+    built (``bind`` closes its ``__init__``), so that its forward is one call to ``impl``; a norm
+    that has moved to another device since binds again at its next call."""
+
+    kind: str  # its entry in impls.TABLE
+    bound: Callable  # the math of its kind, eager or fused, for ``device``
+    device: torch.device  # where ``bound`` runs
+    impl_name: str  # which implementation is bound (impls.EAGER, FUSED_CPU or COMPILED)
+
+    def bind(self, device: torch.device | None = None) -> str:
+        """Bind the implementation for ``device`` (by default where its tensors are); return its name."""
+        if device is None:
+            tensors = itertools.chain(self.parameters(), self.buffers())
+            device = next((t.device for t in tensors), torch.device("cpu"))
+        if device.type == "cuda" and device.index is None:  # as a tensor's .device names it
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.impl_name, self.bound = impls.choose(self.kind, self, device)
+        return self.impl_name
+
+    def impl(self, x: torch.Tensor, *args):
+        """The bound implementation on ``x``, bound again first if ``x`` is on another device."""
+        if x.device != self.device:
+            self.bind(x.device)
+        return self.bound(x, *args)
 
 
 def register_norm(name: str):
@@ -156,40 +195,50 @@ def _check_eps(eps: float) -> float:
 
 
 @register_norm("ln")
-class LayerNorm(nn.Module):
+class LayerNorm(BuiltinNorm):
     """(x - mean) / sqrt(var + eps) * weight + bias over the channels (Ba et al. 2016)."""
 
     statistics = "token"
+    kind = "ln"
 
     def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True):
         super().__init__()
         self.eps = _check_eps(eps)
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.bind()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return impls.run("ln", x, self.weight, self.bias, self.eps)
+        return self.impl(x, self.weight, self.bias, self.eps)
 
 
-@implements("ln")
-def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    weight, bias = _params_for(x, weight, bias)
+def _layer_norm_cpu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    # On a CPU the parameters go in as they are (_params_for): at small widths each call shows.
     return F.layer_norm(x, weight.shape, weight, bias, eps)
 
 
+@implements("ln", eager_cpu=_layer_norm_cpu)
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return _layer_norm_cpu(x, *_params_for(x, weight, bias), eps)
+
+
 @register_norm("rms")
-class RMSNorm(nn.Module):
+class RMSNorm(BuiltinNorm):
     """x / sqrt(mean(x^2) + eps) * weight: no centring, no bias (Zhang & Sennrich 2019)."""
 
     statistics = "token"
+    kind = "rms"
 
     def __init__(self, dim: int, *, eps: float = 1e-6):
         super().__init__()
         self.eps = _check_eps(eps)
         self.weight = nn.Parameter(torch.ones(dim))
+        self.bind()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return impls.run("rms", x, self.weight, self.eps)
+        return self.impl(x, self.weight, self.eps)
 
 
 @implements("rms", fused_cpu="rms_norm")
@@ -201,7 +250,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 @register_norm("bn")
-class BatchNorm(nn.Module):
+class BatchNorm(BuiltinNorm):
     """Each channel normalized over every token of the batch (B x T) in training.
 
     Deliberately not causal in train mode: a token's statistics include future
@@ -215,6 +264,7 @@ class BatchNorm(nn.Module):
     """
 
     statistics = "batch"
+    kind = "bn"
 
     def __init__(self, dim: int, *, eps: float = 1e-5, momentum: float = 0.1, sync: bool = True):
         super().__init__()
@@ -224,13 +274,14 @@ class BatchNorm(nn.Module):
             raise ConfigError(f"norm.sync must be true or false, got {sync!r}", allowed=["true", "false"])
         self.sync = sync
         self.bn = nn.BatchNorm1d(dim, eps=_check_eps(eps), momentum=momentum)
+        self.bind()
 
     @property
     def weight(self) -> nn.Parameter:
         return self.bn.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return impls.run("bn", x, self.bn)
+        return self.impl(x, self.bn)
 
 
 @implements("bn")
@@ -241,7 +292,7 @@ def _batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
 
 
 @register_norm("gn")
-class GroupNorm(nn.Module):
+class GroupNorm(BuiltinNorm):
     """Per token: channels split into ``groups`` groups, each normalized on its own.
 
     ``F.group_norm`` pools each group over all trailing dims, so a (B, C, T) layout
@@ -250,6 +301,7 @@ class GroupNorm(nn.Module):
     """
 
     statistics = "token"
+    kind = "gn"
 
     def __init__(self, dim: int, *, eps: float = 1e-5, groups: int = 4):
         super().__init__()
@@ -262,18 +314,25 @@ class GroupNorm(nn.Module):
         self.groups = groups
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+        self.bind()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return impls.run("gn", x, self.weight, self.bias, self.groups, self.eps)
+        return self.impl(x, self.weight, self.bias, self.groups, self.eps)
+
+
+def _group_norm_cpu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, eps: float
+) -> torch.Tensor:
+    return F.group_norm(x.reshape(-1, x.shape[-1]), groups, weight, bias, eps).reshape(x.shape)
 
 
 # fused on a CPU: ATen's CPU group_norm on (tokens, C) is slow (docs/benchmarks.md#groupnorm)
-@implements("gn", fused_cpu="group_norm")
+@implements("gn", fused_cpu="group_norm", eager_cpu=_group_norm_cpu)
 def _group_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, eps: float
 ) -> torch.Tensor:
     weight, bias = _params_for(x, weight, bias)
-    return F.group_norm(x.reshape(-1, x.shape[-1]), groups, weight, bias, eps).reshape(x.shape)
+    return _group_norm_cpu(x, weight, bias, groups, eps)
 
 
 class _ScaleNormFunction(torch.autograd.Function):
@@ -319,18 +378,20 @@ implements("scale", fused_cpu="scale_norm", compiled=_scale_norm_math)(_ScaleNor
 
 
 @register_norm("scale")
-class ScaleNorm(nn.Module):
+class ScaleNorm(BuiltinNorm):
     """g * x / max(||x||, eps), one learned scalar g initialised to sqrt(dim) (Nguyen & Salazar 2019)."""
 
     statistics = "token"
+    kind = "scale"
 
     def __init__(self, dim: int, *, eps: float = 1e-5):
         super().__init__()
         self.eps = _check_eps(eps)
         self.weight = nn.Parameter(torch.tensor(math.sqrt(dim)))
+        self.bind()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return impls.run("scale", x, self.weight, self.eps)
+        return self.impl(x, self.weight, self.eps)
 
 
 def _dyt_math(
@@ -342,7 +403,7 @@ def _dyt_math(
 
 
 @register_norm("dyt")
-class DynamicTanh(nn.Module):
+class DynamicTanh(BuiltinNorm):
     """weight * tanh(alpha * x) + bias with one learned scalar alpha (Zhu et al. 2025): no statistics.
 
     alpha starts at ``alpha_init``, or per position at ``alpha_init_attn`` / ``_mlp`` / ``_final``
@@ -350,6 +411,7 @@ class DynamicTanh(nn.Module):
     """
 
     statistics = None
+    kind = "dyt"
     per_position = ("alpha_init",)
 
     def __init__(self, dim: int, *, alpha_init: float = 0.5, bias: bool = True):
@@ -357,13 +419,14 @@ class DynamicTanh(nn.Module):
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.bind()
 
     def argument(self, x: torch.Tensor) -> torch.Tensor:
         """What tanh squashes, alpha * x (the saturation diagnostic reads it)."""
         return self.alpha * x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return impls.run("dyt", x, self.alpha, self.weight, self.bias)
+        return self.impl(x, self.alpha, self.weight, self.bias)
 
 
 @implements("dyt", fused_cpu="dyt", compiled=_dyt_math)
@@ -391,7 +454,7 @@ def _derf_math(
 
 
 @register_norm("derf")
-class DynamicErf(nn.Module):
+class DynamicErf(BuiltinNorm):
     """weight * erf(alpha * x + shift) + bias, learned scalars alpha and shift: no statistics.
 
     Derf ("Stronger Normalization-Free Transformers", arXiv 2512.10938): DyT's point-wise squashing
@@ -401,6 +464,7 @@ class DynamicErf(nn.Module):
     """
 
     statistics = None
+    kind = "derf"
 
     def __init__(self, dim: int, *, alpha_init: float = 0.5, bias: bool = True):
         super().__init__()
@@ -408,13 +472,14 @@ class DynamicErf(nn.Module):
         self.shift = nn.Parameter(torch.tensor(0.0))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.bind()
 
     def argument(self, x: torch.Tensor) -> torch.Tensor:
         """What erf squashes, alpha * x + shift (the saturation diagnostic reads it)."""
         return self.alpha * x + self.shift
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return impls.run("derf", x, self.alpha, self.shift, self.weight, self.bias)
+        return self.impl(x, self.alpha, self.shift, self.weight, self.bias)
 
 
 implements("derf", compiled=_derf_math)(_derf_math)

@@ -5,10 +5,11 @@ of a second each on a 2-core machine, which for a 90-run grid of 3-second runs i
 sweep. Most of a grid's jobs differ only in plain key changes (``train.lr=0.01 seed=2``), which
 Hydra applies after composing. ``compose`` composes once per choice of groups (``norm=rms
 model=micro``, plus the sweep's own hydra overrides) through the loader's public
-``load_sweep_config``, then applies a job's key changes to a copy and fills in the fields Hydra
-derives from them (``hydra.overrides.task``, ``hydra.job.override_dirname``). Anything else
-(``+key``, ``~key``, a key the composed config lacks) goes through Hydra whole.
-tests/test_sweep.py checks the two give the same config for every job of a grid.
+``load_sweep_config``, then applies a job's key changes to a copy and fills in the two fields Hydra
+derives from the overrides (``hydra.overrides.task``, ``hydra.job.override_dirname``: Hydra's
+public API has no function for them). That derivation is checked against what Hydra returns for
+each base: where the two differ, every job of that choice of groups goes through Hydra whole, as
+does anything else (``+key``, ``~key``, a key the composed config lacks).
 
 normbench's sweeper (the plan) and its local launcher call it in the same process, so the launcher
 finds every choice of groups composed; the launcher's workers get each job's composed config
@@ -26,7 +27,7 @@ from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 _ABSENT = object()
-_bases: dict[tuple, DictConfig] = {}
+_bases: dict[tuple, DictConfig | None] = {}  # None: the derivation here is not Hydra's for this base
 _groups: dict[
     str, set[str]
 ] = {}  # a parent group's child groups: the config tree does not change in a process
@@ -45,27 +46,31 @@ def compose(loader: ConfigLoader, master: DictConfig, overrides: list[str]) -> D
         tuple(o.input_line for o in groups),
     )
     if key not in _bases:
-        _bases[key] = loader.load_sweep_config(master, [o.input_line for o in groups])
+        base = loader.load_sweep_config(master, [o.input_line for o in groups])
+        hydras = (OmegaConf.to_container(base.hydra.overrides.task), base.hydra.job.override_dirname)
+        _bases[key] = base if _derived(base, groups) == hydras else None
+    if _bases[key] is None:
+        return loader.load_sweep_config(master, overrides)
     cfg = copy.deepcopy(_bases[key])
     if any(OmegaConf.select(cfg, o.key_or_group, default=_ABSENT) is _ABSENT for o in keys):
         return loader.load_sweep_config(master, overrides)  # Hydra's own error message
     for o in keys:
         OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
-    app = [o for o in parsed if not o.is_hydra_override()]
-    dirname = cfg.hydra.job.config.override_dirname
+    task, dirname = _derived(cfg, parsed)
     with open_dict(cfg.hydra):
-        cfg.hydra.overrides.task = [o.input_line for o in app]
-        cfg.hydra.job.override_dirname = overrides_dirname(
-            app, dirname.exclude_keys, dirname.item_sep, dirname.kv_sep
-        )
+        cfg.hydra.overrides.task = task
+        cfg.hydra.job.override_dirname = dirname
     OmegaConf.copy_cache(from_config=master, to_config=cfg)
     return cfg
 
 
-def overrides_dirname(overrides: list[Override], exclude_keys, item_sep: str, kv_sep: str) -> str:
-    """``hydra.job.override_dirname`` as Hydra derives it: the sorted overrides, ``=`` as kv_sep."""
-    lines = sorted(o.input_line for o in overrides if o.key_or_group not in exclude_keys)
-    return re.sub("=", kv_sep, item_sep.join(lines))
+def _derived(cfg: DictConfig, overrides: list[Override]) -> tuple[list[str], str]:
+    """``hydra.overrides.task`` and ``hydra.job.override_dirname`` as Hydra derives them from a job's
+    overrides: the task's own overrides, and those sorted (less ``exclude_keys``), ``=`` as kv_sep."""
+    app = [o for o in overrides if not o.is_hydra_override()]
+    how = cfg.hydra.job.config.override_dirname
+    lines = sorted(o.input_line for o in app if o.key_or_group not in how.exclude_keys)
+    return [o.input_line for o in app], re.sub("=", how.kv_sep, how.item_sep.join(lines))
 
 
 def _plain_change(o: Override) -> bool:

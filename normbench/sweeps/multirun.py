@@ -1,12 +1,13 @@
 """Hydra's multirun in a child process of ``normbench sweep``, in its own process group.
 
 ``normbench.sweeps.sweep`` starts the child first thing, with the user's overrides; in it, Hydra's
-multirun runs normbench's sweeper (which plans, then says where the plan is: a ``PLANNED`` line)
-and the chosen launcher (the local one's workers warm up while the sweeper plans). The sweep
-command reads the child's output until the plan is made, then copies it into sweep.log and watches
-the run directories. The child's own process group holds its workers too: Ctrl-C or the death of
-the sweep command stops every job. A mistake found before anything runs comes back as one
-``ERROR`` line and exit code 2.
+multirun runs normbench's sweeper (which plans, then says where the plan is) and the chosen
+launcher (the local one's workers warm up while the sweeper plans). The child's messages to the
+sweep command are JSON objects on stdout, each on its own line after one tag (``tell``):
+``{"planned": sweep_dir}`` when the plan is made, ``{"error": message}`` for a mistake found before
+anything runs (then exit code 2). The sweep command reads the child's output until the plan is made,
+then copies it into sweep.log and watches the run directories. The child's own process group holds
+its workers too: Ctrl-C or the death of the sweep command stops every job.
 
 This module imports neither PyTorch nor Hydra, so that the sweep command can start the child first.
 """
@@ -14,6 +15,7 @@ This module imports neither PyTorch nor Hydra, so that the sweep command can sta
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import socket
@@ -33,8 +35,7 @@ STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
 )
 PARENT_ENV = "NORMBENCH_SWEEP_PARENT"
-ERROR = "[normbench] error:"  # the child's one line for a mistake found before any job ran
-PLANNED = "[normbench] planned:"  # the sweeper's line that gives the sweep command the plan's directory
+TAG = "[normbench] "  # what starts a line that holds a message of the child's, a JSON object
 
 
 def sweep_owner() -> str:
@@ -63,16 +64,30 @@ def start(args: list[str], retry_failed: bool = False) -> subprocess.Popen:
     )
 
 
-def read_until(proc: subprocess.Popen, marker: str) -> tuple[str | None, list[bytes]]:
-    """The child's output up to the line that starts with ``marker``: (the rest of that line, the lines
-    before it); (None, every line) if the child ended first."""
-    lines = []
+def read_plan(proc: subprocess.Popen) -> tuple[dict, list[bytes]]:
+    """The child's output up to its message that the plan is made: (that message, the lines before it);
+    if the child ended first, (its last message, such as an error, or {}; every other line)."""
+    lines, said = [], {}
     for line in iter(proc.stdout.readline, b""):
-        text = line.decode(errors="replace")
-        if text.startswith(marker):
-            return text[len(marker) :].strip(), lines
-        lines.append(line)
-    return None, lines
+        message = _message(line)
+        if message is None:
+            lines.append(line)
+            continue
+        said = message
+        if "planned" in message:
+            break
+    return said, lines
+
+
+def _message(line: bytes) -> dict | None:
+    text = line.decode(errors="replace")
+    if not text.startswith(TAG):
+        return None
+    try:
+        message = json.loads(text[len(TAG) :])
+    except ValueError:  # a job's own output that happens to start with the tag
+        return None
+    return message if isinstance(message, dict) else None
 
 
 def copy_output(proc: subprocess.Popen, log: Path, before: list[bytes]) -> threading.Thread:
@@ -83,7 +98,7 @@ def copy_output(proc: subprocess.Popen, log: Path, before: list[bytes]) -> threa
         with open(log, "ab") as out:
             out.writelines(before)
             out.flush()
-            while chunk := proc.stdout.read1(1 << 16):  # what read_until's reads left buffered, first
+            while chunk := proc.stdout.read1(1 << 16):  # what read_plan's reads left buffered, first
                 out.write(chunk)
                 out.flush()
 
@@ -109,6 +124,11 @@ def abandon(proc: subprocess.Popen) -> None:
 # ----------------------------------------------------------------------------- in the child
 
 
+def tell(**message: str) -> None:
+    """One message to the sweep command: ``planned=sweep_dir`` (the sweeper) or ``error=text``."""
+    print(TAG + json.dumps(message), flush=True)
+
+
 def main() -> None:
     """The child: Hydra's multirun over normbench.sweeps.job.task, a mistake said in one line."""
     parent = int(os.environ.get(PARENT_ENV) or 0)
@@ -127,10 +147,10 @@ def main() -> None:
     try:
         hydra_main()
     except ConfigError as err:
-        print(f"{ERROR} {err}", flush=True)
+        tell(error=str(err))
         sys.exit(2)
     except (HydraException, OmegaConfBaseException) as err:
-        print(f"{ERROR} {composition_error(err)}", flush=True)
+        tell(error=composition_error(err))
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -229,10 +229,10 @@ def run_sweep(
     child = child or multirun.start(args, retry_failed)
     try:
         check_args(args)
-        where, before = multirun.read_until(child, multirun.PLANNED)
-        if where is None:
-            return _failed_before_launch(child, before, console)
-        plan = Plan.read(Path(where))
+        said, before = multirun.read_plan(child)
+        if "planned" not in said:
+            return _failed_before_launch(child, said, before, console)
+        plan = Plan.read(Path(said["planned"]))
     except KeyboardInterrupt:
         multirun.abandon(child)
         console.print("[yellow]interrupted[/yellow] while planning: no run had started")
@@ -351,14 +351,14 @@ def _say_batching(plan: Plan, console: Console) -> None:
         console.print(line, soft_wrap=True, highlight=False)
 
 
-def _failed_before_launch(child: subprocess.Popen, output: list[bytes], console: Console) -> int:
-    """The multirun ended before its sweeper made a plan: a mistake (ConfigError), else Hydra's last line."""
+def _failed_before_launch(child: subprocess.Popen, said: dict, output: list[bytes], console: Console) -> int:
+    """The multirun ended before its sweeper made a plan: a mistake it told (a ConfigError), else Hydra's
+    last line."""
     child.wait()
     child.stdout.close()
+    if "error" in said:
+        raise ConfigError(said["error"])
     lines = [line.decode(errors="replace").strip() for line in output if line.strip()]
-    for line in reversed(lines):
-        if line.startswith(multirun.ERROR):
-            raise ConfigError(line[len(multirun.ERROR) :].strip())
     console.print(
         Text.assemble(("Hydra's multirun stopped with an error: ", "red"), lines[-1] if lines else "")
     )

@@ -30,7 +30,7 @@ from normbench.core.errors import ConfigError, first_line, unknown_key
 from normbench.core.identity import NOT_HASHED, config_hash
 from normbench.data.corpus import DATA_SCHEMAS, DataConfig
 from normbench.model.gpt import ModelConfig
-from normbench.model.impls import MODES
+from normbench.model.impls import NormImpl
 from normbench.model.norms import check_norm
 from normbench.model.placements import placement_options
 from normbench.training.sinks import logger_options
@@ -122,7 +122,7 @@ class RunConfig:
     sweep: str | None = None  # the sweep this run belongs to, if any: trackers group its runs by it
     source: DictConfig | None = None  # the composed config it was parsed from: config.yaml's content
     config_hash: str | None = None  # the run's identity (see config_hash): a checkpoint must match it
-    norm_impl: str = "auto"  # norm.impl: which implementation the norms run (normbench.model.impls)
+    norm_impl: NormImpl = NormImpl.AUTO  # norm.impl: which implementation the norms run
 
 
 # Typed configs by their group's content: a sweep's plan checks every job, and most jobs share
@@ -177,9 +177,7 @@ def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
     known."""
     norm = OmegaConf.to_container(cfg.norm, resolve=True)
     # not a norm's option: the same for every norm, chosen here (the norms read it from normbench.model.impls)
-    norm_impl = str(norm.pop("impl", "auto"))
-    if norm_impl not in MODES:
-        raise ConfigError(f"unknown norm.impl '{norm_impl}'", allowed=list(MODES))
+    norm_impl = NormImpl(str(norm.pop("impl", "auto")))  # an unknown one is a ConfigError
     placement = OmegaConf.to_container(cfg.placement, resolve=True)
     check_norm(norm.get("name"), {k: v for k, v in norm.items() if k != "name"})
     placement_options(placement)  # an unknown placement, option or option value fails here
