@@ -37,6 +37,7 @@ from normbench.core import provenance
 from normbench.core.devices import PRECISIONS, resolve_device
 from normbench.core.errors import ConfigError, first_line
 from normbench.core.fileio import write_atomic
+from normbench.model import impls as norm_impls
 from normbench.model.impls import COMPILED, EAGER, chosen
 from normbench.model.norms import NORMS, build_norm
 
@@ -304,6 +305,7 @@ def run_bench(
     console = console or Console()
     if dev.type == "cpu":
         _keep_freed_memory()
+    norm_impls.use("auto")  # what a run binds by default, whatever an earlier run in this process chose
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads or saved_threads)
     try:

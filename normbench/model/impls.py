@@ -2,8 +2,7 @@
 
 Every built-in norm declares its implementations here (``@implements`` on its eager math, in
 normbench.model.norms), and binds one of them when it is built, again at its first call on another
-device (``choose``):
-its ``forward`` is its parameters plus one call to what it bound.
+device (``choose``): its ``forward`` is its parameters plus one call to what it bound.
 
 - ``fused-cpu``: normbench's C++ op (normbench.model.kernels) on a CPU;
 - ``compiled``: the norm's plain-op math torch.compile'd (inductor, Triton) on a GPU, where

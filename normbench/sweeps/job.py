@@ -206,16 +206,14 @@ class RunGate(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from normbench.training import distributed
-        from normbench.training.config import parse_config
+        from normbench.training.config import checked
 
         console = Console(stderr=True)
         cfg_hash = config_hash(config)
-        # An edge of its own: Hydra turns a callback's exception into a warning and goes on to create
-        # the run directory, so the gate ends the command itself.
-        try:
-            parse_config(config, cfg_hash)
-        except ConfigError as err:
-            _fail(console, escape(str(err)), multirun=False, code=2)
+        # Hydra turns a callback's exception into a warning and goes on to create the run directory,
+        # so the gate ends the command itself.
+        if (why := checked(config, cfg_hash)[1]) is not None:
+            _fail(console, escape(why), multirun=False, code=2)
         if not distributed.is_main():  # the other ranks' Hydra directory is a scratch one (normbench.cli)
             return
         HydraConfig.instance().set_config(config)  # what hydra.run.dir may interpolate (${hydra:...})

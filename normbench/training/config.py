@@ -208,7 +208,8 @@ def parse_config(cfg: DictConfig, cfg_hash: str | None = None) -> RunConfig:
 
 def checked(cfg: DictConfig, cfg_hash: str | None = None) -> tuple[RunConfig | None, str | None]:
     """(the run's config, None), or (None, why it cannot run): a sweep's plan and its batching ask this
-    of every job, and go on past one that cannot (it fails as its own run)."""
+    of every job, and go on past one that cannot (it fails as its own run); a single run's gate stops
+    at it before Hydra writes anything."""
     try:
         return parse_config(cfg, cfg_hash), None
     except ConfigError as err:
