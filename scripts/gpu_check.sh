@@ -62,7 +62,7 @@ stage() {
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "on", torch.cuda.get_device_name())'
 
 stage tests 130 "$PY" -m pytest -q -m "not slow" -k cuda -p no:cacheprovider \
-    tests/test_cuda.py tests/test_norms.py tests/test_bench.py
+    tests/test_cuda.py tests/test_norms.py tests/test_norm_kernels.py tests/test_bench.py
 
 stage bench 60 "$PY" -m normbench bench --device cuda --dtype fp32,bf16 --dims 1024,4096 \
     --tokens 16384 --no-compile --repeats 10 --out "$LOGS/bench.csv"
