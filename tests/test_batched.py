@@ -262,3 +262,27 @@ def test_a_stopped_group_checkpoints_every_seed_and_resumes_exactly(tmp_path, mo
     for s, summary in zip(seeds, resumed):
         assert summary["resumed_at"] == [10]
         assert_same_run(tmp_path / f"b{s}", tmp_path / f"r{s}")
+
+
+def test_seeds_checkpointed_at_different_steps_start_the_group_afresh(tmp_path, monkeypatch):
+    """One seed's checkpoint gone: the group cannot resume as one, so every seed starts again and ends
+    where an uninterrupted group ends."""
+    seeds = [0, 1]
+    train_batched(runs_of(seeds, "train.checkpoint_every=0"), [tmp_path / f"r{s}" for s in seeds])
+    log, sent = MetricSinks.log, []
+
+    def log_and_signal(self, record):
+        log(self, record)
+        if (record.get("kind"), record.get("step")) == ("train", 10) and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    dirs = [tmp_path / f"b{s}" for s in seeds]
+    with monkeypatch.context() as m:
+        m.setattr(MetricSinks, "log", log_and_signal)
+        train_batched(runs_of(seeds), dirs)
+    RunDir(dirs[1]).remove_checkpoints()
+    again = train_batched(runs_of(seeds), dirs)
+    assert [s.get("resumed_at") for s in again] == [[], []]
+    for s in seeds:
+        assert_same_run(tmp_path / f"b{s}", tmp_path / f"r{s}")

@@ -293,8 +293,9 @@ def train_batched(runs: list, run_dirs: list[Path], console: Console | None = No
             console.print(
                 f"[yellow]the seeds' checkpoints are at steps {steps}: the group starts afresh[/yellow]"
             )
-            for state in states:
-                state.dir.remove_checkpoints()
+            for loop in loops:  # their metrics and trackers are the discarded start's
+                loop.sinks.abort()
+                loop.state.dir.remove_checkpoints()
             states, loops = _seeds(runs, run_dirs, console, started)
         group = Group(states)  # stacks each seed's weights and optimizer state, resumed or new
     # The group's time before a resume (every seed's checkpoint holds it), counted once, then shared.
