@@ -8,7 +8,12 @@ rounds so that a shared machine's drift hits both alike, and the table shows the
 rounds. Usage:
 
     python benchmarks/batched_seeds.py [--rounds 2] [--steps 40] [--models micro,mini] [--ks 2,4,8]
-        [OVERRIDES...]
+        [--kernels] [OVERRIDES...]
+
+``--kernels`` also times each side under PyTorch's profiler and adds the seconds spent inside ATen's
+kernels (the self time of every ``aten::`` op, summed): what batching cannot remove, since K seeds'
+arithmetic batched is the same arithmetic. Its ratio bounds from below what batching can reach on a
+machine where the step is arithmetic.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from torch.profiler import ProfilerActivity, profile
 
 from normbench.core.configtree import compose
 from normbench.training.batched import train_batched
@@ -48,6 +54,14 @@ def runs_of(model: str, k: int, steps: int, overrides: list[str], batched: bool)
     ]
 
 
+def kernel_seconds(model: str, k: int, steps: int, overrides: list[str], batched: bool, out: Path) -> float:
+    """Seconds inside ATen's kernels while the K runs train (one side, under the profiler)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        timed(model, k, steps, overrides, batched, out)
+    micros = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::"))
+    return micros / 1e6
+
+
 def timed(model: str, k: int, steps: int, overrides: list[str], batched: bool, out: Path) -> float:
     runs = runs_of(model, k, steps, overrides, batched)
     dirs = [out / f"{model}-{k}-{'b' if batched else 's'}{run.seed}-{time.perf_counter_ns()}" for run in runs]
@@ -69,12 +83,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--models", default="micro,mini")
     parser.add_argument("--ks", default="2,4,8")
+    parser.add_argument("--kernels", action="store_true", help="also the seconds inside ATen's kernels")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (default: train.threads=1)")
     args = parser.parse_args()
     overrides = args.overrides or ["train.threads=1"]
     warm_up(1)
     table = Table(title=f"{args.steps} steps per seed, {' '.join(overrides)}; median of {args.rounds} rounds")
-    for column in ("model", "K", "sequential s", "batched s", "batched / sequential"):
+    columns = ["model", "K", "sequential s", "batched s", "batched / sequential"]
+    if args.kernels:
+        columns += ["kernels: sequential s", "batched s", "batched / sequential"]
+    for column in columns:
         table.add_column(column, justify="right")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -87,7 +105,11 @@ def main() -> None:
                     for batched in (r % 2 == 1, r % 2 == 0):  # alternate which side goes first
                         times[batched].append(timed(model, k, args.steps, overrides, batched, out))
                 seq, bat = statistics.median(times[False]), statistics.median(times[True])
-                table.add_row(model, str(k), f"{seq:.2f}", f"{bat:.2f}", f"{bat / seq:.2f}x")
+                row = [model, str(k), f"{seq:.2f}", f"{bat:.2f}", f"{bat / seq:.2f}x"]
+                if args.kernels:
+                    kseq, kbat = (kernel_seconds(model, k, args.steps, overrides, b, out) for b in (0, 1))
+                    row += [f"{kseq:.2f}", f"{kbat:.2f}", f"{kbat / kseq:.2f}x"]
+                table.add_row(*row)
                 Console().print(f"{model} K={k}: sequential {times[False]}, batched {times[True]}")
     Console().print(table)
 

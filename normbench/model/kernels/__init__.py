@@ -10,8 +10,9 @@ forward and a backward in the fewest full-size passes, registered as ``torch.ops
 the C++ compiler: about half a minute, once, said in one line) and loads them. The build is
 cached under a name that hashes what the library depends on: the source's text, the compiler's
 version, torch's and Python's versions and this CPU's instruction set; not the source's path.
-The source is copied into the build's own directory under that name, so ninja's build file names
-one path whatever checkout or virtual environment asks: every clone on a machine shares one build.
+The source is copied into the build's own directory under that name, and a built library is loaded
+as it is, without asking ninja (whose build file names the headers of the virtual environment that
+built it): every clone and every virtual environment on a machine shares one build.
 ``python -m normbench.model.kernels`` builds them ahead (scripts/setup.sh does). Where there is no
 compiler, a build fails, or ``NORMBENCH_KERNELS=0``, ``available()`` is False and ``why()`` says why;
 normbench.model.impls then runs the eager path and says so once.
@@ -124,6 +125,15 @@ def _load() -> None:
     from torch.utils import cpp_extension
 
     name, directory, builds = build_name(), build_dir(), not is_built()
+    if not builds:
+        # Loaded as it is: its name already pins what it depends on. Through ninja, a build made from
+        # another virtual environment (whose build.ninja names that environment's torch headers) would
+        # read as changed and compile again, half a minute unannounced, at every switch between them.
+        try:
+            torch.ops.load_library(str(directory / f"{name}.so"))
+            return
+        except OSError:
+            pass  # unreadable (a build cut short): ninja below decides, under torch's build lock
     if builds:
         print("normbench: building the fused CPU norm kernels, once, about 30 s", file=sys.stderr, flush=True)
     started = time.perf_counter()
