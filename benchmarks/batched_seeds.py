@@ -107,7 +107,9 @@ def main() -> None:
                 seq, bat = statistics.median(times[False]), statistics.median(times[True])
                 row = [model, str(k), f"{seq:.2f}", f"{bat:.2f}", f"{bat / seq:.2f}x"]
                 if args.kernels:
-                    kseq, kbat = (kernel_seconds(model, k, args.steps, overrides, b, out) for b in (0, 1))
+                    kseq, kbat = (
+                        kernel_seconds(model, k, args.steps, overrides, side, out) for side in (False, True)
+                    )
                     row += [f"{kseq:.2f}", f"{kbat:.2f}", f"{kbat / kseq:.2f}x"]
                 table.add_row(*row)
                 Console().print(f"{model} K={k}: sequential {times[False]}, batched {times[True]}")
