@@ -2,7 +2,8 @@
 # Publish the claims registry from one clean commit, claim by claim, resumably:
 #   ./scripts/publish_claims.sh [ID...]      (default: every claim, cheapest first)
 # Each claim's sweep runs in a clean checkout of HEAD (a git worktree beside this one, so nothing edited
-# here later can enter its runs: their provenance names that commit, clean). As each claim finishes, its
+# here later can enter its runs: their provenance names that commit, clean, and every run of a claim is
+# trained there, none reused from a record published before). As each claim finishes, its
 # run records (config.yaml, summary.json, metrics.jsonl; no checkpoints) are copied into
 # results/claims/ID/, the published claims.csv, claims.md, docs/claims.md and the README's headline
 # are recomputed from every record there, and they are committed together. Run it again to go on: the
@@ -26,7 +27,9 @@ else
 from normbench.claims.schema import load_registry
 for c in sorted(load_registry(), key=lambda c: c.cost_s or 0): print(c.id)")
 fi
-runs="$tree/results/claims"
+# Not the checkout's results/claims: that holds the records published before, of other commits, which
+# a sweep would reuse (same config) and a changed grid would leave beside its own runs.
+runs="$tree/results/publish"
 for id in "${ids[@]}"; do
     echo "== $id ($(date -u +%H:%M:%S))"
     # the clean checkout's code, configs and plugins: PYTHONPATH puts them before this checkout's install
