@@ -134,7 +134,7 @@ def _load() -> None:
             return
         except OSError:
             pass  # unreadable (a build cut short): ninja below decides, under torch's build lock
-    if builds:
+    else:
         print("normbench: building the fused CPU norm kernels, once, about 30 s", file=sys.stderr, flush=True)
     started = time.perf_counter()
     # Torch's own compiler warnings would add lines to the one normbench prints on failure.
