@@ -236,12 +236,8 @@ def test_claims_batch_seeds_by_default_on_cuda_alone():
     assert batching.pays([]) == torch.cuda.is_available()
 
 
-def test_a_stopped_group_checkpoints_every_seed_and_resumes_exactly(tmp_path, monkeypatch):
-    """SIGTERM in step 10: each seed's checkpoint (its weights, its share of AdamW's state, the shared
-    dropout RNG), then the same group resumes to the uninterrupted group's losses, bit for bit."""
-    overrides = ("model.dropout=0.1", "train.stats_every=4")
-    seeds = [0, 1]
-    train_batched(runs_of(seeds, *overrides, "train.checkpoint_every=0"), [tmp_path / f"r{s}" for s in seeds])
+def stopped_at_step_10(monkeypatch, runs, dirs) -> list[dict]:
+    """The group trained with a SIGTERM sent as it logs step 10 (as a scheduler's preemption would)."""
     log, sent = MetricSinks.log, []
 
     def log_and_signal(self, record):
@@ -250,10 +246,19 @@ def test_a_stopped_group_checkpoints_every_seed_and_resumes_exactly(tmp_path, mo
             sent.append(True)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    dirs = [tmp_path / f"b{s}" for s in seeds]
     with monkeypatch.context() as m:
         m.setattr(MetricSinks, "log", log_and_signal)
-        stopped = train_batched(runs_of(seeds, *overrides), dirs)
+        return train_batched(runs, dirs)
+
+
+def test_a_stopped_group_checkpoints_every_seed_and_resumes_exactly(tmp_path, monkeypatch):
+    """SIGTERM in step 10: each seed's checkpoint (its weights, its share of AdamW's state, the shared
+    dropout RNG), then the same group resumes to the uninterrupted group's losses, bit for bit."""
+    overrides = ("model.dropout=0.1", "train.stats_every=4")
+    seeds = [0, 1]
+    train_batched(runs_of(seeds, *overrides, "train.checkpoint_every=0"), [tmp_path / f"r{s}" for s in seeds])
+    dirs = [tmp_path / f"b{s}" for s in seeds]
+    stopped = stopped_at_step_10(monkeypatch, runs_of(seeds, *overrides), dirs)
     assert [s["status"] for s in stopped] == ["interrupted"] * 2 and {s["steps"] for s in stopped} == {10}
     saved = [torch.load(d / "checkpoint.pt", weights_only=True) for d in dirs]
     assert [s["step"] for s in saved] == [10, 10]
@@ -269,18 +274,8 @@ def test_seeds_checkpointed_at_different_steps_start_the_group_afresh(tmp_path, 
     where an uninterrupted group ends."""
     seeds = [0, 1]
     train_batched(runs_of(seeds, "train.checkpoint_every=0"), [tmp_path / f"r{s}" for s in seeds])
-    log, sent = MetricSinks.log, []
-
-    def log_and_signal(self, record):
-        log(self, record)
-        if (record.get("kind"), record.get("step")) == ("train", 10) and not sent:
-            sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)
-
     dirs = [tmp_path / f"b{s}" for s in seeds]
-    with monkeypatch.context() as m:
-        m.setattr(MetricSinks, "log", log_and_signal)
-        train_batched(runs_of(seeds), dirs)
+    stopped_at_step_10(monkeypatch, runs_of(seeds), dirs)
     RunDir(dirs[1]).remove_checkpoints()
     again = train_batched(runs_of(seeds), dirs)
     assert [s.get("resumed_at") for s in again] == [[], []]

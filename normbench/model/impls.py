@@ -108,17 +108,11 @@ def choose(kind: str, module: nn.Module, device: torch.device) -> tuple[str, Cal
 def _fused(fast: Callable, eager: Callable, cpu: bool) -> Callable:
     """``fast``, but the eager math under torch.compile of the whole model (which traces it and fuses it
     itself) and, for a CPU kernel, on an empty tensor."""
-    if cpu:
 
-        def fused(x: torch.Tensor, *args):
-            if x.numel() and not torch.compiler.is_compiling():
-                return fast(x, *args)
+    def fused(x: torch.Tensor, *args):
+        if torch.compiler.is_compiling() or (cpu and not x.numel()):
             return eager(x, *args)
-
-    else:
-
-        def fused(x: torch.Tensor, *args):
-            return eager(x, *args) if torch.compiler.is_compiling() else fast(x, *args)
+        return fast(x, *args)
 
     return fused
 
