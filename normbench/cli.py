@@ -3,8 +3,9 @@
 ``train`` and ``sweep`` hand their arguments to Hydra untouched (override syntax,
 ``--cfg job``, ``hydra.run.dir=...``); the other commands call library functions. The options
 that every command composing a config shares (``--config-dir``) are declared once here. A user's
-mistake is a ConfigError wherever it is found, said in one line with exit 2 by the app's one handler
-(``MistakeEdge``); a mistake Hydra finds becomes one (``normbench.core.errors.composition_error``).
+mistake is a ConfigError wherever it is found, said in one line with exit 2 at the app's edge
+(``MistakeEdge``, through ``normbench.core.errors.edge``); a mistake Hydra finds becomes one
+(``normbench.core.errors.composition_error``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from normbench.core.configtree import (  # not normbench.training.config, which 
     added_options,
     group_options,
 )
-from normbench.core.errors import ConfigError
+from normbench.core.errors import ConfigError, edge
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 GROUPS = "{groups}"  # where a command's help lists the config groups' options (GroupsHelp)
@@ -75,15 +76,15 @@ def _config_dir_in(args: list[str]) -> Path | None:
 
 
 class MistakeEdge(TyperGroup):
-    """The one handler of a user's mistake: a ConfigError raised anywhere under a command (the
-    ``claims`` commands too) is its one line, ``error: ...``, and exit 2, with no traceback."""
+    """The app's edge: a ConfigError raised anywhere under a command (the ``claims`` commands too) is
+    its one line, ``error: ...``, and exit 2, with no traceback."""
 
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except ConfigError as err:
-            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(2) from None
+        return edge(lambda: super(MistakeEdge, self).invoke(ctx), _say_error)
+
+
+def _say_error(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
 
 
 app = typer.Typer(

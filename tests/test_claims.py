@@ -328,6 +328,30 @@ def test_reports_writes_each_claims_own_report_and_links_it(tmp_path, monkeypatc
     assert "| [`rms_matches_ln_quality`](rms_matches_ln_quality/report/report.html) | reproduced |" in page
 
 
+def test_reports_warns_of_a_claim_it_cannot_report_and_reports_the_others(tmp_path, monkeypatch):
+    """A claim whose runs have not finished, or whose folder also holds runs of other numerics (which a
+    report refuses to mix), gets a warning naming why; the claims beside it are still reported."""
+    monkeypatch.chdir(tmp_path)  # no published registry here
+    from normbench.report import charts
+
+    monkeypatch.setattr(charts, "CHARTS", ())
+    root = tmp_path / "claims"
+    pair(root / "rms_matches_ln_quality", [2.0, 2.1, 2.05], [2.001, 2.099, 2.052])
+    pair(root / "norm_vs_none", [1.9, 1.98, 1.96], [2.0, 2.1, 2.05], b_norm="none")
+    old = {**PROVENANCE, "numerics": provenance.NUMERICS - 1}
+    plant(root / "norm_vs_none", "none_s3", seed=3, final=2.0, norm="none", provenance=old)
+    (plant(root / "rms_faster", "rms_s0", seed=0, final=2.0, norm="rms") / "summary.json").unlink()
+    result = cli("claims", "report", "--reports", str(root))
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"no report for {root / 'norm_vs_none'}: 1 run(s) of other numerics" in said
+    assert f"no report for {root / 'rms_faster'}: no finished run in" in said
+    assert (root / "rms_matches_ln_quality" / "report" / "report.html").is_file()
+    assert not (root / "norm_vs_none" / "report").exists() and not (root / "rms_faster" / "report").exists()
+    frame = pd.read_csv(root / "claims.csv").set_index("id")
+    assert frame.loc["norm_vs_none", "verdict"] != "not run"  # judged on its current runs all the same
+
+
 def test_markdown_page_is_the_commands_output_from_the_csv(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no published registry here
     pair(tmp_path / "claims" / "rms_matches_ln_quality", [2.0, 2.1, 2.05], [2.001, 2.099, 2.052])

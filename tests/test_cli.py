@@ -374,3 +374,28 @@ def test_bench_writes_a_csv_and_rejects_bad_numbers(tmp_path):
             flag,
             bad.output,
         )
+
+
+def test_a_mistake_inside_nested_subjects_is_said_of_each_outermost_first():
+    from normbench.core.errors import ConfigError, about
+
+    with pytest.raises(ConfigError) as err, about("claim.yaml"), about("sweep"):
+        raise ConfigError("unknown norm 'lnn'", allowed=["ln", "rms"])
+    assert str(err.value) == "claim.yaml: sweep: unknown norm 'lnn'; allowed: ln, rms"
+    assert err.value.allowed == ["ln", "rms"]
+    with about("elsewhere"):
+        pass
+    assert str(ConfigError("bad")) == "bad"  # outside every block, said of nothing
+
+
+def test_a_qk_norm_that_cannot_be_built_at_the_head_width_names_the_key_and_width(tmp_path):
+    run = tmp_path / "run"
+    result = run_cli(
+        "train", *tiny("model.qk_norm=gn", "model.d_model=84", "model.n_head=2"), f"hydra.run.dir={run}"
+    )
+    assert result.returncode == 2 and not run.exists()
+    assert "Traceback" not in result.stderr
+    assert (
+        "error: model.qk_norm=gn over 42 channels: norm.groups=4 must divide the model width 42"
+        in " ".join(result.stderr.split())
+    )

@@ -138,6 +138,39 @@ def test_the_layer_rule_catches_an_import_running_back_up():
     assert "training" not in ALLOWED["model"] and "model" not in ALLOWED["data"]
 
 
+def config_error_handlers(root: Path) -> set[str]:
+    """``module.function`` of every ``except`` clause below ``root`` that names ConfigError."""
+    found = set()
+    for path in root.rglob("*.py"):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for func in ast.walk(ast.parse(path.read_text())):
+            if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+                for node in ast.walk(func):
+                    if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                        caught = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+                        if any(ast.unparse(c).split(".")[-1] == "ConfigError" for c in caught):
+                            found.add(f"{module}.{func.name}")
+    return found
+
+
+def test_a_users_mistake_is_handled_at_the_edge_and_made_a_value_in_one_place():
+    """A ConfigError is caught in two places: the edge of each normbench process (the CLI's, a sweep's
+    Hydra child's) and ``checked``, where a sweep's plan reads an invalid job as a line of it."""
+    assert config_error_handlers(PACKAGE) == {
+        "normbench.core.errors.edge",
+        "normbench.training.config.checked",
+    }
+
+
+def test_the_handler_count_sees_a_handler_added(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "mod.py").write_text(
+        "def f():\n    try:\n        g()\n    except (KeyError, errors.ConfigError):\n        pass\n"
+    )
+    assert config_error_handlers(package) == {"pkg.mod.f"}
+
+
 def test_the_report_loads_neither_the_training_loop_nor_the_model():
     code = (
         "import sys, normbench.report; "

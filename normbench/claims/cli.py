@@ -164,29 +164,33 @@ def report(
         registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
     )
     if reports:
-        _claim_reports([v.folder for v in verdicts if v.folder is not None], console)
+        _claim_reports(verdicts, console)
     target = out or (paths[0] if paths else LOCAL)
     frame = output.write(verdicts, target, PUBLISHED / "claims.csv")
     output.show(frame, console)
     console.print(f"wrote {target / 'claims.csv'}, claims.md, claims.html", highlight=False)
 
 
-def _claim_reports(folders: list[Path], console) -> None:
-    """normbench report FOLDER into FOLDER/report/ for each claim run, its output kept off the terminal."""
+def _claim_reports(verdicts: list, console) -> None:
+    """normbench report ID/ into ID/report/ for each claim judged, its output kept off the terminal. A
+    claim without a finished run, or with runs of other numerics beside its current ones (which the
+    report would refuse to mix), gets a warning instead: one claim's report must not cost the others'."""
     import io
 
     from rich.console import Console
 
-    from normbench.core.errors import ConfigError
     from normbench.report import run_report
 
-    for folder in folders:
-        # Recovered here, not at the command line's edge: one claim's report that cannot be made (its
-        # runs all failed, say) must not cost the verdicts of the others, written next.
-        try:
-            run_report([folder], out=folder / "report", console=Console(file=io.StringIO()))
-        except ConfigError as err:
-            console.print(f"[yellow]warning[/yellow] no report for {folder}: {err}", highlight=False)
+    for v in verdicts:
+        if v.folder is None:
+            continue
+        why = v.outcome.reason if v.word == "not run" else ""
+        if v.stale and not why:
+            why = f"{v.stale} run(s) of other numerics (normbench claims run {v.claim.id} retrains them)"
+        if why:
+            console.print(f"[yellow]warning[/yellow] no report for {v.folder}: {why}", highlight=False)
+        else:
+            run_report([v.folder], out=v.folder / "report", console=Console(file=io.StringIO()))
 
 
 @app.command()

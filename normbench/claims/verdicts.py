@@ -49,6 +49,7 @@ class Verdict:
     provenance: str = ""
     corrected: bool = False
     alpha: float = ALPHA
+    stale: int = 0  # runs in the folder of other numerics, left out of the verdict
 
     @property
     def word(self) -> str:
@@ -121,7 +122,7 @@ def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda 
     used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
     params = pd.to_numeric(used["params"], errors="coerce").mean() if "params" in used else math.nan
     provenance = ", ".join(p for p in (describe_provenance(outcome.runs), _changed(claim, folder)) if p)
-    return Verdict(claim, outcome, folder, params, provenance, alpha=alpha)
+    return Verdict(claim, outcome, folder, params, provenance, alpha=alpha, stale=int(stale.sum()))
 
 
 def _changed(claim: Claim, folder: Path) -> str:

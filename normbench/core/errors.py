@@ -1,29 +1,52 @@
-"""User-facing errors: one exception type the CLI turns into a short message and a non-zero exit."""
+"""User-facing errors: one exception type, said in one line with exit code 2 at the edge of each of
+normbench's processes (``edge``), and the helpers that word them."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import difflib
 import importlib.util
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# What the ConfigErrors made inside ``about`` blocks are about, outermost first.
+_SUBJECTS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("subjects", default=())
 
 
 class ConfigError(ValueError):
-    """Bad input from the user: what is wrong, and what would be allowed instead."""
+    """Bad input from the user: what is wrong, and what would be allowed instead; inside ``about``
+    blocks, said of their subjects."""
 
     def __init__(self, message: str, allowed=None):
         self.allowed = list(allowed) if allowed is not None else None
         text = message if self.allowed is None else f"{message}; allowed: {', '.join(map(str, self.allowed))}"
-        super().__init__(text)
+        super().__init__(": ".join([*_SUBJECTS.get(), text]))
 
 
 @contextlib.contextmanager
 def about(subject: str):
-    """A ConfigError raised inside said of ``subject`` (a file and its field, a key and its value):
-    ``SUBJECT: its message``, still one line."""
+    """ConfigErrors made inside are said of ``subject`` (a file and its field, a key and its value):
+    ``SUBJECT: its message``, still one line. The error carries its subject from the start, so that
+    nothing between the mistake and the edge has to catch it to add one."""
+    token = _SUBJECTS.set((*_SUBJECTS.get(), subject))
     try:
         yield
+    finally:
+        _SUBJECTS.reset(token)
+
+
+def edge(run: Callable[[], T], say: Callable[[str], None]) -> T:
+    """``run()``, where a user's mistake ends the process: the one handler of a ConfigError, at the
+    edge of the command line (``normbench.cli``) and of a sweep's Hydra process
+    (``normbench.sweeps.multirun``). ``say`` gets its one line; the exit code is 2, with no traceback."""
+    try:
+        return run()
     except ConfigError as err:
-        raise ConfigError(f"{subject}: {err}") from None
+        say(str(err))
+        raise SystemExit(2) from None
 
 
 def first_line(err: BaseException, limit: int = 300, named: bool = True) -> str:

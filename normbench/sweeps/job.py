@@ -127,31 +127,8 @@ def _run_locked(
             summary = train(run, run_dir_.path, console=console)
     except DiskFull:
         raise  # nothing can be written: run_job says so in one line
-    # A sweep job's own edge: its config error is recorded in its run directory (a sweep's other jobs
-    # go on), and a single run's leaves nothing behind, before the one line.
-    except ConfigError as err:
-        if main and multirun:  # recorded as failed (never completed) so the sweep's index and report show it
-            run_dir_.write_failure(f"config error: {err}", f"config error: {err}\n", cfg_hash)
-        elif main:  # a single run's config error is no run: what this command wrote goes
-            if new:
-                shutil.rmtree(run_dir_.path, ignore_errors=True)
-            elif decision.action == "fresh":
-                (run_dir_.path / CONFIG).unlink(missing_ok=True)
-        # Every rank says so: an error only one rank hits (its GPU, say) must not go unseen.
-        rank = "" if main else f"(rank {distributed.rank()}) "
-        return _fail(console, f"{rank}{escape(str(err))}", multirun, code=2)
     except Exception as err:
-        # A crash outside the training loop (building the data or the model, say) fails this
-        # run only: the traceback goes to error.log, the terminal gets one line.
-        if main:
-            run_dir_.write_failure(f"{type(err).__name__}: {err}", traceback.format_exc(), cfg_hash)
-        return _fail(
-            console,
-            f"{type(err).__name__}: {escape(str(err))} (traceback in {run_dir_.path / ERROR_LOG})",
-            multirun,
-            code=1,
-            label="run failed",
-        )
+        return _job_failed(err, run_dir_, cfg_hash, multirun, console, new, decision)
     if summary["status"] == "interrupted":
         # Stopped by a signal (Ctrl-C, SLURM's preemption notice) after saving a checkpoint. Exiting,
         # in a sweep too, keeps the launcher from starting another job; a sweep says in its own line
@@ -175,6 +152,44 @@ def _run_locked(
         if not multirun:
             sys.exit(1)
     return summary
+
+
+def _job_failed(
+    err: Exception,
+    run_dir_: RunDir,
+    cfg_hash: str,
+    multirun: bool,
+    console: Console,
+    new: bool,
+    decision: Decision | None,
+) -> None:
+    """A job's edge: what a run that failed before its loop ended leaves and says. A user's mistake
+    (ConfigError) is one line and exit 2: a sweep job's is recorded as failed (never completed) so the
+    sweep's index and report show it, and a single run's is no run, so what this command wrote goes.
+    A crash (building the data or the model, say) fails this run only: its traceback goes to
+    error.log, the terminal gets one line, exit 1. A sweep's other jobs go on either way."""
+    from normbench.training import distributed
+
+    main = distributed.is_main()
+    if not isinstance(err, ConfigError):
+        if main:
+            run_dir_.write_failure(f"{type(err).__name__}: {err}", traceback.format_exc(), cfg_hash)
+        return _fail(
+            console,
+            f"{type(err).__name__}: {escape(str(err))} (traceback in {run_dir_.path / ERROR_LOG})",
+            multirun,
+            code=1,
+            label="run failed",
+        )
+    if main and multirun:
+        run_dir_.write_failure(f"config error: {err}", f"config error: {err}\n", cfg_hash)
+    elif main and new:
+        shutil.rmtree(run_dir_.path, ignore_errors=True)
+    elif main and decision.action == "fresh":
+        (run_dir_.path / CONFIG).unlink(missing_ok=True)
+    # Every rank says so: an error only one rank hits (its GPU, say) must not go unseen.
+    rank = "" if main else f"(rank {distributed.rank()}) "
+    return _fail(console, f"{rank}{escape(str(err))}", multirun, code=2)
 
 
 def settled(decision: Decision, run_dir: RunDir, console: Console, multirun: bool, cfg: DictConfig) -> bool:

@@ -138,6 +138,17 @@ def main() -> None:
     # outlives it to see them do so and end the multirun with their exit code.
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: None)
+    from normbench.core.errors import edge
+
+    try:
+        edge(_multirun, lambda message: tell(error=message))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        gc.freeze()  # as normbench.cli.main does: no last collection over the import-time objects
+
+
+def _multirun() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -146,16 +157,8 @@ def main() -> None:
 
     try:
         hydra_main()
-    except ConfigError as err:
-        tell(error=str(err))
-        sys.exit(2)
     except (HydraException, OmegaConfBaseException) as err:
-        tell(error=composition_error(err))
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    finally:
-        gc.freeze()  # as normbench.cli.main does: no last collection over the import-time objects
+        raise ConfigError(composition_error(err)) from None
 
 
 def _exit_with_parent(parent: int) -> None:
