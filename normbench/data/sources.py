@@ -226,7 +226,7 @@ def _parquet_documents(path: str, column: str) -> Iterator[tuple[str, bool]]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as err:  # pyarrow's ArrowInvalid: not a Parquet file
-        raise ConfigError(f"{path}: not a Parquet file ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: not a Parquet file ({first_line(err, named=False)})") from None
     if column not in pf.schema_arrow.names:
         raise ConfigError(f"{path}: no column {column!r} (give --column)", allowed=pf.schema_arrow.names)
     for batch in pf.iter_batches(batch_size=1024, columns=[column]):
