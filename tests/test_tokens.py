@@ -221,6 +221,18 @@ def test_shards_roll_over_and_jsonl_and_parquet_sources(tmp_path):
     )
 
 
+def test_a_file_named_parquet_that_is_not_one_is_a_one_line_error(tmp_path):
+    pytest.importorskip("pyarrow.parquet")
+    (tmp_path / "d.parquet").write_text("body\nnot columnar at all\n")
+    with pytest.raises(ConfigError) as err:
+        prepare(
+            Options([str(tmp_path / "d.parquet")], "byte", column="body"), tmp_path / "o", show_progress=False
+        )
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'd.parquet'}: not a Parquet file (") and "\n" not in message
+    assert not any((tmp_path / "o").rglob("*"))  # nothing half-written in the shards' parent folder
+
+
 def test_a_hugging_face_dataset_folder_and_a_separate_val_source(tmp_path):
     datasets = pytest.importorskip("datasets")
     docs = corpus(20, seed=4)
