@@ -384,6 +384,22 @@ def test_rate_is_fishers_exact_test(tmp_path, a_div, b_div, word):
         assert "runs per arm would settle it" in out.reason
 
 
+def test_rate_counts_a_run_that_finished_without_learning_as_unstable(tmp_path):
+    """A run stuck near its initial loss (4.0 here; above 0.9 of it) failed as surely as one that diverged:
+    with 6 such runs of b and none of a, DeepNorm-style fewer-failures claims read reproduced, as Fisher's
+    test on 0/8 vs 6/8 says; counting the diverged status alone they would read 'no run diverged'."""
+    runs = tmp_path / "runs"
+    for seed in range(8):
+        plant(runs, f"rms_s{seed}", seed=seed, norm="rms", final=2.0)
+        plant(runs, f"ln_s{seed}", seed=seed, norm="ln", final=3.9 if seed < 6 else 2.0)
+    claim = write_claim(
+        tmp_path, "rate", kind="rate", a={"norm": "rms"}, b={"norm": "ln"}, direction="fewer", min_seeds=8
+    )
+    out = verdict_of(tmp_path, claim, runs)
+    assert out.verdict == "reproduced" and out.test.endswith("(0/8 vs 6/8 unstable)")
+    assert out.p == pytest.approx(stats.fisher_exact([[0, 8], [6, 2]], alternative="less").pvalue)
+
+
 # ----------------------------------------------------------------------------- steps to target
 
 

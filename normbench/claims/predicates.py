@@ -19,7 +19,8 @@ normbench.claims.smallsample. The words:
   flat best value (a transfer claim) needs its control ``b`` beside it (standard parametrization):
   reproduced only where a's slope is within ±delta and b's is not, so the grid is shown able to
   see a best value move; where b's does not move either, inconclusive;
-- rate: divergences of a against b, Fisher's exact test (one-sided in the claimed direction);
+- rate: unstable runs of a against b (diverged, or finished without learning as stable_lr reads it),
+  Fisher's exact test (one-sided in the claimed direction);
 - steps_to_target: per seed, the first evaluated step at which the validation loss reaches a
   target both arms' mean curves cross by mid-training (the higher of the two arms' mean losses at
   the evaluation nearest half the run); the geometric mean ratio a/b with the interval of the log
@@ -304,10 +305,12 @@ def _rate(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     a, b = arm(d.runs, claim.a), arm(d.runs, claim.b)
     finished = ("completed", "diverged")
     a, b = a[a["status"].isin(finished)], b[b["status"].isin(finished)]
-    da, db = int(a["status"].eq("diverged").sum()), int(b["status"].eq("diverged").sum())
+    # Unstable as stable_lr reads it: a run stuck at the uniform loss failed as surely as one whose
+    # loss ran off to infinity, though only the second stops as diverged.
+    da, db = int((~_stable(a)).sum()), int((~_stable(b)).sum())
     table = [[da, len(a) - da], [db, len(b) - db]]
     more = claim.predicate["direction"] == "more"
-    base = dict(n_a=len(a), n_b=len(b), unit="diverged share, a - b", runs=[*a["run_dir"], *b["run_dir"]])
+    base = dict(n_a=len(a), n_b=len(b), unit="unstable share, a - b", runs=[*a["run_dir"], *b["run_dir"]])
     if reason := _too_few(claim, len(a), len(b), "finished runs"):
         return _inconclusive(reason, **base)
     side, other = ("greater", "less") if more else ("less", "greater")
@@ -316,14 +319,16 @@ def _rate(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     base.update(
         estimate=da / len(a) - db / len(b),
         p=min(p_claim, p_other),
-        test=f"Fisher's exact test, one-sided ({da}/{len(a)} vs {db}/{len(b)} diverged)",
+        test=f"Fisher's exact test, one-sided ({da}/{len(a)} vs {db}/{len(b)} unstable)",
     )
     if p_claim < alpha:
         return Outcome("reproduced", **base)
     if p_other < alpha:
         return Outcome("not reproduced", reason="significantly the other way", **base)
     if da == db == 0:
-        return _inconclusive("no run diverged in either arm: a higher learning rate or more depth", **base)
+        return _inconclusive(
+            "no run was unstable in either arm: a higher learning rate or more depth", **base
+        )
     for k in range(2, 50):  # the same shares with k times the runs
         if stats.fisher_exact([[v * k for v in row] for row in table], alternative=side).pvalue < alpha:
             return _inconclusive(
