@@ -385,6 +385,13 @@ def test_a_users_report_keeps_the_published_verdicts_of_claims_they_did_not_run(
         "published (results/claims/claims.csv)"
     )
     assert not mine.loc["norm_vs_none", "provenance"].startswith("published")
+    # The published verdict was Holm-corrected with the published registry, not with the one claim run
+    # here: the headline counts the two apart instead of calling all of them corrected across one family.
+    page = Path("results/claims-local/claims.md").read_text()
+    assert (
+        "Holm-corrected across the 1 run; 1 more as published (1 reproduced, corrected with the published "
+        "registry)" in page
+    )
 
 
 def test_a_claim_run_with_overrides_says_so_in_its_row(tmp_path):

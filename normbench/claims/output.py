@@ -172,7 +172,21 @@ def display(frame: pd.DataFrame) -> pd.DataFrame:
 
 def headline(frame: pd.DataFrame) -> str:
     """'7 of 27 claims reproduced at this scale (...), Holm-corrected across the 16 run': the counts with
-    the multiplicity correction they were read under."""
+    the multiplicity correction they were read under. Claims read from the published registry (see
+    with_published) were corrected with its family, not with the claims run here: counted apart."""
+    published = frame["provenance"].astype(str).str.startswith("published (")
+    said = _counts(frame[~published])
+    if published.any():
+        theirs = frame[published]
+        said += f"; {len(theirs)} more as published ({_words(theirs)}, corrected with the published registry)"
+    return said
+
+
+def _words(frame: pd.DataFrame) -> str:
+    return ", ".join(f"{n} {w}" for w in WORDS if (n := int(frame["verdict"].eq(w).sum())))
+
+
+def _counts(frame: pd.DataFrame) -> str:
     counts = {w: int(frame["verdict"].eq(w).sum()) for w in WORDS}
     rest = ", ".join(f"{counts[w]} {w}" for w in WORDS[1:] if counts[w])
     run = len(frame) - counts["not run"]
