@@ -182,18 +182,18 @@ def headline(frame: pd.DataFrame) -> str:
     return said
 
 
-def _words(frame: pd.DataFrame) -> str:
-    return ", ".join(f"{n} {w}" for w in WORDS if (n := int(frame["verdict"].eq(w).sum())))
+def _words(frame: pd.DataFrame, words=WORDS) -> str:
+    """'2 reproduced, 24 inconclusive': how many rows read each of ``words``, those that any do."""
+    return ", ".join(f"{n} {w}" for w in words if (n := int(frame["verdict"].eq(w).sum())))
 
 
 def _counts(frame: pd.DataFrame) -> str:
-    counts = {w: int(frame["verdict"].eq(w).sum()) for w in WORDS}
-    rest = ", ".join(f"{counts[w]} {w}" for w in WORDS[1:] if counts[w])
-    run = len(frame) - counts["not run"]
+    rest = _words(frame, WORDS[1:])
+    run = int(frame["verdict"].ne("not run").sum())
     corrected = frame["corrected"].astype(str).ne("no").any() if "corrected" in frame else False
     multiplicity = f"Holm-corrected across the {run} run" if corrected else "not corrected for multiplicity"
     return (
-        f"{counts['reproduced']} of {len(frame)} claims reproduced at this scale"
+        f"{int(frame['verdict'].eq('reproduced').sum())} of {len(frame)} claims reproduced at this scale"
         + (f" ({rest})" if rest else "")
         + f", {multiplicity}"
     )
