@@ -29,9 +29,9 @@ from normbench.training.sinks import MetricSinks
 
 TIMING = ("tokens_per_s", "step_ms")  # wall-clock figures: the only fields two identical runs may differ in
 LOSSES = ("status", "final_val_loss", "best_val_loss", "max_grad_norm", "clip_fraction", "steps", "params")
-# Checkpoints every 10 steps (every eval), statistics every 4, train records every 5: the cadences cross.
+# Checkpoints every 10 steps (as evals), statistics every 4, train records every 5: the cadences cross.
 # One thread: the test machine is shared, and more threads than free cores is slower, not faster.
-RUN = ("train.stats_every=4", "train.threads=1")
+RUN = ("train.stats_every=4", "train.threads=1", "train.checkpoint_every=10")
 VARIANTS = {"ln-dropout": ("model.dropout=0.1",), "bn-dropout": ("norm=bn", "model.dropout=0.1")}
 # A record logged during each step the tests stop at (train records every 5 steps, statistics
 # at steps 1, 5, 9, 13, ... labelled with the step before).
@@ -264,6 +264,7 @@ CLI_RUN = tiny(
     "train.threads=1",
     "train.stats_every=0",
     "model.dropout=0.1",
+    "train.checkpoint_every=10",
 )
 
 
@@ -367,7 +368,10 @@ def test_a_sweep_stopped_by_sigterm_lists_the_run_as_interrupted_and_resumes_it(
     which checkpoints; the index says where it will resume, and the same command resumes it there."""
     monkeypatch.chdir(tmp_path)
     sweep_dir = tmp_path / "sw"
-    common = [*tiny("train.threads=1", "train.steps=30"), f"hydra.sweep.dir={sweep_dir}"]
+    common = [
+        *tiny("train.threads=1", "train.steps=30", "train.checkpoint_every=10"),
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     grid = ["seed=0,1", *common]
 
     def stop_when_checkpointed():

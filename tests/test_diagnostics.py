@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,9 +13,11 @@ import torch.nn.functional as F
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
 
 from normbench.core.fileio import leaves
+from normbench.training import summary as summary_module
 from normbench.training.config import parse_config
 from normbench.training.diagnostics import PARTS, LayerStats, layer_skip_losses
 from normbench.training.loop import Run
+from normbench.training.summary import skipped_layers
 
 
 def stats_records(run_dir):
@@ -269,8 +272,8 @@ def test_layer_skip_losses_match_the_model_run_by_hand_without_each_block(tmp_pa
         return float(F.cross_entropy(logits.flatten(0, 1), y.flatten()))
 
     with torch.no_grad():
-        losses = layer_skip_losses(model, lambda: float(model(x, y)[1]))
-        assert losses == pytest.approx([by_hand(i) for i in range(3)], rel=1e-6)
+        losses = layer_skip_losses(model, lambda: float(model(x, y)[1]), [0, 2])
+        assert losses == pytest.approx({0: by_hand(0), 2: by_hand(2)}, rel=1e-6)
         assert float(model(x, y)[1]) == pytest.approx(by_hand(-1), rel=1e-6)  # the hooks are gone
 
 
@@ -282,6 +285,32 @@ def test_a_run_with_statistics_records_its_layer_skip_losses(tmp_path):
         == summary["layer_skip_loss"]
     )
     assert train_tiny(tmp_path / "off", "train.stats_every=0")["layer_skip_loss"] is None
+
+
+def test_end_checks_auto_evaluates_the_layers_that_fit_its_budget_spread_over_the_depth(monkeypatch):
+    monkeypatch.setattr(summary_module, "END_CHECKS_FREE_S", 0.0)
+    loop = SimpleNamespace(
+        state=SimpleNamespace(model=SimpleNamespace(blocks=[None] * 12)),
+        tcfg=SimpleNamespace(end_checks="auto"),
+        phases=SimpleNamespace(seconds={"eval": 4.0}),  # 1 s per eval
+        val_losses=[3.0] * 4,
+        wall_s=lambda: 100.0,  # 3% of it: 3 evals
+    )
+    assert skipped_layers(loop) == [0, 6, 11]
+    loop.wall_s = lambda: 1000.0
+    assert skipped_layers(loop) == list(range(12))
+    loop.wall_s = lambda: 20.0
+    assert skipped_layers(loop) == []
+    loop.tcfg.end_checks = True
+    assert skipped_layers(loop) == list(range(12))
+    loop.tcfg.end_checks = False
+    assert skipped_layers(loop) == []
+
+
+def test_end_checks_off_runs_neither_the_probe_nor_the_layer_evals_and_the_summary_says_so(tmp_path):
+    out = train_tiny(tmp_path, "train.stats_every=5", "train.end_checks=false")
+    assert out["causal_leak"] == {"train": None, "eval": None} and out["layer_skip_loss"] is None
+    assert out["end_checks"] == {"setting": False, "probe": False, "skipped_layers": []}
 
 
 def test_ln_scaling_keeps_the_norms_gains_in_the_statistics(tmp_path):

@@ -41,14 +41,26 @@ def as_umask_allows(mode: int) -> int:
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write a file so readers see the old content or the new one, never half of it."""
+    with atomic_file(path) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, before_replace=None):
+    """A binary file to write ``path`` through: a temporary file beside it, synced to disk and renamed
+    onto ``path`` only once the block ends without error, so ``path`` is the old content or the new,
+    never half of it (a kill leaves a hidden .tmp, never a torn ``path``). ``before_replace()`` runs
+    between the sync and the rename (to move the file it replaces aside)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with disk_full_is(path), os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, as_umask_allows(0o666))
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -22,6 +22,7 @@ NOT_HASHED = (
     "train.threads",
     "logger",
     "train.checkpoint_every",
+    "train.checkpoint_minutes",
     "train.resume",
     "train.save_model",
 )
@@ -54,7 +55,17 @@ ADDED_KEYS = {
     # request, nor the other way. How many seeds shared the batch is provenance (batched: K), not
     # identity, so a sweep that adds a seed keeps the results of the seeds it had.
     "train.batched": False,
+    # One forward over the batch or several accumulated: the same gradients to float rounding, but not the
+    # same memory nor speed; the whole batch at once is what every stored run did.
+    "train.micro_batch_size": None,
+    # The end-of-run checks sized to the run: auto runs every check a stored (short) run ran.
+    "train.end_checks": "auto",
 }
+
+# Values that compute, where the stored runs ran, what another value computes: train.compile=cuda is
+# false off CUDA (where every stored run trained), so it hashes as false. Whether a run compiled is its
+# summary's provenance ("compile"), as norm.impl=auto's choice is.
+HASHED_AS = {"train.compile": ("cuda", False)}
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -70,6 +81,13 @@ def config_hash(cfg: DictConfig) -> str:
         _drop(plain, dotted)
     for dotted, value in ADDED_KEYS.items():
         _drop(plain, dotted, only_if=value)
+    for dotted, (value, hashed) in HASHED_AS.items():
+        *parents, leaf = dotted.split(".")
+        node = plain
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(leaf) == value:
+            node[leaf] = hashed
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -48,13 +48,13 @@ from normbench.model import impls, norms
 from normbench.model.gpt import z_loss
 from normbench.model.placements import ModelHooks, placement_class
 from normbench.training import distributed
-from normbench.training.diagnostics import LayerStats, layer_skip_losses
+from normbench.training.diagnostics import LayerStats
 from normbench.training.display import TrainProgress
 from normbench.training.loop import Loop, Run
 from normbench.training.optim import lr_factor
 from normbench.training.perf import Phases, free_earlier_runs
 from normbench.training.preemption import StopSignals
-from normbench.training.summary import interrupted, run_summary, save_result
+from normbench.training.summary import end_checks, interrupted, run_summary, save_result
 
 
 def why_not(run) -> str | None:
@@ -70,8 +70,11 @@ def why_not(run) -> str | None:
         return f"placement={run.placement.get('name')}: weights rewritten after every step"
     if run.norm_impl == "fused":
         return "norm.impl=fused: the fused norm kernels have no vmap rule"
-    if run.train.compile:
+    # compile=cuda compiles where it pays: not here, where the step is vmapped
+    if run.train.compile in (True, "auto"):
         return f"train.compile={run.train.compile}: vmap over a compiled model is not supported here"
+    if run.train.micro_batch_size:
+        return "train.micro_batch_size: the batched step takes the whole batch at once"
     if run.train.precision == "fp16":
         return "train.precision=fp16: its gradient scaler is one model's, not per seed"
     if distributed.launched():
@@ -327,16 +330,13 @@ def _train(group: Group, loops: list[Loop], phases: Phases, console: Console) ->
     active = list(range(k))  # the seeds still training
 
     def finish(i: int, status: str, step: int, error: str | None = None) -> None:
-        loop, state = loops[i], loops[i].state
+        loop = loops[i]
         loop.sinks.close()
         group.load_into(i)
-        with loop.phases("probe"):
-            leak = state.probe() if status != "failed" else {"train": None, "eval": None}
-            skip = None
-            if loop.stats and status == "completed":
-                skip = layer_skip_losses(state.model, state.evaluate)
+        leak, skip, checks = end_checks(loop, status)
         summary = run_summary(loop, status, error, step, leak)
         summary["layer_skip_loss"] = skip
+        summary["end_checks"] = checks
         summary["provenance"]["batched"] = k
         # Each seed's share of the group's time: the sweep's account of its workers' time adds seeds up.
         loop.phases = Phases({phase: s / k for phase, s in phases.seconds.items()})

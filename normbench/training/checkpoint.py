@@ -10,19 +10,20 @@ It holds tensors, numbers, strings, lists and dicts only: ``torch.load(weights_o
 reads it. It is written atomically, the one before it kept as ``checkpoint.prev.pt``, and
 it carries a SHA-256 of its own contents: a file that is truncated, unreadable or altered
 is skipped with a warning for the previous one, or for a fresh start, never resumed from.
+``snapshot`` copies a state to CPU memory that training no longer touches, so that hashing and
+writing it can run beside training (normbench.training.checkpoint_writer).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from pathlib import Path
 
 import torch
 
 from normbench.core.errors import first_line
-from normbench.core.fileio import write_atomic
+from normbench.core.fileio import atomic_file
 from normbench.core.runs import CHECKPOINT, MODEL, PREVIOUS
 
 FORMAT = 1
@@ -33,7 +34,8 @@ def _feed(digest, value) -> None:
     if isinstance(value, torch.Tensor):
         flat = value.detach().cpu().contiguous().reshape(-1)
         digest.update(f"T{value.dtype}{tuple(value.shape)}".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+        if flat.numel():  # the tensor's own bytes, read in place (hashlib releases the GIL on them)
+            digest.update(flat.view(torch.uint8).numpy())
     elif isinstance(value, dict):
         digest.update(f"D{len(value)}".encode())
         for key in sorted(value, key=repr):
@@ -53,15 +55,34 @@ def content_hash(state: dict) -> str:
     return digest.hexdigest()
 
 
+def snapshot(value):
+    """A copy of a checkpoint's state that shares nothing with the running training: every tensor copied
+    to the CPU, every container rebuilt (the loop appends to its lists while a checkpoint is written)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: snapshot(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(item) for item in value)
+    return value
+
+
 def save(run_dir: Path, state: dict) -> int:
-    """Write ``state`` as the run's checkpoint, atomically, keeping the last one; return its size in bytes."""
+    """Write ``state`` as the run's checkpoint, atomically, keeping the last one; return its size in bytes.
+
+    The file is written and synced under a temporary name first; only then is the last checkpoint
+    moved to checkpoint.prev.pt and the new one renamed into place. A kill anywhere leaves the last
+    complete checkpoint (or the one before it) for load(), never a torn checkpoint.pt.
+    """
     state = {**state, "format": FORMAT}
     state["sha256"] = content_hash(state)
     path = Path(run_dir) / CHECKPOINT
-    if path.exists():
-        # A kill between this rename and the write leaves only the previous file, which load() falls back to.
-        os.replace(path, Path(run_dir) / PREVIOUS)
-    return _write(path, state)
+
+    def keep_previous():
+        if path.exists():
+            os.replace(path, Path(run_dir) / PREVIOUS)
+
+    return _write(path, state, keep_previous)
 
 
 def save_weights(run_dir: Path, model: torch.nn.Module) -> int:
@@ -69,11 +90,10 @@ def save_weights(run_dir: Path, model: torch.nn.Module) -> int:
     return _write(Path(run_dir) / MODEL, model.state_dict())
 
 
-def _write(path: Path, obj) -> int:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    write_atomic(path, buffer.getvalue())
-    return buffer.tell()
+def _write(path: Path, obj, before_replace=None) -> int:
+    with atomic_file(path, before_replace) as f:
+        torch.save(obj, f)
+        return f.tell()
 
 
 def _read(path: Path) -> dict:

@@ -36,7 +36,8 @@ from normbench.model.placements import placement_options
 from normbench.training.sinks import logger_options
 
 RESUME = ("auto", "never")
-COMPILE = (False, True, "auto")
+COMPILE = (False, True, "auto", "cuda")
+END_CHECKS = ("auto", True, False)
 
 
 @dataclass
@@ -44,7 +45,10 @@ class TrainConfig:
     """The training loop's settings. No defaults here: conf/train/default.yaml holds them (one place)."""
 
     steps: int
-    batch_size: int
+    batch_size: int  # the optimizer's batch, whatever the micro-batches it is computed in
+    # sequences per forward and backward (per device): the batch's gradients accumulated over
+    # batch_size / micro_batch_size / devices of them; None: the whole batch in one
+    micro_batch_size: int | None
     lr: float
     min_lr: float
     warmup_steps: int
@@ -63,16 +67,20 @@ class TrainConfig:
     threads: int  # 0 leaves PyTorch's default
     diverge_threshold: float | None  # default 3 x ln(vocab size)
     progress: bool
-    # torch.compile the model for training: true must compile (a failure is an error), auto falls back to
-    # eager with a message, false does not compile
+    # torch.compile the model for training and evals: true must compile (a failure is an error), auto falls
+    # back to eager with a message, cuda is auto on a CUDA device and false elsewhere, false does not compile
     compile: Any
     tf32: bool  # TF32 matmuls on CUDA for fp32 runs (Ampere and newer)
-    checkpoint_every: int | None  # steps between checkpoints; None: every eval_every; 0 turns them off
+    checkpoint_every: int | None  # steps between checkpoints; None: by checkpoint_minutes; 0 turns them off
+    checkpoint_minutes: float  # wall time between checkpoints where checkpoint_every is None
     resume: str  # auto: continue from the run directory's checkpoint of this config; never: start fresh
     save_model: bool  # keep the final weights as model.pt
     z_loss: float  # coefficient of z-loss, mean(log(Z)^2) added to the loss (PaLM: 1e-4); 0 turns it off
     # trained with the other seeds of its config as one batched model (normbench.training.batched)
     batched: bool
+    # the causality probe and the skip-one-layer evals at the end: true, false, or auto (those that fit in
+    # a few percent of the run's time: normbench.training.summary)
+    end_checks: Any
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
@@ -101,12 +109,36 @@ class TrainConfig:
             raise ConfigError(
                 f"train.checkpoint_every must be >= 0 (0 turns checkpoints off), got {self.checkpoint_every}"
             )
+        if self.micro_batch_size is not None and not 0 < self.micro_batch_size <= self.batch_size:
+            raise ConfigError(
+                f"train.micro_batch_size must be in 1..train.batch_size={self.batch_size} (null: the whole "
+                f"batch), got {self.micro_batch_size}"
+            )
+        if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+            raise ConfigError(
+                f"train.micro_batch_size={self.micro_batch_size} must divide "
+                f"train.batch_size={self.batch_size}"
+            )
+        if not self.checkpoint_minutes > 0:
+            raise ConfigError(f"train.checkpoint_minutes must be > 0, got {self.checkpoint_minutes}")
+        if self.end_checks not in END_CHECKS:
+            raise ConfigError(
+                f"unknown train.end_checks '{self.end_checks}'", allowed=["auto", "true", "false"]
+            )
         if self.resume not in RESUME:
             raise ConfigError(f"unknown train.resume '{self.resume}'", allowed=RESUME)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown train.precision '{self.precision}'", allowed=list(PRECISIONS))
         if self.compile not in COMPILE:
-            raise ConfigError(f"unknown train.compile '{self.compile}'", allowed=["false", "true", "auto"])
+            raise ConfigError(
+                f"unknown train.compile '{self.compile}'", allowed=["false", "true", "auto", "cuda"]
+            )
+
+    def compiles_on(self, device) -> bool:
+        """Whether this run torch.compiles its model on ``device`` (train.compile=cuda: on CUDA only)."""
+        if self.batched:  # the batched seeds vmap their step (normbench.training.batched)
+            return False
+        return self.compile in (True, "auto") or (self.compile == "cuda" and device.type == "cuda")
 
 
 @dataclass

@@ -21,7 +21,11 @@ logits that drift (``max_log_z``, fixed by z-loss). Under soft-capping (model.at
 model.logit_softcap) these are what the softmax sees, after the cap, and ``*_raw`` beside them
 the values before it; without a cap the two are the same and only the first is written. SDPA never
 materializes the attention logits, so a statistics step computes them once more from the layer's own
-q and k (``CausalSelfAttention.heads``): one extra q·kᵀ per layer, on that step only.
+q and k (``CausalSelfAttention.heads``): one extra q·kᵀ per layer, on that step only, and on the first
+``STATS_SEQUENCES`` sequences of the batch, as are the output logits' statistics: the B·H·T² attention
+logits and the B·T·V logits in float32 of a whole batch would take more memory than the step itself.
+With micro-batches (train.micro_batch_size) the activations are read on the first one; the gradient,
+weight and update norms are always the whole batch's.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from torch import nn
 
 from normbench.model.gpt import DepthScaled
 from normbench.model.layers import softcap
+
+STATS_SEQUENCES = 8  # the sequences the attention and output logits' statistics are read on
 
 # The sub-layer parts every block has, by the key used in metrics.jsonl.
 PARTS = {"attn_in": "attn.qkv", "attn_out": "attn.proj", "mlp_in": "mlp.fc", "mlp_out": "mlp.proj"}
@@ -208,12 +214,13 @@ class LayerStats:
     def _attn_hook(self, index: int):
         @torch.no_grad()
         def store(module, inputs, output):
-            q, k, _ = module.heads(inputs[0])
+            q, k, _ = module.heads(inputs[0][:STATS_SEQUENCES])
             self._attn[index] = attention_stats(q, k, module.softcap, module.scale)
 
         return store
 
     def _head_hook(self, module, inputs, output):
+        output = output[:STATS_SEQUENCES]
         # The logits the loss sees: times μP's output multiplier, capped where model.logit_softcap > 0.
         if self.model.readout_mult is not None:
             output = output * self.model.readout_mult
@@ -240,10 +247,14 @@ class LayerStats:
         self._values = {}
         self._saturation = {}
 
-    def after_backward(self) -> None:
+    def end_forward(self) -> None:
+        """No more activations to read this step (the later micro-batches' forwards run hook-free)."""
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+
+    def after_backward(self) -> None:
+        self.end_forward()
         for key, params in self.groups.items():
             self._values[f"grad_norm.{key}"] = _norm_of([p.grad for p in params if p.grad is not None])
             self._values[f"weight_norm.{key}"] = _norm_of(params)
@@ -370,18 +381,19 @@ class LayerStats:
 
 
 @torch.no_grad()
-def layer_skip_losses(model: nn.Module, evaluate) -> list[float]:
-    """The validation loss with each block skipped in turn, its output replaced by its input.
+def layer_skip_losses(model: nn.Module, evaluate, layers) -> dict[int, float]:
+    """The validation loss with each block of ``layers`` (indices) skipped in turn, its output replaced by
+    its input.
 
     ``evaluate()`` returns the validation loss of ``model`` as it is (the training loop's). A
     forward hook that returns the block's input makes the block the identity for that one
     evaluation; the loss rise over the full model's is what the layer contributes.
     """
-    losses = []
-    for block in model.blocks:
-        handle = block.register_forward_hook(lambda module, inputs, output: inputs[0])
+    losses = {}
+    for i in layers:
+        handle = model.blocks[i].register_forward_hook(lambda module, inputs, output: inputs[0])
         try:
-            losses.append(evaluate())
+            losses[i] = evaluate()
         finally:
             handle.remove()
     return losses

@@ -19,6 +19,7 @@ the global batch's loss.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import NoReturn
@@ -129,6 +130,14 @@ def shard(batch: torch.Tensor) -> torch.Tensor:
         return batch
     size = local_batch_size(batch.shape[0])
     return batch[rank() * size : (rank() + 1) * size]
+
+
+def gradients_kept_local(step_model: nn.Module, local: bool):
+    """Around a micro-step's backward: under DDP, ``local`` skips the all-reduce (``no_sync``), so the
+    gradients are summed on each rank and reduced once, at the last micro-step."""
+    if local and isinstance(step_model, DistributedDataParallel):
+        return step_model.no_sync()
+    return contextlib.nullcontext()
 
 
 def all_mean(values: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from normbench.model import impls, kernels, norms
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
+from normbench.training.checkpoint_writer import CheckpointWriter
 from normbench.training.diagnostics import LayerStats, global_grad_norm
 from normbench.training.display import TrainProgress
 from normbench.training.optim import build_optimizer, lr_factor
@@ -91,6 +92,9 @@ class Run:
         self.data, self.batch_gen, self.val, self.threshold = self.build_data()
         self.model, self.norm_impl = self.build_model()
         self.step_model, self.eager_model, self.compile_error = self.wrap()
+        # Evaluations' module: compiled where training is (its own graph: eval mode, no gradients), else
+        # the model itself (no DDP: every rank evaluates the same batches, and no gradients to reduce).
+        self.eval_model = torch.compile(self.model) if self.compiled else self.model
         self.optimizer = build_optimizer(self.model, self.tcfg, self.device)
         self.scheduler, self.scaler, self.updates = self.schedule()
         self.z_term: torch.Tensor | None = None  # the last step's z-loss term, when train.z_loss is on
@@ -152,7 +156,7 @@ class Run:
         # The statistics steps' module: their forward hooks are registered per step, which a compiled
         # graph never calls, so those steps run eagerly, on the very parameters the compiled module trains.
         eager_model, compile_error = step_model, None
-        if self.tcfg.compile:
+        if self.tcfg.compiles_on(self.device):
             # Compiled on the batch the first step trains on (drawn from a copy of the stream, which
             # stays where it is): this rank's share, the shapes every step has, so training never
             # recompiles for a shape the trial alone had.
@@ -166,6 +170,11 @@ class Run:
                     allowed=["train.compile=auto (falls back to eager, and says so)", "train.compile=false"],
                 )
         return step_model, eager_model, compile_error
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the training step runs a compiled model."""
+        return self.tcfg.compiles_on(self.device) and self.compile_error is None
 
     def schedule(self) -> tuple:
         """(the LR schedule, fp16's gradient scaler, the count of the optimizer's updates)."""
@@ -185,17 +194,46 @@ class Run:
         x, y = distributed.shard(x), distributed.shard(y)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
+    def micro_batches(self, x: torch.Tensor, y: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's batch as the micro-batches of ``train.micro_batch_size`` (the batch itself without)."""
+        size = self.tcfg.micro_batch_size or x.shape[0]
+        if size == x.shape[0]:
+            return [(x, y)]
+        if x.shape[0] % size:
+            raise ConfigError(
+                f"train.micro_batch_size={size} must divide each device's share of train.batch_size "
+                f"({x.shape[0]} sequences)"
+            )
+        return list(zip(x.split(size), y.split(size)))
+
     def train_step(self, stats: LayerStats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One update; returns (loss, global grad norm before clipping), both still on the device."""
+        """One update; returns (loss, global grad norm before clipping), both still on the device.
+
+        The batch's gradients are accumulated over its micro-batches, each loss weighted by its share of
+        the batch: the sum is the gradient of the batch's mean loss. Under DDP they are all-reduced once,
+        at the last micro-batch. On a statistics step the gradients are the whole batch's, the activations
+        read on the first micro-batch (``LayerStats``)."""
         x, y = self.train_batch(self.batch_gen)
+        micro = self.micro_batches(x, y)
+        model = self.eager_model if stats else self.step_model
         if stats:
             stats.begin()
-        with self.autocast:
-            logits, loss = (self.eager_model if stats else self.step_model)(x, y)
-        # train_loss stays the cross-entropy; the z term is kept apart for its own log entry.
-        z_term = self.tcfg.z_loss * z_loss(logits) if self.tcfg.z_loss else None
-        self.scaler.scale(loss if z_term is None else loss + z_term).backward()
-        self.z_term = None if z_term is None else z_term.detach()
+        losses, z_terms = [], []
+        for i, (xm, ym) in enumerate(micro):
+            with distributed.gradients_kept_local(self.eager_model, i < len(micro) - 1):
+                with self.autocast:
+                    logits, loss = model(xm, ym)
+                if stats and i == 0:
+                    stats.end_forward()
+                # train_loss stays the cross-entropy; the z term is kept apart for its own log entry.
+                z_term = self.tcfg.z_loss * z_loss(logits) if self.tcfg.z_loss else None
+                total = loss if z_term is None else loss + z_term
+                self.scaler.scale(total / len(micro) if len(micro) > 1 else total).backward()
+            losses.append(loss.detach() if len(micro) > 1 else loss)  # no micro-step's graph kept
+            if z_term is not None:
+                z_terms.append(z_term.detach())
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        self.z_term = None if not z_terms else torch.stack(z_terms).mean()
         self.scaler.unscale_(self.optimizer)  # true gradients for clipping and statistics
         if stats:
             stats.after_backward()
@@ -216,13 +254,17 @@ class Run:
         return loss.detach(), grad_norm.detach()
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Validation loss, always in eval mode (BatchNorm's running stats, no dropout)."""
+    def evaluate(self, compiled: bool = True) -> float:
+        """Validation loss, always in eval mode (BatchNorm's running stats, no dropout), in micro-batches
+        of ``train.micro_batch_size``; through the compiled model where there is one, unless not
+        ``compiled`` (a forward hook changes the model: normbench.training.diagnostics.layer_skip_losses)."""
+        model = self.eval_model if compiled else self.model
         self.model.eval()
         losses = []
         for x, y in self.val:
-            with self.autocast:
-                losses.append(self.model(x, y)[1].float())
+            for xm, ym in self.micro_batches(x, y):
+                with self.autocast:
+                    losses.append(model(xm, ym)[1].float())
         self.model.train()
         return float(torch.stack(losses).mean())
 
@@ -297,7 +339,10 @@ class Loop:
         self.earlier_s, self.resumed_at = 0.0, []
         self.start = 0
         saved = self.resume()
-        self.saved_step = self.start or None  # the step the newest checkpoint on disk resumes at
+        # warnings bound to the console, as the sinks' are: no loop <-> writer cycle
+        warn = functools.partial(say_warning, self.console)
+        self.writer = CheckpointWriter(state.dir.path, warn) if self.main else None
+        self.last_checkpoint = time.perf_counter()  # train.checkpoint_minutes counts from here
         self.sinks = MetricSinks(
             state.dir.path,
             state.cfg,
@@ -369,19 +414,50 @@ class Loop:
     def wall_s(self) -> float:
         return self.earlier_s + time.perf_counter() - self.started
 
+    @property
+    def saved_step(self) -> int | None:
+        """The step the newest checkpoint complete on disk resumes at."""
+        written = self.writer.written if self.writer is not None else None
+        return written or self.start or None
+
     def checkpoint_due(self, done: int) -> bool:
-        """Whether a checkpoint is due after ``done`` updates (``train.checkpoint_every``)."""
-        every = self.tcfg.eval_every if self.tcfg.checkpoint_every is None else self.tcfg.checkpoint_every
-        return bool(every and done > self.start and done % every == 0)
+        """Whether a checkpoint is due after ``done`` updates: every ``train.checkpoint_every`` steps, or
+        where that is null every ``train.checkpoint_minutes`` of wall time, looked at the end of a log
+        window (where the ranks sync anyway: rank 0's clock decides for all)."""
+        if done <= self.start:
+            return False
+        every = self.tcfg.checkpoint_every
+        if every is not None:
+            return bool(every) and done % every == 0
+        if done % self.tcfg.log_every:
+            return False
+        due = time.perf_counter() - self.last_checkpoint >= 60 * self.tcfg.checkpoint_minutes
+        return bool(distributed.broadcast(due))
 
     def checkpoint(self, done: int, now: bool = False) -> None:
-        """A checkpoint after ``done`` updates when one is due (or ``now``: a stop signal came)."""
+        """A checkpoint after ``done`` updates when one is due, written beside training; or ``now`` (a
+        stop signal came), on disk before this returns."""
         if not (now or self.checkpoint_due(done)):
             return
         self.timer.settle()
         with self.phases("checkpoints"):
             self._save_checkpoint(done)
+            if now:
+                self.wait_for_checkpoint()
         self.timer.resume()
+
+    def final_checkpoint(self, done: int) -> None:
+        """Under the wall-time cadence, one more at the last step: the end-of-run checks and the summary
+        that follow it are then never a reason to train again."""
+        if self.tcfg.checkpoint_every is None and done > self.start and self.saved_step != done:
+            self.timer.settle()
+            with self.phases("checkpoints"):
+                self._save_checkpoint(done)
+
+    def wait_for_checkpoint(self) -> None:
+        """Until the checkpoint being written is on disk (before the run directory is changed)."""
+        if self.writer is not None:
+            self.writer.wait()
 
     def _save_checkpoint(self, done: int) -> None:
         loop = {
@@ -403,12 +479,9 @@ class Loop:
             "metrics_bytes": self.sinks.position(),
             "loop": loop,
         }
-        if self.main:
-            try:
-                checkpoint.save(self.state.dir.path, saved)
-                self.saved_step = done
-            except (OSError, DiskFull) as err:  # a full disk costs the checkpoint, not the run
-                self.warn(f"checkpoint at step {done} not written: {err}")
+        if self.main:  # the copy now; hashing and writing on the writer's thread
+            self.writer.submit(done, checkpoint.snapshot(saved))
+        self.last_checkpoint = time.perf_counter()
 
     # ------------------------------------------------------------------------- the step and its cadences
 
@@ -490,6 +563,10 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     with phases("setup"):
         free_earlier_runs()  # before anything of this run exists
         state = Run(run, run_dir)  # devices, data, model, wrap, optimizer, schedule
+        if state.compiled and run.train.compile == "cuda" and distributed.is_main():
+            console.print(
+                "train.compile: compiled on CUDA (train.compile=false trains eagerly)", highlight=False
+            )
         if state.compile_error:
             console.print(
                 f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
@@ -553,11 +630,15 @@ def run_steps(loop: Loop) -> tuple[str, str | None, int, StopSignals | None]:
                 loop.evaluate(step, due=False)
                 if record is not None:
                     loop.sinks.flush()  # trackers send the window's records in one call
+        if status == "completed":
+            loop.final_checkpoint(step)
     except KeyboardInterrupt:
         loop.sinks.abort()
+        loop.wait_for_checkpoint()  # one already being written is finished (a second Ctrl-C stops it)
         raise
     except DiskFull as err:  # the run stops where it is, resumable: nothing more can be written
         loop.sinks.abort()
+        loop.wait_for_checkpoint()
         err.resume_step = loop.saved_step
         raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one

@@ -10,6 +10,7 @@ too (normbench.training.batched).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from normbench.core import provenance
@@ -73,6 +74,9 @@ def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> 
         if grad_norms and tcfg.grad_clip > 0
         else 0.0,
         "wall_s": loop.wall_s(),
+        # tokens trained over the run's wall time, set-up, evals, statistics and checkpoints included
+        # (tokens_per_s is the steps' alone): what a run of this length delivers
+        "wall_tokens_per_s": step * loop.tokens_per_step / loop.wall_s() if step else None,
         "resumed_at": loop.resumed_at,
         "steps": step,
         "params": state.model.num_params(),
@@ -82,7 +86,7 @@ def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> 
         "sync_batchnorm": distributed.batchnorm_sync(state.model),
         "causal_leak": leak,
         "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
-        "compiled": bool(tcfg.compile and state.compile_error is None),
+        "compiled": state.compiled,
         "config_hash": state.cfg.config_hash,
         "provenance": run_provenance(state),
     }
@@ -91,9 +95,9 @@ def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> 
 def run_provenance(state) -> dict:
     """What this run's figures were measured with (normbench.core.provenance): under a compiled model
     inductor fuses every built-in norm's math itself."""
-    compiled = state.tcfg.compile and state.compile_error is None
+    compiled = state.compiled
     state_of_compile = (
-        "on" if compiled else "off" if not state.tcfg.compile else f"fell back: {state.compile_error}"
+        "on" if compiled else "off" if state.compile_error is None else f"fell back: {state.compile_error}"
     )
     norm_impl = {
         kind: impls.COMPILED if compiled and kind in impls.TABLE else how
@@ -102,18 +106,51 @@ def run_provenance(state) -> dict:
     return provenance.collect(state.device, state.tcfg.precision, norm_impl, state_of_compile)
 
 
-def finish(loop, status: str, error: str | None, step: int) -> dict:
-    """The causality probe, each layer's contribution, then the summary, saved."""
-    state = loop.state
+# train.end_checks=auto: the end-of-run checks take at most this share of the run's wall time so far,
+# or this many seconds, whichever is more (a short run's checks cost seconds: all of them run)
+END_CHECKS_SHARE, END_CHECKS_FREE_S = 0.03, 10.0
+
+
+def skipped_layers(loop) -> list[int]:
+    """The blocks whose skip-one-layer eval runs at the end (train.end_checks): every one, none, or under
+    auto those that fit in the budget, evenly spread over the depth (none if not even one fits)."""
+    n_layer = len(loop.state.model.blocks)
+    if loop.tcfg.end_checks is False:
+        return []
+    if loop.tcfg.end_checks == "auto":
+        eval_s = loop.phases.seconds.get("eval", 0.0) / max(len(loop.val_losses), 1)
+        budget = max(END_CHECKS_SHARE * loop.wall_s(), END_CHECKS_FREE_S)
+        fits = n_layer if eval_s <= 0 else min(n_layer, int(budget / eval_s))
+        if fits < n_layer:
+            return sorted({round(i * (n_layer - 1) / max(fits - 1, 1)) for i in range(fits)})
+    return list(range(n_layer))
+
+
+def end_checks(loop, status: str) -> tuple[dict, list | None, dict]:
+    """The causality probe and each layer's contribution (train.end_checks): (the probe's leaks, the
+    skip-one-layer losses (None for a layer not evaluated), what ran: the summary's ``end_checks``)."""
+    state, setting = loop.state, loop.tcfg.end_checks
+    layers = skipped_layers(loop) if loop.stats and status == "completed" else []
     with loop.phases("probe"):
-        leak = state.probe() if status != "failed" else {"train": None, "eval": None}
-        # each layer's contribution (docs/diagnostics.md), with the other statistics
-        skip = (
-            layer_skip_losses(state.model, state.evaluate) if loop.stats and status == "completed" else None
-        )
+        # four sequences, four forwards: under auto it always fits
+        probed = status != "failed" and setting is not False
+        leak = state.probe() if probed else {"train": None, "eval": None}
+        # each layer's contribution (docs/diagnostics.md), with the other statistics; through the eager
+        # model, which the skipping hook changes
+        skip = None
+        if layers:
+            losses = layer_skip_losses(state.model, functools.partial(state.evaluate, compiled=False), layers)
+            skip = [losses.get(i) for i in range(len(state.model.blocks))]
+    return leak, skip, {"setting": setting, "probe": probed, "skipped_layers": layers}
+
+
+def finish(loop, status: str, error: str | None, step: int) -> dict:
+    """The end-of-run checks, then the summary, saved."""
+    leak, skip, checks = end_checks(loop, status)
     with loop.phases("finish"):
         summary = run_summary(loop, status, error, step, leak)
         summary["layer_skip_loss"] = skip
+        summary["end_checks"] = checks
     return save_result(loop, summary)
 
 
@@ -129,6 +166,7 @@ def save_result(loop, summary: dict) -> dict:
                 # before summary.json, which MLflow copies; a tracker that fails is a warning, never the run
                 summary = loop.sinks.finish(summary)
             summary["time_s"] = loop.phases.seconds
+            loop.wait_for_checkpoint()  # the last one on disk (or failed) before the summary replaces it
             state.dir.write_summary(summary)
         except DiskFull as err:
             err.resume_step = loop.saved_step
@@ -143,6 +181,7 @@ def interrupted(loop, stop: StopSignals, step: int, pass_on: bool = True) -> dic
     """Stopped by a signal after its checkpoint: end the trackers' runs and pass the signal on (the
     last of a batched group's seeds passes it: ``pass_on``)."""
     loop.sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
+    loop.wait_for_checkpoint()
     try:
         if pass_on:
             stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits

@@ -1,0 +1,55 @@
+"""Checkpoints written beside training: the loop pays for a copy of its state, a thread for the rest.
+
+``CheckpointWriter.submit`` takes a state already copied to CPU memory (``checkpoint.snapshot``) and
+hands it to one background thread, which hashes it, serializes it, writes and syncs it, and renames it
+into place (``checkpoint.save``): at 124M parameters that is seconds of CPU and disk that the training
+thread no longer waits for. One checkpoint is in flight at a time: a checkpoint due while the last is
+still being written waits for it, so checkpoints land in order and at most two states are in memory.
+A kill -9 mid-write leaves the last complete checkpoint, which is what a resume reads.
+
+A write that fails (a full disk) costs that checkpoint, not the run: the error is kept and reported
+on the training thread, at the next submit or ``wait``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from normbench.core.errors import DiskFull
+from normbench.training import checkpoint
+
+
+class CheckpointWriter:
+    """Writes a run directory's checkpoints on a background thread, one at a time."""
+
+    def __init__(self, run_dir: Path, warn: Callable[[str], None]):
+        self.run_dir, self.warn = Path(run_dir), warn
+        self.written: int | None = None  # the step of the newest checkpoint complete on disk
+        self._thread: threading.Thread | None = None
+        self._failure: str | None = None
+
+    def submit(self, step: int, state: dict) -> None:
+        """Write ``state`` (a snapshot: nothing training changes) as the checkpoint of ``step``."""
+        self.wait()
+        self._thread = threading.Thread(
+            target=self._write, args=(step, state), name="normbench-checkpoint", daemon=True
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the checkpoint in flight is on disk; reports a failed write through ``warn``."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            self.warn(failure)
+
+    def _write(self, step: int, state: dict) -> None:
+        try:
+            checkpoint.save(self.run_dir, state)
+            self.written = step
+        except (OSError, DiskFull) as err:  # a full disk costs the checkpoint, not the run
+            self._failure = f"checkpoint at step {step} not written: {err}"
