@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import train_tiny
+from rich.console import Console
 
+from normbench.training.display import summary_table
 from normbench.training.perf import StepTimer
 
 
@@ -56,6 +58,14 @@ def test_summary_performance_fields(tmp_path):
         summary["tokens_per_s"] * summary["flops_per_token"] / 1e12, rel=1e-6
     )
     assert (summary["peak_flops"], summary["peak_flops_source"]) == (1e12, "train.peak_flops")
+    # the wall-clock figure: every token trained over the whole run's time, below the steps' own
+    tokens = summary["steps"] * 8 * 32  # tiny: batch 8, context 32
+    assert summary["wall_tokens_per_s"] == pytest.approx(tokens / summary["wall_s"], rel=1e-6)
+    assert summary["wall_tokens_per_s"] < summary["tokens_per_s"]
+    closing = Console(width=200, record=True)
+    closing.print(summary_table(summary, tmp_path))
+    row = next(line for line in closing.export_text().splitlines() if "tokens/s steps / wall clock" in line)
+    assert f"{summary['tokens_per_s']:,.0f} / {summary['wall_tokens_per_s']:,.0f}" in row
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,10 @@ def summary_table(summary: dict, run_dir: Path | str) -> Group:
         table.add_row("floor (Bayes-optimal)", fmt(summary["floor_loss"]))
         if summary["final_val_loss"] is not None:
             table.add_row("gap to floor", fmt(summary["final_val_loss"] - summary["floor_loss"]))
-    table.add_row("tokens/s", fmt(summary["tokens_per_s"], ",.0f"))
+    table.add_row(
+        "tokens/s steps / wall clock",
+        f"{fmt(summary['tokens_per_s'], ',.0f')} / {fmt(summary.get('wall_tokens_per_s'), ',.0f')}",
+    )
     table.add_row(
         "step time p50 / p90",
         f"{fmt(summary['step_ms_p50'], '.1f')} / {fmt(summary['step_ms_p90'], '.1f')} ms",

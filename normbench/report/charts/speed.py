@@ -17,7 +17,9 @@ from normbench.report.load import ReportData
 def chart_throughput(d: ReportData):
     agg = d.agg
     panels = [
-        ("tokens_per_s_mean", None, "Throughput", "tokens/s"),
+        # the steps' figure: evals, checkpoints and set-up are outside it (summary.json's
+        # wall_tokens_per_s counts them)
+        ("tokens_per_s_mean", None, "Throughput in steps (median window)", "tokens/s"),
         ("step_ms_p50_mean", "step_ms_p90_mean", "Step time (bar p50, whisker p90)", "ms/step"),
         ("peak_mem_mb_mean", None, "Peak memory", "MB"),
     ]
@@ -38,7 +40,10 @@ def chart_throughput(d: ReportData):
     if len(axes) > 1 and len(agg) > 6:
         for ax in axes[:-1]:  # stacked panels share the configuration labels of the bottom one
             ax.tick_params(labelbottom=False)
-    fig.suptitle("Speed and memory per configuration (mean over runs)")
+    fig.suptitle(
+        "Speed and memory per configuration (mean over runs): the training steps' own figures,\n"
+        "not the wall clock (evals, checkpoints: summary.json's wall_tokens_per_s)"
+    )
     norms = _compared_norms(d)
     if norms:
         _note(fig, implementation_note(d.bench, norms))
