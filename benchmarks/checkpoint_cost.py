@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = compose(["train.device=cpu", *args.overrides])
     run = parse_config(cfg)
-    cadence = run.train.eval_every if run.train.checkpoint_every is None else run.train.checkpoint_every
+    cadence = run.train.checkpoint_every  # None: by wall time, train.checkpoint_minutes
     with tempfile.TemporaryDirectory() as tmp:
         state = Run(run, Path(tmp))
         for _ in range(3):  # AdamW's moments exist from the first step on
@@ -85,10 +85,17 @@ def main() -> None:
         f"{', '.join(f'{1000 * s:.0f}' for s in save_s)})"
     )
     print(f"load + verify          {1000 * load_s:.1f} ms")
-    print(
-        f"every {cadence} steps: {100 * save / (cadence * step):.2f}% of training time "
-        f"({save / step:.1f} steps' worth per checkpoint)"
-    )
+    if cadence:
+        print(
+            f"every {cadence} steps: {100 * save / (cadence * step):.2f}% of training time "
+            f"({save / step:.1f} steps' worth per checkpoint)"
+        )
+    else:
+        minutes = run.train.checkpoint_minutes
+        print(
+            f"every {minutes:g} minutes: {100 * save / (60 * minutes):.2f}% of the wall time, "
+            "written in the loop"
+        )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,13 @@
 #   3. model=small trained in bf16, eager and with train.compile=true
 #   4. model=small's seeds batched into one model (K = 1, 4, 16, fp32): tokens/s and MFU against one run
 #   5. one table: tokens/s, MFU and its peak, the norms' GB/s against the copy bandwidth
+#   6. gpt2: GPT-2 small (124M, context 1024), bf16, compiled, 64 sequences per update in micro-batches
+#      of 16: benchmarks/gpt2_bare.py (nanoGPT's loop) and normbench train model=gpt2 train=gpt2 with
+#      its default evals and checkpoints, on random GPT-2 token shards: tokens/s in steps and over the
+#      wall clock, MFU. Goal: normbench >= 0.95x the bare loop's step tokens/s, >= 0.9x in wall clock.
 # Each stage has its own time limit, so one that hangs costs its limit and the next one runs.
+# STAGES="gpt2" (names separated by spaces) runs only those; the default runs all but gpt2, which
+# alone takes about 4 minutes: STAGES="tests bench train batched table gpt2" runs everything.
 # Logs, CSV and run directories go to ${OUT:-/tmp/gpu_check}. Exit code 1 if any stage failed.
 #
 #   scripts/gpu_check.sh                            # python3 from PATH
@@ -43,10 +49,14 @@ if [ -n "$MISSING" ]; then
     exit 1
 fi
 
-# stage NAME SECONDS COMMAND...: run COMMAND under a time limit, its output in $LOGS/NAME.log.
+STAGES=" ${STAGES:-tests bench train batched table} "
+
+# stage NAME SECONDS COMMAND...: run COMMAND under a time limit, its output in $LOGS/NAME.log, when
+# NAME (or the group before its "_": train_eager is in "train") is among $STAGES.
 stage() {
     local name=$1 limit=$2 start rc
     shift 2
+    [[ $STAGES == *" $name "* || $STAGES == *" ${name%%_*} "* ]] || return 0
     echo "== $name (at most ${limit}s): $*"
     start=$(date +%s)
     timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
@@ -111,7 +121,47 @@ if bench.exists():
 else:
     print("(no bench.csv)")
 EOF
-cat "$LOGS/table.log" "$LOGS/batched.log"
+[[ $STAGES == *" table "* ]] && cat "$LOGS/table.log" "$LOGS/batched.log"
+
+# GPT-2 small: random tokens below GPT-2's 50,257 as a nanoGPT-style headerless uint16 shard.
+GPT2_DATA=(data=tokens "data.path=$LOGS/gpt2_tokens" data.dtype=uint16 data.vocab_size=50257)
+stage gpt2_data 30 "$PY" -c "import numpy as np, pathlib, sys
+d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); r = np.random.default_rng(0)
+for name, n in (('train', 50_000_000), ('val', 2_000_000)):
+    r.integers(0, 50257, n, dtype=np.uint16).tofile(d / f'{name}.bin')
+" "$LOGS/gpt2_tokens"
+stage gpt2_bare 150 "$PY" benchmarks/gpt2_bare.py --micro 16 --accum 4 --steps 30 --warmup 5
+stage gpt2_normbench 240 "$PY" -m normbench train model=gpt2 train=gpt2 "${GPT2_DATA[@]}" train.device=cuda \
+    train.batch_size=64 train.micro_batch_size=16 train.steps=60 train.warmup_steps=10 train.eval_every=30 \
+    train.log_every=10 train.progress=false train.resume=never "hydra.run.dir=$LOGS/runs/gpt2"
+stage gpt2_table 15 "$PY" - "$LOGS" <<'EOF'
+"""GPT-2 small: the bare nanoGPT-style loop against normbench, in steps and over the wall clock."""
+import json
+import sys
+from pathlib import Path
+
+logs = Path(sys.argv[1])
+bare_lines = [line for line in (logs / "gpt2_bare.log").read_text().splitlines() if line.startswith("{")]
+bare = json.loads(bare_lines[-1]) if bare_lines else None
+path = logs / "runs" / "gpt2" / "summary.json"
+nb = json.loads(path.read_text()) if path.exists() else None
+print(f"{'GPT-2 small':<12} {'tokens/s steps':>14} {'wall clock':>11} {'MFU':>6} {'peak mem MB':>11}")
+for name, s in (("bare", bare), ("normbench", nb)):
+    if s is None:
+        print(f"{name:<12} (no result)")
+        continue
+    wall = s.get("wall_tokens_per_s")
+    print(
+        f"{name:<12} {s['tokens_per_s']:>14,.0f} {'-' if wall is None else format(wall, ',.0f'):>11} "
+        f"{100 * s['mfu']:>5.1f}% {s['peak_mem_mb'] or 0:>11,.0f}"
+    )
+if bare and nb:
+    print(f"normbench / bare: steps {nb['tokens_per_s'] / bare['tokens_per_s']:.2f}x (goal 0.95), wall clock "
+          f"{nb['wall_tokens_per_s'] / bare['tokens_per_s']:.2f}x (goal 0.9); MFU peak "
+          f"{bare['peak_flops'] / 1e12:.4g} TFLOP/s ({bare['peak_flops_source']})")
+    print("normbench time_s:", ", ".join(f"{k} {v:.1f}" for k, v in nb["time_s"].items()))
+EOF
+[[ $STAGES == *" gpt2 "* ]] && cat "$LOGS/gpt2_table.log"
 
 if [ ${#FAILED[@]} -gt 0 ]; then
     echo "gpu_check: FAILED: ${FAILED[*]}"
