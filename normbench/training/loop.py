@@ -343,6 +343,7 @@ class Loop:
         warn = functools.partial(say_warning, self.console)
         self.writer = CheckpointWriter(state.dir.path, warn) if self.main else None
         self.last_checkpoint = time.perf_counter()  # train.checkpoint_minutes counts from here
+        self.checkpointed = self.start  # the step of the last checkpoint taken, on every rank alike
         self.sinks = MetricSinks(
             state.dir.path,
             state.cfg,
@@ -449,7 +450,7 @@ class Loop:
     def final_checkpoint(self, done: int) -> None:
         """Under the wall-time cadence, one more at the last step: the end-of-run checks and the summary
         that follow it are then never a reason to train again."""
-        if self.tcfg.checkpoint_every is None and done > self.start and self.saved_step != done:
+        if self.tcfg.checkpoint_every is None and done > self.checkpointed:
             self.timer.settle()
             with self.phases("checkpoints"):
                 self._save_checkpoint(done)
@@ -481,7 +482,7 @@ class Loop:
         }
         if self.main:  # the copy now; hashing and writing on the writer's thread
             self.writer.submit(done, checkpoint.snapshot(saved))
-        self.last_checkpoint = time.perf_counter()
+        self.last_checkpoint, self.checkpointed = time.perf_counter(), done
 
     # ------------------------------------------------------------------------- the step and its cadences
 
