@@ -5,9 +5,9 @@ context so that a CPU step takes seconds), trains a step so AdamW's moments exis
 
 - synchronous: the training thread gathers the state, hashes, serializes, writes and syncs it
   (``checkpoint.save`` on the live state): all of it is blocked time;
-- beside training: the training thread copies the state to CPU memory (``checkpoint.snapshot``)
-  and hands it to ``CheckpointWriter``; the blocked time is the copy and hand-over, while the
-  thread writes it as training steps go on;
+- beside training: ``CheckpointWriter.submit`` copies the state to CPU memory
+  (``checkpoint.snapshot``, into the last checkpoint's buffers) and hands the copy to its thread;
+  the blocked time is the copy and hand-over, while the thread writes it as training steps go on;
 - the wall time of ``--steps`` training steps with three checkpoints written beside them (the
   last one waited for, as a run's end does) against the same steps without: what three
   checkpoints cost a run, the writer's competition for the CPU included.
@@ -55,7 +55,7 @@ def steps(state: Run, n: int, every: int | None = None, writer: CheckpointWriter
         state.train_step()
         if every and i % every == 0:
             t = time.perf_counter()
-            writer.submit(i, checkpoint.snapshot(state_of(run, state, i)))
+            writer.submit(i, state_of(run, state, i))
             blocked.append(time.perf_counter() - t)
     if writer is not None:
         writer.wait()

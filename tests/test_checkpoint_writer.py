@@ -14,7 +14,7 @@ from normbench.training.checkpoint_writer import CheckpointWriter
 def test_the_checkpoint_holds_the_state_at_the_snapshot_not_what_training_did_after(tmp_path):
     weights, history = torch.zeros(1000), [1.0]
     writer = CheckpointWriter(tmp_path, warn=pytest.fail)
-    writer.submit(5, checkpoint.snapshot({"model": {"w": weights}, "loop": {"val_losses": history}}))
+    writer.submit(5, ({"model": {"w": weights}, "loop": {"val_losses": history}}))
     weights += 1.0  # training goes on while the thread writes
     history.append(2.0)
     writer.wait()
@@ -26,19 +26,21 @@ def test_the_checkpoint_holds_the_state_at_the_snapshot_not_what_training_did_af
 def test_checkpoints_land_in_order_and_keep_the_one_before(tmp_path):
     writer = CheckpointWriter(tmp_path, warn=pytest.fail)
     for step in (10, 20, 30):
-        writer.submit(step, checkpoint.snapshot({"step": step, "w": torch.full((100,), float(step))}))
+        writer.submit(step, ({"step": step, "w": torch.full((100,), float(step))}))
     writer.wait()
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 30
-    assert torch.load(tmp_path / "checkpoint.prev.pt", weights_only=True)["step"] == 20
+    previous = torch.load(tmp_path / "checkpoint.prev.pt", weights_only=True)
+    # its buffers held step 30's copy afterwards: the file is what was written
+    assert previous["step"] == 20 and torch.equal(previous["w"], torch.full((100,), 20.0))
 
 
 def test_a_failed_write_is_reported_on_the_training_thread_and_the_last_checkpoint_stands(tmp_path):
     warnings = []
     writer = CheckpointWriter(tmp_path, warn=warnings.append)
-    writer.submit(10, checkpoint.snapshot({"step": 10}))
+    writer.submit(10, ({"step": 10}))
     writer.wait()
     writer.run_dir = tmp_path / "gone"  # a directory that cannot be written: the write fails
-    writer.submit(20, checkpoint.snapshot({"step": 20}))
+    writer.submit(20, ({"step": 20}))
     writer.wait()
     assert len(warnings) == 1 and "checkpoint at step 20 not written" in warnings[0]
     assert writer.written == 10 and checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 10

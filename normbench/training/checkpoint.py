@@ -55,15 +55,26 @@ def content_hash(state: dict) -> str:
     return digest.hexdigest()
 
 
-def snapshot(value):
+def snapshot(value, reuse=None):
     """A copy of a checkpoint's state that shares nothing with the running training: every tensor copied
-    to the CPU, every container rebuilt (the loop appends to its lists while a checkpoint is written)."""
+    to the CPU, every container rebuilt (the loop appends to its lists while a checkpoint is written).
+
+    ``reuse``: an earlier snapshot no longer being written; its tensors of the same shape and dtype are
+    copied into rather than allocated again (at 124M parameters, 1.4 GiB of fresh pages per checkpoint).
+    """
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        value = value.detach()
+        if isinstance(reuse, torch.Tensor) and (reuse.shape, reuse.dtype) == (value.shape, value.dtype):
+            return reuse.copy_(value)
+        return value.to("cpu", copy=True)
     if isinstance(value, dict):
-        return {key: snapshot(item) for key, item in value.items()}
+        reuse = reuse if isinstance(reuse, dict) else {}
+        return {key: snapshot(item, reuse.get(key)) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(item) for item in value)
+        reuse = (
+            reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else [None] * len(value)
+        )
+        return type(value)(snapshot(item, old) for item, old in zip(value, reuse))
     return value
 
 

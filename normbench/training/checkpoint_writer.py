@@ -1,10 +1,11 @@
 """Checkpoints written beside training: the loop pays for a copy of its state, a thread for the rest.
 
-``CheckpointWriter.submit`` takes a state already copied to CPU memory (``checkpoint.snapshot``) and
-hands it to one background thread, which hashes it, serializes it, writes and syncs it, and renames it
-into place (``checkpoint.save``): at 124M parameters that is seconds of CPU and disk that the training
-thread no longer waits for. One checkpoint is in flight at a time: a checkpoint due while the last is
-still being written waits for it, so checkpoints land in order and at most two states are in memory.
+``CheckpointWriter.submit`` copies a state to CPU memory (``checkpoint.snapshot``, into the buffers
+of the last checkpoint once it is written) and hands the copy to one background thread, which
+hashes it, serializes it, writes and syncs it, and renames it into place (``checkpoint.save``): at
+124M parameters that is seconds of CPU and disk that the training thread no longer waits for. One
+checkpoint is in flight at a time: a checkpoint due while the last is still being written waits for
+it, so checkpoints land in order and one copy of the state is kept.
 A kill -9 mid-write leaves the last complete checkpoint, which is what a resume reads.
 
 A write that fails (a full disk) costs that checkpoint, not the run: the error is kept and reported
@@ -29,12 +30,14 @@ class CheckpointWriter:
         self.written: int | None = None  # the step of the newest checkpoint complete on disk
         self._thread: threading.Thread | None = None
         self._failure: str | None = None
+        self._last: dict | None = None  # the last snapshot: its tensors are the next one's buffers
 
     def submit(self, step: int, state: dict) -> None:
-        """Write ``state`` (a snapshot: nothing training changes) as the checkpoint of ``step``."""
-        self.wait()
+        """Copy ``state`` now and write the copy, beside training, as the checkpoint of ``step``."""
+        self.wait()  # the last snapshot is written: its buffers are free
+        self._last = copy = checkpoint.snapshot(state, self._last)
         self._thread = threading.Thread(
-            target=self._write, args=(step, state), name="normbench-checkpoint", daemon=True
+            target=self._write, args=(step, copy), name="normbench-checkpoint", daemon=True
         )
         self._thread.start()
 

@@ -481,7 +481,7 @@ class Loop:
             "loop": loop,
         }
         if self.main:  # the copy now; hashing and writing on the writer's thread
-            self.writer.submit(done, checkpoint.snapshot(saved))
+            self.writer.submit(done, saved)
         self.last_checkpoint, self.checkpointed = time.perf_counter(), done
 
     # ------------------------------------------------------------------------- the step and its cadences
