@@ -9,7 +9,8 @@ seed shares (the same data order and init) and one of its own, then builds the i
 report and the claims do (``normbench.report.predict.predict``; ``normbench.report.stats.compare``
 per size, then ``normbench.report.stats.fit_trend``) and counts whether the truth lies inside.
 A coverage estimated from D draws has a binomial standard error of about sqrt(0.05 * 0.95 / D):
-1.1 points at 400 draws.
+1.1 points at 400 draws. For the prediction it also counts the draws whose fit the lack-of-fit test
+rejects (read "no prediction" in a report): on a true law, the test's false alarms.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from normbench.report.predict import predict
+from normbench.report.predict import NO_PREDICTION, predict
 from normbench.report.stats import compare, fit_trend
 
 
@@ -57,12 +58,13 @@ def predict_coverage(draws: int, seeds: int) -> list[tuple[str, float]]:
     targets = [2 * largest, 4 * largest]
     rows = []
     for name, ln, rms, shared, own in PREDICT_CASES:
-        hits, counted = np.zeros((2, 2)), np.zeros((2, 2))
+        hits, counted, withheld = np.zeros((2, 2)), np.zeros((2, 2)), 0
         for draw in range(draws):
             rng = np.random.default_rng(1000 + draw)
             samples = plant(rng, {"ln": ln, "rms": rms}, x, seeds, shared, own)
             r = predict(samples, ["ln", "rms"], "ln", sizes, x, targets)
             r = r[r["config"].eq("rms")].reset_index()
+            withheld += r.at[0, "verdict"] == NO_PREDICTION
             for t, target in enumerate(targets):
                 for k, (low, high, truth) in enumerate(
                     (
@@ -76,7 +78,12 @@ def predict_coverage(draws: int, seeds: int) -> list[tuple[str, float]]:
         for k, what in enumerate(("loss", "gap")):
             for t, times in enumerate((2, 4)):
                 rows.append(
-                    (f"predict {what} at {times}x the largest size: {name}", hits[k, t], counted[k, t])
+                    (
+                        f"predict {what} at {times}x the largest size: {name}",
+                        hits[k, t],
+                        counted[k, t],
+                        f"{100 * withheld / draws:.1f}%",
+                    )
                 )
     return rows
 
@@ -102,7 +109,7 @@ def trend_coverage(draws: int, seeds: int) -> list[tuple[str, float]]:
             fit = fit_trend(sizes, gaps, ses, dfs)
             counted += 1
             hits += fit.low <= slope <= fit.high
-        rows.append((f"trend slope per doubling: {name}", hits, counted))
+        rows.append((f"trend slope per doubling: {name}", hits, counted, "-"))
     return rows
 
 
@@ -114,13 +121,13 @@ def main() -> None:
     table = Table(
         title=f"coverage of nominal 95% intervals, {args.draws} planted draws, {args.seeds} seeds, 5 sizes"
     )
-    for column in ("interval", "covered", "draws with an interval"):
+    for column in ("interval", "covered", "draws with an interval", "withheld: misfit"):
         table.add_column(column, justify="left" if column == "interval" else "right")
-    for label, hits, counted in [
+    for label, hits, counted, withheld in [
         *predict_coverage(args.draws, args.seeds),
         *trend_coverage(args.draws, args.seeds),
     ]:
-        table.add_row(label, f"{100 * hits / counted:.1f}%" if counted else "-", f"{int(counted)}")
+        table.add_row(label, f"{100 * hits / counted:.1f}%" if counted else "-", f"{int(counted)}", withheld)
     Console().print(table)
 
 

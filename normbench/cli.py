@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -466,12 +467,18 @@ def _with_config_dir(args: list[str], config_dir: Path | None) -> list[str]:
         return list(args)
     if not config_dir.is_dir():
         raise ConfigError(f"--config-dir {config_dir}: no such folder")
-    quoted = str(config_dir.resolve()).replace("\\", "\\\\").replace("'", "\\'")
+    path = str(config_dir.resolve())
+    # A plain path as a plain value: the printed resume command then needs one pair of shell quotes
+    # (for the brackets), not quotes inside quotes; only a path Hydra's grammar cannot take bare is quoted.
+    if re.fullmatch(r"[\w/.:+-]+", path):
+        value = f"file://{path}"
+    else:
+        value = "'file://" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
     # Beside the user's own overrides: Hydra's parser takes the overrides as one run of arguments, so one
     # after its flags (model=wee --cfg job hydra.searchpath=...) would be refused.
     overrides = [i + 1 for i, arg in enumerate(args) if "=" in arg and not arg.startswith("-")]
     at = max(overrides, default=len(args))
-    return [*args[:at], f"hydra.searchpath=['file://{quoted}']", *args[at:]]
+    return [*args[:at], f"hydra.searchpath=[{value}]", *args[at:]]
 
 
 @app.command(

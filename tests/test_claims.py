@@ -472,8 +472,11 @@ def test_claims_run_resumes_an_interrupted_claim_and_keeps_finished_runs(tmp_pat
     body["scale"]["model"] = "tiny"
     path.write_text(yaml.safe_dump(body))
     args = ["claims", "run", "tiny_claim", "--config-dir", str(conf), "--out", str(tmp_path / "claims")]
-    first = run_cli(*args, cwd=tmp_path, timeout=600)
+    # --config-dir before the verb: a user's claim runs, and the run ends with its verdict
+    before = ["claims", "--config-dir", str(conf), "run", "tiny_claim", "--out", str(tmp_path / "claims")]
+    first = run_cli(*before, cwd=tmp_path, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
+    assert re.search(r"tiny_claim\s*│\s*inconclusive", first.stdout), first.stdout
     folder = tmp_path / "claims" / "tiny_claim"
     runs = sorted(d for d in folder.iterdir() if (d / "summary.json").exists())
     assert [d.name.split("-")[0] for d in runs] == ["ln", "rms"]
@@ -491,6 +494,7 @@ def test_claims_run_resumes_an_interrupted_claim_and_keeps_finished_runs(tmp_pat
     assert json.loads((cut / "summary.json").read_text())["status"] == "completed"
     reported = run_cli("claims", "report", str(tmp_path / "claims"), "--config-dir", str(conf), cwd=tmp_path)
     assert reported.returncode == 0, reported.stdout + reported.stderr
+    assert reported.stdout.count("wrote ") == 1, reported.stdout
     row = pd.read_csv(tmp_path / "claims" / "claims.csv").set_index("id").loc["tiny_claim"]
     assert (row["n_a"], row["n_b"]) == (1, 1) and row["verdict"] == "inconclusive"
     assert "fewer than min_seeds 3" in row["reason"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -399,3 +400,22 @@ def test_a_qk_norm_that_cannot_be_built_at_the_head_width_names_the_key_and_widt
         "error: model.qk_norm=gn over 42 channels: norm.groups=4 must divide the model width 42"
         in " ".join(result.stderr.split())
     )
+
+
+def test_a_config_dirs_resume_command_pastes_without_quotes_inside_quotes(tmp_path):
+    """The search path a plain folder becomes is a plain Hydra value, so the printed command needs one
+    pair of shell quotes; a folder with a space is quoted for Hydra and still composes."""
+    from normbench.cli import _with_config_dir
+
+    plain = tmp_path / "my_conf"
+    (plain / "model").mkdir(parents=True)
+    (plain / "model" / "wee.yaml").write_text((REPO / "conf" / "model" / "micro.yaml").read_text())
+    args = _with_config_dir(["seed=0,1"], plain)
+    printed = shlex.join(["normbench", "sweep", *args])
+    assert "'\"'\"'" not in printed and shlex.split(printed)[2:] == args
+    assert args[-1] == f"hydra.searchpath=[file://{plain.resolve()}]"
+    spaced = tmp_path / "my conf"
+    shutil.copytree(plain, spaced)
+    for folder in (plain, spaced):
+        composed = invoke("train", "--config-dir", str(folder), "--cfg", "job", "model=wee")
+        assert composed.exit_code == 0 and "n_layer: 2" in composed.output, composed.output

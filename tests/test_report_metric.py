@@ -18,6 +18,7 @@ import yaml
 from test_report import make_run, only_charts, quiet, report
 from test_report_scale import scale_run
 
+from normbench.claims.arms import at_best as claims_at_best
 from normbench.core.errors import ConfigError
 from normbench.report import load_runs, run_report
 from normbench.report.load import find_inputs
@@ -332,3 +333,35 @@ def test_piped_tables_keep_every_number_whole(tmp_path, monkeypatch):
     narrow = CliRunner().invoke(app, ["report", str(tmp_path), "--width", "60"])
     # a width asked for is the width used
     assert narrow.exit_code == 0 and max(map(len, narrow.output.splitlines())) <= 60
+
+
+def test_a_rate_whose_survivor_is_lowest_but_most_seeds_diverged_is_not_the_best(tmp_path, monkeypatch):
+    """Two rates x three seeds; two seeds of the higher rate diverged, its survivor the lowest loss of
+    all. Every seed counts (a diverged one at its loss at init, 4.0): the lower rate is best."""
+    only_charts(monkeypatch)
+    low, survivor = [2.50, 2.55, 2.60], 2.30
+    for seed in SEEDS:
+        make_run(tmp_path, f"low-s{seed}", lr=0.02, seed=seed, final=low[seed])
+        status = "completed" if seed == 0 else "diverged"
+        make_run(tmp_path, f"high-s{seed}", lr=0.03, seed=seed, final=survivor, status=status)
+    out, _ = report([tmp_path])
+    t = pd.read_csv(out / "tuned.csv").iloc[0]
+    assert t["best_value"] == pytest.approx(0.02)
+    assert t["final_val_loss_mean"] == pytest.approx(np.mean(low)) and t["n_seeds"] == 3
+    # the higher rate's score, by hand: (2.30 + 4.0 + 4.0) / 3 = 3.43 > 2.55
+    assert t["diverged_at"] == "0.03 (2/3)"
+    d = load_runs(find_inputs([tmp_path])[0], warn=print)
+    runs, _ = claims_at_best(d.runs, "train.lr")
+    assert set(pd.to_numeric(runs["train.lr"])) == {0.02}  # the claims registry chooses the same rate
+
+
+def test_a_best_value_on_fewer_seeds_than_the_others_is_said(tmp_path, monkeypatch):
+    only_charts(monkeypatch)
+    for seed in SEEDS:
+        make_run(tmp_path, f"low-s{seed}", lr=0.01, seed=seed, final=2.6 + 0.01 * seed)
+    make_run(tmp_path, "high-s0", lr=0.02, seed=0, final=2.3)  # one seed only, at the best rate
+    out, _ = report([tmp_path])
+    t = pd.read_csv(out / "tuned.csv").iloc[0]
+    assert (t["best_value"], t["n_seeds"], t["n_seeds_most"]) == (pytest.approx(0.02), 1, 3)
+    md = " ".join((out / "summary.md").read_text().split())
+    assert "resting on fewer seeds than other values of the grid: all runs at 0.02 (n=1; up to 3" in md

@@ -18,7 +18,7 @@ from conftest import run_cli
 from test_report import make_run, only_charts, report
 
 from normbench.core.errors import ConfigError
-from normbench.report.predict import LOG_LINEAR, NOT_CONVERGED, fit_law, predict
+from normbench.report.predict import LOG_LINEAR, NO_PREDICTION, NOT_CONVERGED, fit_law, predict
 
 SEEDS = (0, 1, 2)
 
@@ -205,3 +205,18 @@ def test_the_cli_refuses_predict_without_scale_in_one_line(tmp_path):
     result = run_cli("report", str(tmp_path), "--predict", "1e6")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "needs --scale" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_size_ladder_whose_losses_zig_zag_gets_no_verdict_at_the_predicted_size(tmp_path, monkeypatch):
+    """rms's loss zig-zags against ln's smooth law (+0.3 at every other size): no law describes it, so
+    the prediction reads "no prediction: <why>", never better or worse with a tight interval."""
+    only_charts(monkeypatch)
+    params = gpt_params((16, 24, 32, 48, 64))
+    bump = {n: 0.3 * (i % 2) for i, n in enumerate(params.values())}
+    plant(tmp_path, {"ln": LN, "rms": lambda n: LN(n) + bump[n]}, params, own=0.0005)
+    out, text = report([tmp_path], scale_key="model.d_model", baseline="norm=ln", predict="2e6")
+    row = pd.read_csv(out / "predict.csv").set_index("config").loc["rms"]
+    assert row["verdict"] == NO_PREDICTION and row["interval_word"] in ("better", "worse", "tied")
+    flat = " ".join(text.split())
+    assert "rms against ln: no prediction: " in flat
+    assert "rms is predicted" not in flat

@@ -293,6 +293,14 @@ def test_the_closing_line_says_the_training_share_in_words():
     assert training_share([9.0], 1, 10.0) == "; 90% of the workers' time was training (1 worker for 10 s)"
 
 
+def test_the_training_share_after_a_resume_is_at_most_100_percent():
+    # a resumed run's summary counts 246 s of steps, most of them trained before this 100 s sweep
+    assert (
+        training_share([246.0], 1, 100.0) == "; 100% of the workers' time was training (1 worker for 100 s)"
+    )
+    assert training_share([246.0, 30.0], 2, 100.0).startswith("; 65% of")  # (100 + 30) / 200
+
+
 def test_a_sweep_directory_with_runs_of_another_grid_says_so(tmp_path):
     sweep = tmp_path / "demo"
     other = CliRunner().invoke(

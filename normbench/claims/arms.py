@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from normbench.report.tuning import at_best_value
+from normbench.report.metrics import metric
+from normbench.report.tuning import at_best_value, scores
 
 TUNED_ON = "final_val_loss"  # what the tuning value is chosen by, whatever the claim's metric
 LOSSES = ("final_val_loss", "best_val_loss")  # metrics a diverged run is read at its init loss for
@@ -39,9 +40,9 @@ def arm(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
 
 
 def learned(runs: pd.DataFrame) -> pd.Series:
-    """Each run's final validation loss, a run that did not complete read at its loss at init."""
-    final = pd.to_numeric(runs[TUNED_ON], errors="coerce")
-    return final.where(runs["status"].eq("completed"), pd.to_numeric(runs["init_val_loss"], errors="coerce"))
+    """Each run's final validation loss as the report scores it for choosing a best value (a run
+    that diverged or failed at its loss at init): report and claims choose by one rule."""
+    return scores(runs, metric(TUNED_ON))
 
 
 def grid(runs: pd.DataFrame, key: str | None) -> list[float]:

@@ -17,7 +17,8 @@ LOCAL = Path("results/claims-local")
 CONFIG_DIR = typer.Option(
     None,
     "--config-dir",
-    help="Your config folder: its claim/*.yaml join the registry (and experiment/, norm/...).",
+    help="Your config folder: its claim/*.yaml join the registry (and experiment/, norm/...). Given "
+    "before the verb (normbench claims --config-dir DIR run ID) or after it: one meaning.",
 )
 
 app = typer.Typer(
@@ -34,6 +35,7 @@ app = typer.Typer(
 def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
     """List the claims (id, source, the claim, its model size, its sweep's cost); the subcommands run and
     judge them."""
+    ctx.obj = config_dir  # the verbs read it (_config_dir): one option, before any verb
     if ctx.invoked_subcommand is not None:
         return
     from rich.table import Table
@@ -56,13 +58,24 @@ def claims(ctx: typer.Context, config_dir: Path | None = CONFIG_DIR) -> None:
     terminal_console().print(table)
 
 
+def _config_dir(ctx: typer.Context, given: Path | None) -> Path | None:
+    """The verb's --config-dir, else the one given before the verb; two different ones are an error."""
+    from normbench.core.errors import ConfigError
+
+    before = ctx.parent.obj if ctx.parent is not None else None
+    if given is not None and before is not None and Path(given).resolve() != Path(before).resolve():
+        raise ConfigError(f"--config-dir given twice ({before}, {given}): give one config folder")
+    return given if given is not None else before
+
+
 @app.command(
     context_settings=HYDRA_ARGS,
     help="""Run claims' sweeps, each into OUT/ID/ (resumable), through normbench sweep's machinery.
 
 Arguments are claim ids and Hydra overrides (KEY=VALUE), which replace the claim's own value of
 the key in every sweep: train.steps=50 shortens the runs, hydra.launcher.n_jobs=2 runs two at once.
-Running the same command again keeps finished runs and resumes interrupted ones.
+Running the same command again keeps finished runs and resumes interrupted ones. It ends with the
+claims' verdicts: the rows normbench claims report writes for them.
 
 [bold]Examples[/bold]
 
@@ -105,17 +118,33 @@ def run(
         )
     ids = [a for a in ctx.args if "=" not in a]
     overrides = [a for a in ctx.args if "=" in a]
+    config_dir = _config_dir(ctx, config_dir)
     registry = load_registry(config_dir)
     if not ids and not all_claims:
         raise ConfigError("name the claims to run (normbench claims lists them), or --all")
     chosen = registry if all_claims else select(registry, ids)
-    raise typer.Exit(
-        run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run, batch_seeds=batch_seeds)
-    )
+    code = run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run, batch_seeds=batch_seeds)
+    if not dry_run and code != 130:
+        _show_verdicts(registry, chosen, out)
+    raise typer.Exit(code)
+
+
+def _show_verdicts(registry: list, chosen: list, folder: Path) -> None:
+    """The verdicts of the claims just run, as claims report judges them from ``folder`` (Holm-corrected
+    across the registry's claims run there), its rows for these claims only; nothing is written."""
+    from normbench.claims import output
+    from normbench.claims.verdicts import assess_all
+    from normbench.core.terminal import terminal_console
+
+    console = terminal_console()
+    verdicts = assess_all(registry, [folder], holm=True)
+    ids = {c.id for c in chosen}
+    output.show(output.rows([v for v in verdicts if v.claim.id in ids], folder), console)
 
 
 @app.command()
 def report(
+    ctx: typer.Context,
     paths: list[Path] = typer.Argument(
         None,
         help=f"Folders holding the claims' runs (ID/ below). Default: {LOCAL}; {PUBLISHED} recomputes "
@@ -158,7 +187,7 @@ def report(
         if not path.is_dir() and path != LOCAL:
             raise ConfigError(f"{path}: no such folder (the claims' runs: normbench claims run ID)")
     paths = [p for p in paths if p.is_dir()]
-    registry = load_registry(config_dir)
+    registry = load_registry(_config_dir(ctx, config_dir))
     console = terminal_console()
     verdicts = assess_all(
         registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")

@@ -32,7 +32,14 @@ from normbench.report.charts.styles import make_styles, size_styles
 from normbench.report.load import NUMERICS, find_inputs, in_bits_per_byte, load_runs, read_bench
 from normbench.report.metrics import BITS_PER_BYTE, METRICS, loss_unit
 from normbench.report.metrics import metric as metric_of
-from normbench.report.predict import backtest, check_sizes, parse_predict, predict_sentences, prediction
+from normbench.report.predict import (
+    backtest,
+    check_sizes,
+    parse_predict,
+    predict_sentences,
+    prediction,
+    withhold,
+)
 from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
 from normbench.report.scale import resolve_baseline, resolve_scale_key, scale_axis
 from normbench.report.tables import (
@@ -234,7 +241,8 @@ def run_report(
             if not (scale[0] and name in ("scale.csv", "trend.csv")):
                 (out / name).unlink(missing_ok=True)
         if targets:
-            d.predict, d.backtest = prediction(d.scale, targets), backtest(d.scale)
+            d.backtest = backtest(d.scale)
+            d.predict = withhold(prediction(d.scale, targets), d.backtest)
             scale_display[1].extend(predict_sentences(d.scale, d.predict, d.backtest))
             write_atomic(out / "predict.csv", d.predict.to_csv(index=False))
             if d.backtest is not None:

@@ -12,7 +12,12 @@ A fit is *converged* when the best alpha lies inside its range and A > 0: loss f
 as a power law. Where the baseline's or
 the configuration's power law does not converge, the gap is extrapolated instead by the scale
 axis's own log-linear fit (gap against log2 x, normbench.report.stats.fit_trend) and the output
-says so; with nothing that fits, the prediction is "not converged", never a number.
+says so; with nothing that fits, the prediction is "not converged", never a number. A fit that
+converges but misfits the measured means (a lack-of-fit F test of its residuals against the seeds'
+spread pooled over the sizes rejects at MISFIT_P; it needs a size more than the fit's parameters),
+or a comparison whose backtest interval missed the gap measured at the held-out size, reads "no
+prediction: <why>": an interval that carries the seeds' noise alone would be tight exactly where the
+model is wrong.
 
 The uncertainty comes from the seeds: each size's mean carries its seeds' spread, and the fit carries
 it to the prediction. The fit's response to each size's mean is measured by central differences
@@ -53,6 +58,8 @@ ALPHA_MAX = 4.0
 NOT_CONVERGED = "not converged"
 POWER = "power law"
 LOG_LINEAR = "log-linear gap (a power law did not converge)"
+NO_PREDICTION = "no prediction"
+MISFIT_P = 0.01  # a fit whose lack-of-fit test rejects at this level predicts nothing (1% false alarms)
 
 
 def parse_predict(text: str) -> list[float]:
@@ -155,6 +162,21 @@ def _log_linear(x, gap_means, gap_se, targets) -> np.ndarray:
     return fit.first + (fit.last - fit.first) * (np.log2(np.asarray(targets, float)) - t0) / (t1 - t0)
 
 
+def _misfit_p(residuals: np.ndarray, spreads: list[list[float]], n_params: int) -> float:
+    """The lack-of-fit F test of a fit to the sizes' means: the residuals against the seeds' spread
+    pooled over the sizes (each size's mean carrying var/n). Pooled, not per size: a variance from three
+    seeds is too rough to divide by one size at a time. NaN without a size to spare or a spread."""
+    keep = [j for j, r in enumerate(residuals) if math.isfinite(r) and len(spreads[j]) >= 2]
+    dof = sum(len(spreads[j]) - 1 for j in keep)
+    if len(keep) <= n_params or dof == 0:
+        return math.nan
+    pooled = sum(np.var(spreads[j], ddof=1) * (len(spreads[j]) - 1) for j in keep) / dof
+    if pooled <= 0:
+        return 0.0 if any(residuals[j] != 0 for j in keep) else 1.0
+    f = sum(residuals[j] ** 2 * len(spreads[j]) for j in keep) / pooled / (len(keep) - n_params)
+    return float(stats.f.sf(f, len(keep) - n_params, dof))
+
+
 def _seeds(sample) -> dict:
     return sample if isinstance(sample, dict) else dict(enumerate(sample))
 
@@ -171,12 +193,17 @@ def _means(samples: dict, configs: list, sizes: list, draw: dict | None = None) 
     return out
 
 
+def _paired(samples: dict, config, baseline, size) -> list[float]:
+    """The per-seed gaps of ``config`` to ``baseline`` at ``size``, over the seeds both ran."""
+    a, b = _seeds(samples.get((config, size), {})), _seeds(samples.get((baseline, size), {}))
+    return [a[k] - b[k] for k in a if k in b]
+
+
 def _gap_se(samples: dict, config, baseline, sizes) -> np.ndarray:
     """Per size, the standard error of the paired per-seed gaps (NaN with fewer than 2 seeds)."""
     out = []
     for size in sizes:
-        a, b = _seeds(samples.get((config, size), {})), _seeds(samples.get((baseline, size), {}))
-        d = [a[k] - b[k] for k in a if k in b]
+        d = _paired(samples, config, baseline, size)
         out.append(float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else math.nan)
     return np.array(out)
 
@@ -269,6 +296,12 @@ def predict(samples: dict, configs: list, baseline, sizes: list, x: dict, target
             value, [_part(samples, s, {configs[i]: slopes[i][j, k]}) for j, s in enumerate(sizes)]
         )
 
+    misfits = [
+        _misfit_p(point[i] - law(xs), [list(_seeds(samples.get((c, s), {})).values()) for s in sizes], 3)
+        if law.converged
+        else math.nan
+        for i, (c, law) in enumerate(zip(configs, laws))
+    ]
     largest = float(xs.max())
     rows = []
     for i, config in enumerate(configs):
@@ -278,10 +311,14 @@ def predict(samples: dict, configs: list, baseline, sizes: list, x: dict, target
             se = _gap_se(samples, config, baseline, sizes)
             gaps = point[i] - point[b]
             gap_point = _log_linear(xs, gaps, se, targets)
+            line = _log_linear(xs, gaps, se, xs)
+            paired = [_paired(samples, config, baseline, size) for size in sizes]
+            misfit = _misfit_p(gaps - line, paired, 2)
             g = _slopes(lambda m, se=se: _log_linear(xs, m, se, targets), gaps, np.ones(len(sizes)))
             weights = [[{config: g[j, t], baseline: -g[j, t]} for j in range(len(sizes))] for t in range(nt)]
         else:
             gap_point = law(targets) - base(targets)
+            misfit = np.nanmin([misfits[i], misfits[b], math.inf])
             weights = [
                 [{config: slopes[i][j, t], baseline: -slopes[b][j, t]} for j in range(len(sizes))]
                 for t in range(nt)
@@ -299,6 +336,14 @@ def predict(samples: dict, configs: list, baseline, sizes: list, x: dict, target
                 g_lo, g_hi, g_df = _t_interval(
                     gap, [_part(samples, s, weights[t][j]) for j, s in enumerate(sizes)]
                 )
+            word = "baseline" if i == b else _word(g_lo, g_hi)
+            misfit_p = math.nan if i == b or not math.isfinite(misfit) else float(misfit)
+            withheld = (
+                f"the {'power law' if method == POWER else 'log-linear gap'} misfits the measured means "
+                f"(lack-of-fit p = {misfit_p:.2g} < {MISFIT_P})"
+                if misfit_p < MISFIT_P and word != NOT_CONVERGED
+                else ""
+            )
             rows.append(
                 {
                     "config": config,
@@ -323,7 +368,10 @@ def predict(samples: dict, configs: list, baseline, sizes: list, x: dict, target
                     "gap_ci_low": g_lo,
                     "gap_ci_high": g_hi,
                     "gap_df": g_df,
-                    "verdict": "baseline" if i == b else _word(g_lo, g_hi),
+                    "misfit_p": misfit_p,
+                    "interval_word": word,  # what the interval alone says, withheld or not
+                    "withheld": withheld,
+                    "verdict": NO_PREDICTION if withheld else word,
                 }
             )
     return pd.DataFrame(rows)
@@ -363,7 +411,7 @@ def backtest(s: Scale) -> pd.DataFrame | None:
         at, before = table.loc[(config, held)], table.loc[(config, rest[-1])]
         p = predicted.loc[config]
         measured, naive = _measured_word(at), _measured_word(before)
-        counted = measured is not None and p["verdict"] != NOT_CONVERGED
+        counted = measured is not None and p["interval_word"] != NOT_CONVERGED
         rows.append(
             {
                 "config": config,
@@ -380,15 +428,34 @@ def backtest(s: Scale) -> pd.DataFrame | None:
                 "covered": bool(counted and p["gap_ci_low"] <= at["diff_vs_baseline"] <= p["gap_ci_high"])
                 if counted
                 else None,
-                "verdict_pred": p["verdict"],
+                "verdict_pred": p["interval_word"],
                 "verdict_measured": measured or NEEDS_SEEDS,
-                "fit_right": (p["verdict"] == measured) if counted else None,
+                "fit_right": (p["interval_word"] == measured) if counted else None,
                 "naive_from": rest[-1],
                 "verdict_naive": naive or NEEDS_SEEDS,
                 "naive_right": (naive == measured) if measured is not None and naive is not None else None,
             }
         )
     return pd.DataFrame(rows)
+
+
+def withhold(pred: pd.DataFrame, back: pd.DataFrame | None) -> pd.DataFrame:
+    """predict.csv with every prediction of a comparison whose backtest interval missed the measured
+    gap withheld: a method that failed where it could be checked is not trusted beyond the grid."""
+    if back is None or not len(back):
+        return pred
+    missed = back[back["covered"].eq(False)].set_index("config")
+    pred = pred.copy()
+    for i, row in pred.iterrows():
+        if row["config"] in missed.index and row["verdict"] not in (NOT_CONVERGED, "baseline"):
+            m = missed.loc[row["config"]]
+            why = (
+                f"the backtest's interval [{m['gap_ci_low']:+.3f}, {m['gap_ci_high']:+.3f}] missed the "
+                f"gap measured at the held-out size ({m['gap_measured']:+.3f})"
+            )
+            pred.loc[i, "withheld"] = "; ".join(w for w in (row["withheld"], why) if w)
+            pred.loc[i, "verdict"] = NO_PREDICTION
+    return pred
 
 
 def _amount(value: float, unit: str) -> str:
@@ -427,6 +494,9 @@ def predict_sentences(s: Scale, pred: pd.DataFrame, back: pd.DataFrame | None) -
         )
         if row.verdict == NOT_CONVERGED:
             out.append(f"At {at}, {row.config} against {s.baseline}: {NOT_CONVERGED} (no prediction){far}.")
+            continue
+        if row.verdict == NO_PREDICTION:
+            out.append(f"At {at}, {row.config} against {s.baseline}: {NO_PREDICTION}: {row.withheld}.")
             continue
         ci = (
             f"[{row.gap_ci_low:+.3f}, {row.gap_ci_high:+.3f}]"

@@ -103,7 +103,9 @@ def render_html(
     if tuned is not None:
         parts += [
             f"<h2>Each configuration at its best {e(tune_key)}</h2>",
-            f"<p>Best value: {m.best_word} mean {e(m.label)} over completed seeds. LR sensitivity: "
+            f"<p>Best value: {m.best_word} mean {e(m.label)} over every seed, a diverged or failed one "
+            "at its loss at init (choosing on the survivors of a mostly diverged value would choose on a "
+            "censored sample). LR sensitivity: "
             "Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) minus the best loss "
             "(diverged = loss at init), for a loss only. Written to <code>tuned.csv</code>.</p>",
             tuned.to_html(index=False, escape=True),

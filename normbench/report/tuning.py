@@ -5,8 +5,12 @@ Everything here is about the report's metric (``--metric``, normbench.report.met
 validation loss by default). A *configuration* is a combination of the group keys without the
 tuning key. For each one:
 
-- its best value: the value whose completed seeds have the best mean metric (the lowest; the
-  highest for a metric where higher is better);
+- its best value: the value whose seeds have the best mean score (``scores``: the lowest; the
+  highest for a metric where higher is better). Every seed counts: for a loss, a seed that diverged
+  or failed counts at its loss at initialisation (it learned nothing). Choosing on the survivors of
+  a value where most seeds diverged is choosing on a censored sample: the lone survivor of a rate
+  that is mostly unstable looks best exactly because the unlucky seeds were dropped. The seeds at
+  the best value, scored the same way, are the ones its statistics are computed on;
 - its LR sensitivity, as Wortsman et al. (2023, "Small-scale proxies for large-scale Transformer
   training instabilities", §2.2) define it: the mean over the swept values η of
   ``min(loss(η), loss_init) - loss*``, where ``loss(η)`` is the mean metric over the seeds at η,
@@ -74,9 +78,10 @@ def resolve_tune_key(tune: str | None, d: ReportData) -> str | None:
     return key
 
 
-def _by_seed(runs: pd.DataFrame, column: str) -> dict | list:
-    """Completed runs' ``column`` as {seed: value} when the seeds are distinct, else a plain list."""
-    done = runs[runs["status"].eq("completed") & runs[column].notna()]
+def _by_seed(runs: pd.DataFrame, column: str, completed: bool = True) -> dict | list:
+    """Runs' ``column`` (completed runs' only with ``completed``; any run with a value without) as
+    {seed: value} when the seeds are distinct, else a plain list."""
+    done = runs[(runs["status"].eq("completed") | (not completed)) & runs[column].notna()]
     seeds = done["seed"].tolist()
     if len(set(seeds)) == len(seeds) and not done["seed"].isna().any():
         return dict(zip(seeds, done[column]))
@@ -148,6 +153,24 @@ def seed_statistics(d: ReportData, labels: list[str]) -> pd.DataFrame:
     return compare_with_best(samples, m, sizes)
 
 
+def scores(runs: pd.DataFrame, m: Metric) -> pd.Series:
+    """Each run's score under the metric ``m``, the one rule by which a best value is chosen.
+
+    A completed run scores its metric. For a loss, a run that diverged or failed scores the loss at
+    initialisation (it learned nothing; the gap to the floor at init for ``floor_gap``), so every
+    seed counts. A metric without a value at init (a throughput), or a run without a step-0
+    evaluation, leaves such a run unscored (NaN: it counts for nothing).
+    """
+    value = pd.to_numeric(runs[m.source], errors="coerce").where(runs["status"].eq("completed"))
+    if not m.loss or "init_val_loss" not in runs:
+        return value
+    init = pd.to_numeric(runs["init_val_loss"], errors="coerce")
+    if m.source == "floor_gap":
+        init = init - pd.to_numeric(runs["floor_loss"], errors="coerce")
+    stopped = runs["status"].isin(("diverged", "failed"))
+    return value.where(~stopped, init)
+
+
 def _best(means: pd.Series, higher_is_better: bool) -> float:
     """The value of the tuned key with the best mean (NaN when none has one)."""
     if not means.notna().any():
@@ -212,8 +235,10 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
     for label, key_values, group in _config_groups(d, runs, tune_key):
         grid = sorted(group["_value"].dropna().unique())
         done = group["status"].eq("completed") & group[m.source].notna()
-        means = group[done].groupby("_value")[m.source].mean().reindex(grid)
-        chosen, best = at_best_value(group, tune_key, group[m.source].where(done), m.higher_is_better)
+        score = scores(group, m)
+        means = score.groupby(group["_value"]).mean().reindex(grid)
+        scored = score.notna().groupby(group["_value"]).sum().reindex(grid, fill_value=0)
+        chosen, best = at_best_value(group, tune_key, score, m.higher_is_better)
         at_init = _at_init(group, m)
         if len(grid) < 2 or not m.loss:
             sensitivity = math.nan  # 0 by definition over one value; without a value at init, undefined
@@ -231,7 +256,7 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
         failed = status.agg(lambda s: int(s.eq("failed").sum()))
         size = status.size()
         at_best = group.loc[chosen]
-        samples[label] = _by_seed(at_best, m.source)
+        samples[label] = _by_seed(at_best.assign(_score=score[chosen]), "_score", completed=False)
         final = at_best.loc[at_best["status"].eq("completed"), "final_val_loss"]
         rows.append(
             {
@@ -244,6 +269,8 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
                 # the charts draw the final loss at each configuration's best value, whatever the metric
                 **({"final_val_loss_mean": final.mean()} if mean_col != "final_val_loss_mean" else {}),
                 "n_seeds": len(_values(samples[label])),
+                # the most seeds any value has: a best value on fewer rests on less evidence
+                "n_seeds_most": int(scored.max()) if len(grid) else 0,
                 "loss_init": at_init,
                 "lr_sensitivity": sensitivity,
                 "grid": _fmt_grid(grid),

@@ -63,7 +63,7 @@ def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
     seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()} to {n.max()}"
     out.append(
         f"{len(d.runs)} runs, {len(table)} configurations, {seeds} completed seed(s) per configuration"
-        + (f" at its best {d.tune}." if d.tune else ".")
+        + (f" at its best {d.tune} (a diverged seed counted at its loss at init)." if d.tune else ".")
     )
     if n.max() < 2:
         out.append(
@@ -87,6 +87,13 @@ def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
                 f"Best {d.tune} at the edge of the grid, so the true best may lie outside it (extend the "
                 f"grid): {_list(edge)}."
             )
+        fewer = [
+            f"{row.config} at {row.best_value:g} (n={row.n_seeds}; up to {row.n_seeds_most} at other values)"
+            for row in d.tuned.itertuples(index=False)
+            if pd.notna(row.best_value) and row.n_seeds < row.n_seeds_most
+        ]
+        if fewer:
+            out.append(f"Best {d.tune} resting on fewer seeds than other values of the grid: {_list(fewer)}.")
         single = list(d.tuned.loc[d.tuned["values"] < 2, "config"])
         if single:
             out.append(

@@ -400,8 +400,10 @@ def _efficiency(plan: Plan, started: float) -> str:
 
 def training_share(steps_s: list[float], workers: int, wall_s: float) -> str:
     """ "; 86% of the workers' time was training (2 workers for 79 s)": the runs' training steps
-    against the time the workers were there for."""
-    share = 100 * sum(steps_s) / (workers * wall_s)
+    against the time the workers were there for. A resumed run's time_s counts its steps before the
+    resume too, time this sweep never saw: each run counts at most the sweep's wall time, and the share
+    at most 100%."""
+    share = min(100.0, 100 * sum(min(s, wall_s) for s in steps_s) / (workers * wall_s))
     return (
         f"; {share:.0f}% of the workers' time was training "
         f"({workers} worker{'s' if workers > 1 else ''} for {wall_s:.0f} s)"
