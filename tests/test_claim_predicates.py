@@ -290,6 +290,21 @@ def test_trend_of_the_gap_is_the_slope_per_doubling(tmp_path, gaps, word):
     assert out.low < slope < out.high
 
 
+def test_a_trend_whose_sizes_do_not_lie_on_a_line_is_inconclusive(tmp_path):
+    """Gaps zigzag 0, 0.3, 0, 0.3 over four depths, each size's seeds within 0.01: the sizes scatter
+    about the fitted line far beyond their seeds' spread (the chi-square of the residuals, by hand), so
+    its slope, positive as it is, is not read as a trend."""
+    gaps = {2: 0.0, 4: 0.3, 8: 0.0, 16: 0.3}
+    plant_depths(tmp_path / "runs", gaps)
+    out = verdict_of(tmp_path, post_gap_grows_with_depth(tmp_path), tmp_path / "runs")
+    t, g = np.log2(list(gaps)), np.array(list(gaps.values()))
+    slope, intercept = np.polyfit(t, g, 1)
+    se = np.std([0.0, 0.01, -0.01], ddof=1) / math.sqrt(3)
+    p = stats.chi2.sf(np.sum(((g - intercept - slope * t) / se) ** 2), len(g) - 2)
+    assert out.verdict == "inconclusive" and f"lack-of-fit p {p:.2g}" in out.reason
+    assert out.estimate == pytest.approx(slope)
+
+
 def test_a_trend_needs_two_sizes_with_min_seeds(tmp_path):
     plant_depths(tmp_path / "runs", {2: 0.01})
     out = verdict_of(tmp_path, post_gap_grows_with_depth(tmp_path), tmp_path / "runs")

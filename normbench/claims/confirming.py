@@ -191,7 +191,8 @@ def confirm(
             "pre-registration on fresh seeds"
         )
     fixed = confirmation_args(claim, design)
-    check_claim(claim, [*fixed, *overrides])
+    # the tuned key is pinned to the arms' values (one value where they agree): nothing left to tune
+    check_claim(dataclasses.replace(claim, tune=None) if design.values else claim, [*fixed, *overrides])
     out = prereg.folder(registry, claim.id)
     args = [*claim_args(claim, [*fixed, *overrides]), f"hydra.sweep.dir={out.resolve()}"]
     if batching.pays(overrides):

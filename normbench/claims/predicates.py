@@ -14,11 +14,12 @@ normbench.claims.smallsample. The words:
 - equivalent: two one-sided tests at margin delta, i.e. the (1 - 2 alpha) interval inside ±delta:
   reproduced; the (1 - 2 alpha) interval wholly outside ±delta: not reproduced;
 - trend: the slope of the gap a - b (or of a's per-seed best tuning value, in log2) per doubling of
-  the size key, normbench.report.stats.fit_trend's least-squares fit; its interval on the claimed side
-  (or inside ±delta for flat): reproduced; on the other side (outside ±delta): not reproduced. A
-  flat best value (a transfer claim) needs its control ``b`` beside it (standard parametrization):
-  reproduced only where a's slope is within ±delta and b's is not, so the grid is shown able to
-  see a best value move; where b's does not move either, inconclusive;
+  the size key, normbench.report.stats.fit_trend's least-squares fit (inconclusive where the sizes
+  scatter about the line more than their seeds explain: its lack-of-fit test at alpha); its interval
+  on the claimed side (or inside ±delta for flat): reproduced; on the other side (outside ±delta):
+  not reproduced. A flat best value (a transfer claim) needs its control ``b`` beside it (standard
+  parametrization): reproduced only where a's slope is within ±delta and b's is not, so the grid
+  is shown able to see a best value move; where b's does not move either, inconclusive;
 - rate: unstable runs of a against b (diverged, or finished without learning as stable_lr reads it),
   Fisher's exact test (one-sided in the claimed direction);
 - steps_to_target: per seed, the first evaluated step at which the validation loss reaches the
@@ -262,6 +263,14 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     base.update(estimate=fit.slope, test=f"least squares over {used} sizes ({fit.method}){floor}, t interval")
     if not c.se > 0:
         return _inconclusive("the sizes show no spread at all: no interval; more seeds or sizes", **base)
+    if fit.lack_of_fit_p < alpha:  # a slope summarizes the sizes only where they lie along a line
+        low, high = interval(c, alpha)
+        base.update(low=low, high=high, p=t_p(fit.slope, c.se, fit.df), level=f"{100 * (1 - alpha):.3g}%")
+        return _inconclusive(
+            f"the sizes scatter about the line more than their seeds explain (lack-of-fit p "
+            f"{fit.lack_of_fit_p:.2g}): the trend is not a line in log2({axis})",
+            **base,
+        )
     if p["direction"] == "flat":
         delta = p["delta"]
         low, high = interval(c, 2 * alpha)
