@@ -11,10 +11,12 @@ import pytest
 import yaml
 from planted import plant, write_claim
 from scipy import stats
+from typer.testing import CliRunner
 
 from normbench.claims import confirming, power, prereg
 from normbench.claims.schema import parse_claim
 from normbench.claims.verdicts import assess
+from normbench.cli import app
 from normbench.core.errors import ConfigError
 
 PILOT_A = [1.90, 1.96, 1.93]  # rms at its best rate, 0.01
@@ -121,6 +123,18 @@ def test_a_claim_changed_after_its_pre_registration_is_a_new_design(tmp_path):
     confirmation(registry, design, [1.5] * design.planned_n, [2.0] * design.planned_n)
     with pytest.raises(ConfigError, match="its confirmation has runs"):
         confirming.preregister(claim, registry, family=27)
+    v = assess(parse_claim(claim.path), registry / "tuned")  # its runs test the design before the change
+    assert v.word == "inconclusive" and "changed since its pre-registration" in v.outcome.reason
+
+
+def test_confirm_without_a_pre_registration_says_so_in_one_line(tmp_path):
+    registry = tmp_path / "claims"
+    pilot(registry)
+    claim_of(tmp_path)
+    args = ["claims", "confirm", "tuned", "--config-dir", str(tmp_path / "conf"), "--registry", str(registry)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "tuned: not pre-registered: normbench claims preregister tuned first" in result.output
 
 
 def test_a_treatment_that_never_engages_is_not_testable_with_its_measurement(tmp_path):

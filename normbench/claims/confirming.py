@@ -233,6 +233,13 @@ def decide(
             reason=f"pre-registered ({design.planned_n} seeds per arm); its confirmation has not run "
             f"(normbench claims confirm {claim.id}); the pilot alone reads {pilot.verdict}",
         )
+    if design.claim_sha != prereg.fingerprint(claim.path):
+        return Outcome(
+            "inconclusive",
+            reason="the claim changed since its pre-registration: its confirmation tested another design "
+            "(a new pre-registration on fresh seeds decides it)",
+            runs=list(d.runs["run_dir"]),
+        )
     predicate = claim.predicate
     if claim.kind in ("better", "worse"):  # the refutation named in advance: the opposite direction
         predicate = {k: v for k, v in predicate.items() if k not in ("delta", "effect")}
