@@ -132,8 +132,8 @@ def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg
     n = max(n, claim.min_seeds)
     bound, direction = bound_and_direction(claim)
     pilot_seeds = sorted({int(s) for s in pd.concat([arm(d.runs, claim.a), arm(d.runs, claim.b)])["seed"]})
-    seeds = list(range(prereg.SEED_BASE, prereg.SEED_BASE + n))
-    assert not set(seeds) & set(pilot_seeds), "confirmation seeds must be fresh"
+    first = max(prereg.SEED_BASE, max(pilot_seeds, default=-1) + 1)  # fresh: above every pilot seed
+    seeds = list(range(first, first + n))
     sides = "one-sided" if one_sided(claim) else "two one-sided tests"
     return prereg.Prereg(
         id=claim.id,

@@ -25,7 +25,7 @@ from normbench.core.fileio import write_atomic
 
 CONFIRMATIONS = "confirmations"  # below the registry's folder: one folder per pre-registered claim
 FILE = "prereg.yaml"
-SEED_BASE = 1000  # the confirmation's first seed: far above any pilot's
+SEED_BASE = 1000  # the confirmation's first seed, unless a pilot seed reaches it (then the next)
 
 
 @dataclass
