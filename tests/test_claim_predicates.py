@@ -290,6 +290,21 @@ def test_trend_of_the_gap_is_the_slope_per_doubling(tmp_path, gaps, word):
     assert out.low < slope < out.high
 
 
+def test_a_trend_whose_sizes_do_not_lie_on_a_line_is_inconclusive(tmp_path):
+    """Gaps zigzag 0, 0.3, 0, 0.3 over four depths, each size's seeds within 0.01: the sizes scatter
+    about the fitted line far beyond their seeds' spread (the chi-square of the residuals, by hand), so
+    its slope, positive as it is, is not read as a trend."""
+    gaps = {2: 0.0, 4: 0.3, 8: 0.0, 16: 0.3}
+    plant_depths(tmp_path / "runs", gaps)
+    out = verdict_of(tmp_path, post_gap_grows_with_depth(tmp_path), tmp_path / "runs")
+    t, g = np.log2(list(gaps)), np.array(list(gaps.values()))
+    slope, intercept = np.polyfit(t, g, 1)
+    se = np.std([0.0, 0.01, -0.01], ddof=1) / math.sqrt(3)
+    p = stats.chi2.sf(np.sum(((g - intercept - slope * t) / se) ** 2), len(g) - 2)
+    assert out.verdict == "inconclusive" and f"lack-of-fit p {p:.2g}" in out.reason
+    assert out.estimate == pytest.approx(slope)
+
+
 def test_a_trend_needs_two_sizes_with_min_seeds(tmp_path):
     plant_depths(tmp_path / "runs", {2: 0.01})
     out = verdict_of(tmp_path, post_gap_grows_with_depth(tmp_path), tmp_path / "runs")
@@ -382,25 +397,31 @@ def first_step(rate, target, floor=0.0):
     "a_rates, word",
     [
         ([2.0, 2.2, 2.1, 1.9, 2.3, 2.0], "reproduced"),
-        ([0.5, 0.55, 0.5, 0.6, 0.5, 0.55], "not reproduced"),
+        ([0.5, 0.55, 0.5, 0.6, 0.5, 0.55], "not reproduced"),  # a never reaches b's final loss
         ([2.0, 2.2, 2.1], "inconclusive"),  # 3 seeds: fewer than the 6 an exact test needs
     ],
 )
-def test_steps_to_target_a_target_both_curves_cross(tmp_path, a_rates, word):
-    """The target is the higher of the arms' mean losses at step 50 (mid-run), so both arms reach it
-    well before their end; the ratio per seed is hand-counted from the curves."""
+def test_steps_to_target_counts_steps_to_the_baselines_final_loss(tmp_path, a_rates, word):
+    """The target of each seed is its baseline's final loss (3 - rate_b on the hand-made curves): b
+    reaches it at its last step, a at the first evaluation at or below it, hand-counted; an a that never
+    reaches it is read one evaluation past its last step (110), a lower bound."""
     b_rates = [1.0, 1.05, 0.95, 1.0, 1.1, 0.9][: len(a_rates)]
     plant_speeds(tmp_path / "runs", a_rates, b_rates)
     claim = write_claim(
         tmp_path, "steps", kind="steps_to_target", a={"norm": "rms"}, b={"norm": "ln"}, below=1.0
     )
     out = verdict_of(tmp_path, claim, tmp_path / "runs")
-    target = max(np.mean([3.0 - r * 0.5 for r in rates]) for rates in (a_rates, b_rates))
-    logs = [math.log(first_step(ra, target) / first_step(rb, target)) for ra, rb in zip(a_rates, b_rates)]
     if len(a_rates) < 6:
         assert out.verdict == word and "fewer than min_seeds 6" in out.reason
         return
+    targets = [3.0 - rb for rb in b_rates]
+    steps_a = [first_step(ra, t) or 110 for ra, t in zip(a_rates, targets)]
+    steps_b = [first_step(rb, t) for rb, t in zip(b_rates, targets)]
+    assert steps_b == [100] * 6
+    logs = [math.log(sa / sb) for sa, sb in zip(steps_a, steps_b)]
     assert out.verdict == word and out.estimate == pytest.approx(math.exp(np.mean(logs)))
+    if word == "reproduced":  # 3 - 2.0 s / 100 <= 2.0 first at s = 50: half the baseline's steps
+        assert steps_a[0] == 50
 
 
 def test_a_run_that_never_reaches_the_target_is_censored(tmp_path):

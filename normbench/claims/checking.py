@@ -19,6 +19,7 @@ naming the claim's field:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,3 +162,23 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
             f"{claim.path}: scale.model: '{claim.scale['model']}', but the sweep runs model={ran}"
         )
     return Checked(len(configs), models)
+
+
+def check_design(claim: Claim, registry: Path) -> None:
+    """Refuse, in one line, a design that cannot decide at the level the registry's family gives the
+    claim (Holm's first level across the registry, the claim counted in it): an exact test whose
+    smallest p at its seeds is above the level, an equivalence margin the pilot's spread cannot meet.
+    The seeds are the claim's pre-registered count where it has one (normbench.claims.prereg), else
+    its min_seeds."""
+    from normbench.claims import power, prereg
+    from normbench.claims.schema import load_registry
+
+    ids = {c.id for c in load_registry(claim_config_dir(claim.path))}
+    family = len(ids | {claim.id})
+    level = power.family_level(family)
+    design = prereg.read(registry, claim.id)
+    n = design.planned_n if design else claim.min_seeds
+    spread = float(design.pilot.get("spread", math.nan)) if design else math.nan
+    estimate = float(design.pilot.get("estimate", math.nan)) if design else math.nan
+    if why := power.cannot_decide(claim.kind, n, level, claim.predicate.get("delta"), spread, estimate):
+        raise ConfigError(f"{claim.path}: cannot decide at level {level:.3g} (Holm across {family}): {why}")

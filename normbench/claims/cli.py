@@ -222,15 +222,52 @@ def _claim_reports(verdicts: list, console) -> None:
             run_report([v.folder], out=v.folder / "report", console=Console(file=io.StringIO()))
 
 
+REGISTRY = typer.Option(PUBLISHED, "--registry", help="The registry's folder: the pilots' runs (ID/).")
+
+
+@app.command()
+def preregister(
+    claim_id: str = typer.Argument(..., help="The claim to pre-register."),
+    registry: Path = REGISTRY,
+    config_dir: Path | None = CONFIG_DIR,
+) -> None:
+    """Fix a claim's confirmation from its pilot (its runs in the registry): each arm's value, the seeds
+    for 80% power at its level in the registry's family, the test and its direction: prereg.yaml."""
+    from normbench.claims.confirming import preregister as write
+    from normbench.claims.schema import load_registry, select
+
+    claims = load_registry(config_dir)
+    typer.echo(write(select(claims, [claim_id])[0], registry, len(claims)))
+
+
+@app.command(context_settings=HYDRA_ARGS)
+def confirm(
+    ctx: typer.Context,
+    claim_id: str = typer.Argument(..., help="A pre-registered claim."),
+    registry: Path = REGISTRY,
+    config_dir: Path | None = CONFIG_DIR,
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the confirmation's runs."),
+) -> None:
+    """Run a claim's pre-registered confirmation (fresh seeds, each arm at its fixed value) into
+    REGISTRY/confirmations/ID/, resumable; Hydra overrides (hydra.launcher.n_jobs=2) may follow."""
+    from normbench.claims.confirming import confirm as run_confirmation
+    from normbench.claims.schema import load_registry, select
+
+    claim = select(load_registry(config_dir), [claim_id])[0]
+    raise typer.Exit(run_confirmation(claim, registry, list(ctx.args), dry_run=dry_run))
+
+
 @app.command()
 def check(path: Path = typer.Argument(..., help="A claim YAML (CONFIG_DIR/claim/ID.yaml).")) -> None:
     """Validate a claim: its YAML, then its sweep composed (every job) with its arms, tuned key and scale
-    found in it. One line naming the field that is wrong, exit 2; or what it claims."""
-    from normbench.claims.checking import check_claim
+    found in it, then whether its design can decide at the level the registry's family gives it. One
+    line naming what is wrong, exit 2; or what it claims."""
+    from normbench.claims.checking import check_claim, check_design
     from normbench.claims.schema import parse_claim
 
     claim = parse_claim(path)
     checked = check_claim(claim)
+    check_design(claim, PUBLISHED)
     typer.echo(
         f"ok: {claim.id} ({claim.cites}): {claim.kind}, {checked.jobs} runs in its default sweep, "
         f"at model={claim.scale['model']}"

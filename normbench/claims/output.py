@@ -48,12 +48,16 @@ COLUMNS = (
     "runs",
     "report",
     "changed",
+    "planned_n",
+    "pilot",
 )
 MARGINS = ("equivalent", "not_worse")  # the predicates whose verdict is a margin δ
 LATER = (
     "delta",
     "spread",
     "note",
+    "planned_n",
+    "pilot",
 )  # columns a claims.csv written by an earlier normbench lacks: read as empty
 # Columns an earlier claims.csv lacks, left out of its pages (which stay as that normbench wrote them).
 SHOWN_IF_WRITTEN = ("scale",)
@@ -61,6 +65,7 @@ HTML_COLOURS = {
     "reproduced": "#1a7f37",
     "not reproduced": "#c62828",
     "inconclusive": "#b26a00",
+    "not testable at this scale": "#1f5fa8",
     "not run": "#777",
 }
 
@@ -112,6 +117,8 @@ def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
                 "runs": "" if v.folder is None else os.path.relpath(v.folder, out),
                 "report": _report_link(v, out),
                 "changed": c.note or "",
+                "planned_n": v.design.planned_n if v.design else math.nan,
+                "pilot": v.design.pilot_text() if v.design else "",
             }
         )
     return pd.DataFrame(records, columns=list(COLUMNS))
@@ -192,6 +199,13 @@ def _counts(frame: pd.DataFrame) -> str:
     run = int(frame["verdict"].ne("not run").sum())
     corrected = frame["corrected"].astype(str).ne("no").any() if "corrected" in frame else False
     multiplicity = f"Holm-corrected across the {run} run" if corrected else "not corrected for multiplicity"
+    planned = pd.to_numeric(frame.get("planned_n", pd.Series(dtype=float)), errors="coerce").notna().sum()
+    if planned:  # the family is the claims a test decided (a p); seed counts were fixed before they ran
+        tested = int(pd.to_numeric(frame["p"], errors="coerce").notna().sum())
+        multiplicity = (
+            f"one family, Holm-corrected across the {tested} claims tested; the seed counts of "
+            f"{int(planned)} confirmations fixed by pre-registration before they ran"
+        )
     return (
         f"{int(frame['verdict'].eq('reproduced').sum())} of {len(frame)} claims reproduced at this scale"
         + (f" ({rest})" if rest else "")
@@ -227,9 +241,12 @@ def headline_table(frame: pd.DataFrame) -> str:
 def _correction(frame: pd.DataFrame) -> str:
     corrected = frame["corrected"].astype(str).ne("no").any()
     return (
-        "Intervals and verdicts are Holm-corrected across the claims run (each claim at its level); "
+        "Intervals and verdicts are Holm-corrected across the claims tested (each claim at its level); "
         "'not reproduced' means refuted at this scale: significant the other way, or equivalent within a "
-        "margin smaller than the effect the source reports."
+        "margin smaller than the effect the source reports. A pre-registered claim (planned_n, pilot in "
+        "claims.csv) is decided by its confirmation alone: fresh seeds, each arm at the value its pilot "
+        "fixed, one-sided where the claim has a direction. Not testable at this scale: its treatment "
+        "never engages in its runs (the measurement in the note)."
         if corrected
         else "Intervals are 95% (90% for equivalence and non-inferiority, one-sided tests) and not corrected "
         "for multiplicity (normbench claims report corrects them by default; --no-holm leaves them)."

@@ -14,19 +14,19 @@ normbench.claims.smallsample. The words:
 - equivalent: two one-sided tests at margin delta, i.e. the (1 - 2 alpha) interval inside ±delta:
   reproduced; the (1 - 2 alpha) interval wholly outside ±delta: not reproduced;
 - trend: the slope of the gap a - b (or of a's per-seed best tuning value, in log2) per doubling of
-  the size key, normbench.report.stats.fit_trend's least-squares fit; its interval on the claimed side
-  (or inside ±delta for flat): reproduced; on the other side (outside ±delta): not reproduced. A
-  flat best value (a transfer claim) needs its control ``b`` beside it (standard parametrization):
-  reproduced only where a's slope is within ±delta and b's is not, so the grid is shown able to
-  see a best value move; where b's does not move either, inconclusive;
+  the size key, normbench.report.stats.fit_trend's least-squares fit (inconclusive where the sizes
+  scatter about the line more than their seeds explain: its lack-of-fit test at alpha); its interval
+  on the claimed side (or inside ±delta for flat): reproduced; on the other side (outside ±delta):
+  not reproduced. A flat best value (a transfer claim) needs its control ``b`` beside it (standard
+  parametrization): reproduced only where a's slope is within ±delta and b's is not, so the grid
+  is shown able to see a best value move; where b's does not move either, inconclusive;
 - rate: unstable runs of a against b (diverged, or finished without learning as stable_lr reads it),
   Fisher's exact test (one-sided in the claimed direction);
-- steps_to_target: per seed, the first evaluated step at which the validation loss reaches a
-  target both arms' mean curves cross by mid-training (the higher of the two arms' mean losses at
-  the evaluation nearest half the run); the geometric mean ratio a/b with the interval of the log
-  ratio; below the claimed bound: reproduced, above it: not reproduced. A run that never reaches
-  the target is censored at its last step: the ratio is then a bound, and only the side the bound
-  allows can be read;
+- steps_to_target: per seed, the first evaluated step at which the validation loss reaches the
+  baseline's final loss on that seed (the claims' words: "reaches the baseline's final loss in fewer
+  steps"); the geometric mean ratio a/b with the interval of the log ratio; below the claimed bound:
+  reproduced, above it: not reproduced. A run of a that never reaches it is read one evaluation past
+  its last step, a lower bound: the ratio is then a bound, and only "not reproduced" can be read;
 - stable_lr: per seed, the largest tuning value at which the run stayed stable: finished, finite and
   learned (its final validation loss at most STABLE_FRACTION of its own loss at initialisation); the
   ratio a/b (log2, compared by seed) at least ``factor``: reproduced, below it: not reproduced. A run
@@ -263,6 +263,14 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     base.update(estimate=fit.slope, test=f"least squares over {used} sizes ({fit.method}){floor}, t interval")
     if not c.se > 0:
         return _inconclusive("the sizes show no spread at all: no interval; more seeds or sizes", **base)
+    if fit.lack_of_fit_p < alpha:  # a slope summarizes the sizes only where they lie along a line
+        low, high = interval(c, alpha)
+        base.update(low=low, high=high, p=t_p(fit.slope, c.se, fit.df), level=f"{100 * (1 - alpha):.3g}%")
+        return _inconclusive(
+            f"the sizes scatter about the line more than their seeds explain (lack-of-fit p "
+            f"{fit.lack_of_fit_p:.2g}): the trend is not a line in log2({axis})",
+            **base,
+        )
     if p["direction"] == "flat":
         delta = p["delta"]
         low, high = interval(c, 2 * alpha)
@@ -346,35 +354,34 @@ def steps_to(evals: pd.DataFrame, run, target: float) -> tuple[float, bool]:
     return (float(curve["step"].iloc[-1]) if len(curve) else math.nan), False
 
 
-def crossing_target(evals: pd.DataFrame, arms: list[pd.DataFrame]) -> tuple[float, float]:
-    """(the loss both arms' mean curves reach by mid-training, that evaluation's step): the higher of
-    the arms' mean validation losses at the evaluation nearest half the run."""
-    curves = evals[evals["step"].gt(0)]
-    last = curves["step"].max()
-    steps = np.sort(curves["step"].unique())
-    mid = float(steps[np.argmin(np.abs(steps - last / 2))])
-    at_mid = curves[curves["step"].eq(mid)].set_index("run")["val_loss"]
-    return max(float(at_mid.reindex(runs.index).mean()) for runs in arms), mid
-
-
 def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     a, edge_a = at_best(arm(d.runs, claim.a), claim.tune, "a")
     b, edge_b = at_best(arm(d.runs, claim.b), claim.tune, "b")
     a, b = (r[r["status"].eq("completed")] for r in (a, b))
     base = dict(
-        n_a=len(a), n_b=len(b), unit="steps ratio a/b to a shared target", runs=[*a["run_dir"], *b["run_dir"]]
+        n_a=len(a),
+        n_b=len(b),
+        unit="steps ratio a/b to the baseline's final loss",
+        runs=[*a["run_dir"], *b["run_dir"]],
     )
     if reason := _several(d, {"a": a, "b": b}, []) or _too_few(claim, len(a), len(b)):
         return _inconclusive(reason, **base)
-    target, mid = crossing_target(d.evals, [a, b])
+    # per seed, the target is the baseline's own final loss on that seed: b reaches it by its end
+    targets = dict(zip(b["seed"], pd.to_numeric(b["final_val_loss"], errors="coerce")))
     logs, censored, spacing = {"a": {}, "b": {}}, {"a": 0, "b": 0}, []
     for side, runs in (("a", a), ("b", b)):
         for run, row in runs.iterrows():
+            target = targets.get(row["seed"], math.nan)
+            if not math.isfinite(target):
+                continue
             steps, reached = steps_to(d.evals, run, target)
-            censored[side] += not reached
+            evals = np.sort(d.evals.loc[d.evals["run"].eq(run) & d.evals["step"].gt(0), "step"].unique())
+            gap = float(np.diff(evals)[-1]) if len(evals) > 1 else steps
+            if not reached:  # never within the run: at least one evaluation past its last (a bound)
+                censored[side] += 1
+                steps += gap
             if steps > 0:
                 logs[side][row["seed"]] = math.log(steps)
-                evals = np.sort(d.evals.loc[d.evals["run"].eq(run) & d.evals["step"].gt(0), "step"].unique())
                 earlier = evals[evals < steps]
                 spacing.append(math.log(steps / earlier[-1]) if len(earlier) else math.log(2.0))
     n = min(len(logs["a"]), len(logs["b"]))
@@ -384,7 +391,6 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     c = floored(c, n, float(np.median(spacing)))  # a step is read at the evaluations: their spacing
     low, high = interval(c, alpha)
     bound = math.log(claim.predicate["below"])
-    side = -1 if c.diff < bound else 1
     p_exact = exact_p(logs["a"], logs["b"], shift=bound, side=0)
     base.update(
         estimate=math.exp(c.diff),
@@ -392,12 +398,14 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         high=math.exp(high),
         level=f"{100 * (1 - alpha):.3g}%",
         p=max(t_p(c.diff - bound, c.se, c.df), p_exact),
-        test=f"log steps to loss {target:.4f} (both arms' mean by step {mid:g}), {c.method}, "
+        test=f"log steps to each seed's baseline final loss, {c.method}, "
         "floored at the evaluations' spacing; exact sign-flip test",
         spread=seed_sd(c, n),
     )
     notes = [
-        f"{k} run(s) of {s} never reached it (censored at their last step)" for s, k in censored.items() if k
+        f"{k} run(s) of {s} never reached it (read one evaluation past their last step, a lower bound)"
+        for s, k in censored.items()
+        if k
     ]
     edge = _join(edge_a, edge_b)
     # a's censored steps are lower bounds (its ratio is higher still): it cannot read "below"; b's

@@ -32,6 +32,8 @@
     scale_dependent: null               # or the source's setting the verdict may not transfer to
     cost_s: null                        # the default sweep's measured seconds on a 2-core CPU
     note: null                          # what changed in the verdict since an earlier publication, and why
+    engages: null                       # or {metric, reaches, arm, why}: the value one arm's runs must
+                                        # reach for the treatment to act (normbench.claims.engagement)
 
 The predicate's own fields: trend has ``axis`` (a size key), ``of`` (gap: a - b at each size;
 best_value: a's per-seed best tuning value, in log2) and ``direction`` (increasing, decreasing,
@@ -147,6 +149,14 @@ class ScaleFile:
     why: Annotated[str, "one sentence of text"]
 
 
+@dataclass
+class EngagesFile:
+    metric: Annotated[str, "a metric's name"]
+    reaches: Annotated[float, "a number"]
+    arm: Annotated[Literal[("a", "b")], "an arm"]
+    why: Annotated[str, "one sentence of text"]
+
+
 MIN_SEEDS = "an integer ≥ 2 (an interval needs two seeds)"
 
 
@@ -163,6 +173,7 @@ class ClaimFile:
     scale_dependent: Annotated[str | None, "null or the source's setting, as text"] = None
     cost_s: Annotated[float | None, "null or a positive number of seconds"] = None
     note: Annotated[str | None, "null or text (what changed in the verdict, and why)"] = None
+    engages: Annotated[EngagesFile | None, "null or a mapping"] = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +195,7 @@ class Claim:
     cost_s: float | None
     path: Path = field(compare=False)
     note: str | None = None  # what changed in its verdict since an earlier publication, and why
+    engages: dict | None = None  # what one arm must reach for the treatment to act (claims.engagement)
 
     @property
     def kind(self) -> str:
@@ -400,6 +412,10 @@ def parse_claim(path: Path) -> Claim:
         )
     if file.cost_s is not None:
         _positive(path, "cost_s", file.cost_s)
+    if file.engages is not None and file.engages.metric not in METRIC_NAMES:
+        _fail(
+            path, "engages.metric", f"{file.engages.metric!r} is not a metric normbench writes", METRIC_NAMES
+        )
     return Claim(
         id=file.id,
         claim=" ".join(file.claim.split()),
@@ -418,6 +434,7 @@ def parse_claim(path: Path) -> Claim:
         cost_s=file.cost_s,
         path=path,
         note=None if file.note is None else " ".join(file.note.split()),
+        engages=None if file.engages is None else dataclasses.asdict(file.engages),
     )
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from normbench.claims.predicates import Outcome, judge
+from normbench.claims import confirming, prereg
+from normbench.claims.predicates import Outcome
 from normbench.claims.running import recorded_overrides
 from normbench.claims.schema import Claim
 from normbench.claims.smallsample import ALPHA
@@ -31,10 +32,11 @@ from normbench.core.runs import RunDir
 from normbench.report.load import NUMERICS as NUMERICS_COLUMN
 from normbench.report.load import find_inputs, load_runs
 
-WORDS = ("reproduced", "not reproduced", "inconclusive", "not run")
+WORDS = ("reproduced", "not reproduced", confirming.NOT_TESTABLE, "inconclusive", "not run")
 COLOURS = {
     "reproduced": "green",
     "not reproduced": "red",
+    confirming.NOT_TESTABLE: "blue",
     "inconclusive": "yellow",
     "not run": "bright_black",
 }
@@ -50,6 +52,7 @@ class Verdict:
     corrected: bool = False
     alpha: float = ALPHA
     stale: int = 0  # runs in the folder of other numerics, left out of the verdict
+    design: prereg.Prereg | None = None  # the claim's pre-registration, None without one
 
     @property
     def word(self) -> str:
@@ -99,10 +102,14 @@ def describe_provenance(run_dirs: list[str]) -> str:
 
 
 def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda m: None) -> Verdict:
-    """One claim's verdict from its folder (None: not run)."""
+    """One claim's verdict from its folder (None: not run): from its pre-registered confirmation's runs
+    where it has them (normbench.claims.confirming), else from the folder's."""
     if folder is None:
         return Verdict(claim, Outcome("not run", reason=f"no runs: normbench claims run {claim.id}"), None)
-    run_dirs, _ = find_inputs([folder])
+    design = prereg.read(folder.parent, claim.id)
+    confirmation = prereg.folder(folder.parent, claim.id)
+    confirmed = design is not None and confirmation.is_dir() and bool(find_inputs([confirmation])[0])
+    run_dirs, _ = find_inputs([confirmation if confirmed else folder])
     d = load_runs(run_dirs, warn)
     if d.runs.empty:
         return Verdict(claim, Outcome("not run", reason=f"no finished run in {folder}"), folder)
@@ -115,14 +122,16 @@ def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda 
         )
         return Verdict(claim, Outcome("not run", reason=reason), folder)
     d.runs = d.runs[~stale]
-    outcome = judge(claim, d, alpha)
+    outcome = confirming.decide(claim, design, d, alpha, confirmed)
     if stale.any():  # the report's rule: runs of other numerics are not the same computation
         note = f"{int(stale.sum())} run(s) of other numerics left out (normbench claims run retrains them)"
         outcome.reason = "; ".join(r for r in (outcome.reason, note) if r)
     used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
     params = pd.to_numeric(used["params"], errors="coerce").mean() if "params" in used else math.nan
     provenance = ", ".join(p for p in (describe_provenance(outcome.runs), _changed(claim, folder)) if p)
-    return Verdict(claim, outcome, folder, params, provenance, alpha=alpha, stale=int(stale.sum()))
+    return Verdict(
+        claim, outcome, folder, params, provenance, alpha=alpha, stale=int(stale.sum()), design=design
+    )
 
 
 def _changed(claim: Claim, folder: Path) -> str:

@@ -1,0 +1,292 @@
+"""A claim's two stages: the pilot that fixes its design, and the confirmation that decides it.
+
+``normbench claims preregister ID`` reads the claim's pilot (its runs in the registry's folder, on
+seeds of their own): each arm's best value of the tuned key over all its pilot seeds, the paired
+difference's distance from the bound the claim is tested against, and the spread of a seed's
+difference. From them normbench.claims.power fixes the confirmation's seed count at the level the
+registry's family gives a claim (Holm's first level across the registry), and the design is written
+to prereg.yaml (normbench.claims.prereg) before anything of the confirmation runs.
+
+``normbench claims confirm ID`` runs the pre-registered design: fresh seeds (disjoint from the
+pilot's), each arm at its fixed value, paired by seed. Its verdict (``decide``) uses the
+confirmation's runs alone, each arm at its fixed value, with:
+
+- a one-sided test where the claim has a direction (better, worse, fewer steps, a higher stable
+  rate, a growing or shrinking trend) at its level: the claimed side reads reproduced, the opposite
+  side (one-sided at the same level) reads not reproduced: the refutation named in advance;
+- equivalence and non-inferiority as their two one-sided tests at their margin;
+- fewer completed seeds than planned: inconclusive (a confirmation is never cut short or extended
+  after a look at its verdict).
+
+A claim pre-registered whose confirmation has not run reads inconclusive, with its pilot's word as
+information only; a claim whose treatment never engages in its runs reads "not testable at this
+scale" (normbench.claims.engagement). Neither enters the Holm family (no p).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from normbench.claims import engagement, power, prereg
+from normbench.claims.arms import arm, learned, matches
+from normbench.claims.predicates import Outcome, judge
+from normbench.claims.schema import EXACT, Claim
+from normbench.claims.smallsample import ALPHA
+from normbench.core.errors import ConfigError
+from normbench.report.load import ReportData
+from normbench.report.metrics import HIGHER_IS_BETTER
+from normbench.report.tuning import at_best_value
+
+PLANNED = ("better", "worse", "equivalent", "not_worse", "steps_to_target", "stable_lr")
+NOT_TESTABLE = "not testable at this scale"
+
+
+def one_sided(claim: Claim) -> bool:
+    """Whether the claim has a direction: its confirmation is one-sided."""
+    if claim.kind == "trend":
+        return claim.predicate["direction"] != "flat"
+    return claim.kind in ("better", "worse", "steps_to_target", "stable_lr", "rate")
+
+
+def _improves(claim: Claim) -> int:
+    """The sign of a - b that the claim says: -1 where a lower value is claimed (a better loss)."""
+    return 1 if (claim.kind == "worse") != (claim.metric in HIGHER_IS_BETTER) else -1
+
+
+def bound_and_direction(claim: Claim) -> tuple[float, str]:
+    """(the bound on the difference's scale that the test is against, what reads which word)."""
+    p, kind = claim.predicate, claim.kind
+    if kind in ("better", "worse"):
+        side = "<" if _improves(claim) < 0 else ">"
+        other = ">" if side == "<" else "<"
+        return 0.0, f"reproduced: a - b {side} 0 one-sided; not reproduced: a - b {other} 0 one-sided"
+    if kind == "equivalent":
+        d = p["delta"]
+        return d, f"reproduced: |a - b| < {d:g} (TOST); not reproduced: |a - b| > {d:g} one-sided"
+    if kind == "not_worse":
+        d = p["delta"]
+        return d, f"reproduced: a worse by less than {d:g}; not reproduced: a worse by more than {d:g}"
+    if kind == "steps_to_target":
+        b = p["below"]
+        return math.log(b), f"reproduced: steps ratio a/b < {b:g} one-sided; not reproduced: > {b:g}"
+    f = p["factor"]
+    return math.log2(f), f"reproduced: stable-rate ratio a/b >= {f:g} one-sided; not reproduced: < {f:g}"
+
+
+def distance(claim: Claim, outcome: Outcome) -> float:
+    """The pilot estimate's distance from the bound, on the scale its spread is measured in."""
+    bound, _ = bound_and_direction(claim)
+    est = outcome.estimate
+    if claim.kind == "steps_to_target":
+        return abs(math.log(est) - bound)
+    if claim.kind == "stable_lr":
+        return abs(math.log2(est) - bound)
+    if claim.kind == "equivalent":
+        return abs(bound - abs(est))
+    if claim.kind == "not_worse":
+        return abs(-_improves(claim) * est - bound)
+    return abs(est)
+
+
+def _best_values(claim: Claim, d: ReportData) -> dict:
+    """Each arm's value of the tuned key, best (lowest mean final loss) over all its pilot seeds."""
+    if not claim.tune or claim.kind == "stable_lr":
+        return {}
+    values = {}
+    for side, spec in (("a", claim.a), ("b", claim.b)):
+        runs = arm(d.runs, spec)
+        _, best = at_best_value(runs, claim.tune, learned(runs))
+        values[side] = float(best)
+    return values
+
+
+def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg.Prereg:
+    """The confirmation's design from the pilot's runs ``d``; ConfigError, one line, when the claim
+    cannot be planned (no spread measured, a kind without a planned test, a seed count over budget)."""
+    if claim.kind not in PLANNED:
+        raise ConfigError(
+            f"{claim.id}: a {claim.kind} claim is not planned by a paired test", allowed=PLANNED
+        )
+    if why := engagement.not_engaged(claim, d):
+        raise ConfigError(f"{claim.id}: {NOT_TESTABLE}: {why}")
+    outcome = judge(claim, d, ALPHA)
+    level = power.family_level(family)
+    n_pilot = min(outcome.n_a, outcome.n_b)
+    far = distance(claim, outcome) if math.isfinite(outcome.estimate) else math.nan
+    if not math.isfinite(outcome.spread) or not math.isfinite(far) or n_pilot < 2:
+        raise ConfigError(f"{claim.id}: the pilot measures no spread to plan from ({outcome.reason})")
+    n, planned_sd = power.planned_seeds(far, outcome.spread, n_pilot - 1, level, exact=claim.kind in EXACT)
+    if n is None or n > power.BUDGET_SEEDS:
+        need = "no seed count" if n is None else f"{n} seeds per arm"
+        raise ConfigError(
+            f"{claim.id}: {need} at level {level:.3g} for the pilot's distance {far:.3g} at spread "
+            f"{planned_sd:.3g} (its upper {power.PLAN_CONFIDENCE:.0%} bound): over the budget of "
+            f"{power.BUDGET_SEEDS} seeds per arm"
+        )
+    n = max(n, claim.min_seeds)
+    bound, direction = bound_and_direction(claim)
+    pilot_seeds = sorted({int(s) for s in pd.concat([arm(d.runs, claim.a), arm(d.runs, claim.b)])["seed"]})
+    first = max(prereg.SEED_BASE, max(pilot_seeds, default=-1) + 1)  # fresh: above every pilot seed
+    seeds = list(range(first, first + n))
+    sides = "one-sided" if one_sided(claim) else "two one-sided tests"
+    return prereg.Prereg(
+        id=claim.id,
+        claim_sha=prereg.fingerprint(claim.path),
+        family=family,
+        level=float(level),
+        test=f"{claim.kind}, {sides} at the Holm level of its rank (at most {level:.3g} planned)",
+        direction=direction,
+        margin=float(bound),
+        planned_n=int(n),
+        seeds=seeds,
+        values=_best_values(claim, d),
+        pilot={
+            "seeds": pilot_seeds,
+            "key": claim.tune,
+            "estimate": float(outcome.estimate),
+            "spread": float(outcome.spread),
+            "spread_planned": float(planned_sd),
+            "distance": float(far),
+            "commit": commit,
+            "written": time.strftime("%Y-%m-%d", time.gmtime()),
+        },
+    )
+
+
+def confirmation_args(claim: Claim, design: prereg.Prereg) -> list[str]:
+    """The overrides that run the design: the confirmation's seeds, and the arms' fixed values (both
+    values run in one sweep; each arm is read at its own)."""
+    args = [f"seed={','.join(str(s) for s in design.seeds)}"]
+    if design.values:
+        values = sorted(set(design.values.values()))
+        args.append(f"{claim.tune}={','.join(f'{v:g}' for v in values)}")
+    return args
+
+
+def confirm(
+    claim: Claim,
+    registry: Path,
+    overrides: list[str],
+    retry_failed: bool = False,
+    dry_run: bool = False,
+    console: Console | None = None,
+) -> int:
+    """Run the claim's pre-registered confirmation into REGISTRY/confirmations/ID/ (resumable)."""
+    from normbench.claims.checking import check_claim, claim_args
+    from normbench.sweeps import batching
+    from normbench.sweeps.sweep import run_sweep
+
+    design = prereg.read(registry, claim.id)
+    if design is None:
+        raise ConfigError(f"{claim.id}: not pre-registered: normbench claims preregister {claim.id} first")
+    if design.claim_sha != prereg.fingerprint(claim.path):
+        raise ConfigError(
+            f"{claim.id}: the claim changed since its pre-registration: a new design is a new "
+            "pre-registration on fresh seeds"
+        )
+    fixed = confirmation_args(claim, design)
+    # the tuned key is pinned to the arms' values (one value where they agree): nothing left to tune
+    check_claim(dataclasses.replace(claim, tune=None) if design.values else claim, [*fixed, *overrides])
+    out = prereg.folder(registry, claim.id)
+    args = [*claim_args(claim, [*fixed, *overrides]), f"hydra.sweep.dir={out.resolve()}"]
+    if batching.pays(overrides):
+        args.append(batching.OPTION)
+    return run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console or Console())
+
+
+def _fixed(claim: Claim, design: prereg.Prereg, d: ReportData) -> ReportData:
+    """The confirmation's runs the design reads: its seeds, each arm at its pre-registered value."""
+    runs = d.runs
+    keep = pd.Series(False, index=runs.index)
+    for side, spec in (("a", claim.a), ("b", claim.b)):
+        if spec is None:
+            continue
+        mask = runs.index.isin(arm(runs, spec).index)
+        if side in design.values:
+            mask &= matches(runs[claim.tune], design.values[side])
+        keep |= mask
+    keep &= pd.to_numeric(runs["seed"], errors="coerce").isin(design.seeds)
+    return dataclasses.replace(d, runs=runs[keep])
+
+
+def decide(
+    claim: Claim, design: prereg.Prereg | None, d: ReportData, alpha: float, confirmed: bool
+) -> Outcome:
+    """The claim's outcome at level ``alpha``: from its confirmation's runs ``d`` where ``confirmed``,
+    else from its pilot's (inconclusive, with the pilot's word, when pre-registered)."""
+    if why := engagement.not_engaged(claim, d):
+        return Outcome(NOT_TESTABLE, reason=why, runs=list(d.runs["run_dir"]))
+    if design is None:
+        return judge(claim, d, alpha)
+    if not confirmed:
+        pilot = judge(claim, d, alpha)
+        return dataclasses.replace(
+            pilot,
+            verdict="inconclusive",
+            p=math.nan,
+            reason=f"pre-registered ({design.planned_n} seeds per arm); its confirmation has not run "
+            f"(normbench claims confirm {claim.id}); the pilot alone reads {pilot.verdict}",
+        )
+    if design.claim_sha != prereg.fingerprint(claim.path):
+        return Outcome(
+            "inconclusive",
+            reason="the claim changed since its pre-registration: its confirmation tested another design "
+            "(a new pre-registration on fresh seeds decides it)",
+            runs=list(d.runs["run_dir"]),
+        )
+    predicate = claim.predicate
+    if claim.kind in ("better", "worse"):  # the refutation named in advance: the opposite direction
+        predicate = {k: v for k, v in predicate.items() if k not in ("delta", "effect")}
+    tested = dataclasses.replace(claim, min_seeds=design.planned_n, predicate=predicate)
+    fixed = _fixed(claim, design, d)
+    if not one_sided(claim):
+        outcome = judge(tested, fixed, alpha)
+    else:  # each end of the interval at 2 alpha is a one-sided bound at alpha
+        outcome = judge(tested, fixed, min(2 * alpha, 0.5))
+        outcome.p = outcome.p / 2
+        outcome.level = f"{100 * (1 - alpha):.3g}% one-sided"
+    outcome.test = f"{outcome.test}; pre-registered confirmation, seeds {design.seeds[0]}-{design.seeds[-1]}"
+    return outcome
+
+
+def _pilot(claim: Claim, registry: Path) -> ReportData:
+    """The pilot's runs: the claim's runs in the registry's folder, of the current numerics."""
+    from normbench.core.provenance import NUMERICS
+    from normbench.report.load import NUMERICS as NUMERICS_COLUMN
+    from normbench.report.load import find_inputs, load_runs
+
+    folder = registry / claim.id
+    run_dirs = find_inputs([folder])[0] if folder.is_dir() else []
+    if not run_dirs:
+        raise ConfigError(
+            f"{claim.id}: no pilot runs in {folder}: normbench claims run {claim.id} --out {registry}"
+        )
+    d = load_runs(run_dirs, lambda message: None)
+    d.runs = d.runs[d.runs[NUMERICS_COLUMN].eq(NUMERICS)]
+    return d
+
+
+def preregister(claim: Claim, registry: Path, family: int) -> str:
+    """Write the claim's pre-registration from its pilot; refused once its confirmation has runs."""
+    from normbench.core.provenance import git_commit
+    from normbench.report.load import find_inputs
+
+    out = prereg.folder(registry, claim.id)
+    if out.is_dir() and find_inputs([out])[0]:
+        raise ConfigError(
+            f"{claim.id}: its confirmation has runs in {out}: a changed design is a new claim on fresh seeds"
+        )
+    planned = design(claim, _pilot(claim, registry), family, commit=git_commit() or "")
+    path = prereg.write(registry, planned)
+    values = ", ".join(f"{s} at {claim.tune}={v:g}" for s, v in planned.values.items())
+    return (
+        f"{path}: {planned.planned_n} seeds per arm ({planned.seeds[0]}-{planned.seeds[-1]})"
+        + (f", {values}" if values else "")
+        + f", level {planned.level:.3g} (Holm across {family}); {planned.direction}"
+    )
