@@ -42,14 +42,15 @@ def mup_model(d_model: int, base_width: int, placement: str = "pre", **options) 
 
 
 # Recorded on main at 4121532, before model.param existed: the sum of |weights| at init and the first
-# five training losses of `tiny(model=micro, ...)`, seed 0. The tolerance only absorbs another CPU's
-# float rounding; any change to the model, its init or the optimizer moves these by far more.
+# five training losses of `tiny(model=micro, ...)`, seed 0 (Post-LN under the gpt2 init it then had).
+# The tolerance only absorbs another CPU's float rounding; any change to the model, its init or the
+# optimizer moves these by far more.
 BEFORE = {
     (): (
         1657.1281557730138,
         [4.17733097076416, 4.100411891937256, 4.08245849609375, 4.014734745025635, 3.993896961212158],
     ),
-    ("placement=post", "norm=rms"): (
+    ("placement=post", "norm=rms", "model.init=gpt2", "model.tie_head=true"): (
         1593.1281557730138,
         [4.165657997131348, 4.144288539886475, 4.123541355133057, 4.067139625549316, 4.015585422515869],
     ),

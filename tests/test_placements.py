@@ -427,8 +427,9 @@ def learned_loss(placement: str) -> float:
     model=tiny (d_model 32), norm=ln, the placement as conf/placement/NAME.yaml configures it."""
     chain = markov_chain()
     torch.manual_seed(0)
-    cfg = load_group("model", "tiny", n_layer=8, block_size=LEARN_T)
     options = OmegaConf.to_container(OmegaConf.load(conf_dir() / "placement" / f"{placement}.yaml"))
+    recipe = {k: options[k] for k in ("init", "tie_head") if k in options}  # the placement's own
+    cfg = load_group("model", "tiny", n_layer=8, block_size=LEARN_T, **recipe)
     model = GPT(cfg, LEARN_VOCAB, {"name": "ln"}, options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     data = torch.Generator().manual_seed(1)

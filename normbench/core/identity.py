@@ -25,6 +25,10 @@ NOT_HASHED = (
     "train.checkpoint_minutes",
     "train.resume",
     "train.save_model",
+    # A placement's own recipe acts only through model.init and model.tie_head, which follow it and are
+    # hashed: Post-LN with model.init=gpt2 model.tie_head=true is the run stored before recipes existed.
+    "placement.init",
+    "placement.tie_head",
 )
 
 # Keys added after runs were stored, each with the value that computes what a config computed
@@ -60,6 +64,8 @@ ADDED_KEYS = {
     "train.micro_batch_size": None,
     # The end-of-run checks sized to the run: auto runs every check a stored (short) run ran.
     "train.end_checks": "auto",
+    # The head tied to the token embedding, as every stored run's.
+    "model.tie_head": True,
 }
 
 # Values that compute, where the stored runs ran, what another value computes: train.compile=cuda is

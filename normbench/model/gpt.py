@@ -1,4 +1,4 @@
-"""The mini GPT: embeddings, a stack of placement blocks, an optional final norm, a tied head.
+"""The mini GPT: embeddings, a stack of placement blocks, an optional final norm, a head (tied by default).
 
 Built from ``ModelConfig`` plus the norm and placement configs; the norm is chosen
 by name through ``normbench.model.norms.build_norm`` and the block class through
@@ -33,7 +33,9 @@ class ModelConfig:
     block_size: int
     dropout: float
     bias: bool
-    init: str  # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); xavier: Xavier-uniform, no scaling
+    # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); bert: N(0, 0.02), no scaling (Post-LN's);
+    # xavier: Xavier-uniform, no scaling. Follows the placement's own (placement.init) unless set.
+    init: str
     qk_norm: str  # a norm on q and k per head over head_dim (QK-norm), or none
     arch: str  # gpt2: learned positions, GELU MLP; llama: rotary embeddings, SwiGLU MLP, no biases
     attn_softcap: float  # c * tanh(z / c) on the attention logits before the softmax; 0 = off
@@ -48,6 +50,7 @@ class ModelConfig:
     )
     v_norm: str  # a norm on v per head over head_dim, or none
     ln_scaling: bool  # LayerNorm Scaling: each block's norm outputs times 1/sqrt(l), l its 1-based layer
+    tie_head: bool  # the head's weight is the token embedding (GPT-2's); false: a matrix of its own
 
     def validate(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "block_size"):
@@ -166,9 +169,12 @@ def qk_norms() -> list[str]:
     return sorted(name for name, cls in NORMS.items() if cls.statistics == "token")
 
 
-def _init_gpt2(module: nn.Module, n_layer: int) -> None:
+def _init_gpt2(module: nn.Module, n_layer: int, scale_residual: bool = True) -> None:
+    """GPT-2's (a Pre-LN recipe): N(0, 0.02), the residual projections / sqrt(2 n_layer) so the stream's
+    variance stays put as blocks add to it."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
-        std = 0.02 / math.sqrt(2 * n_layer) if getattr(module, "residual_proj", False) else 0.02
+        residual = scale_residual and getattr(module, "residual_proj", False)
+        std = 0.02 / math.sqrt(2 * n_layer) if residual else 0.02
         nn.init.normal_(module.weight, mean=0.0, std=std)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
@@ -183,14 +189,21 @@ def _init_xavier(module: nn.Module, n_layer: int) -> None:
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
 
-INITS = {"gpt2": _init_gpt2, "xavier": _init_xavier}
+def _init_bert(module: nn.Module, n_layer: int) -> None:
+    """BERT's and the original Transformer's (Post-LN's): N(0, 0.02), no residual scaling. A Post-LN
+    block normalizes x + f(x) itself: scaling f(x) down only shrinks what each sub-layer adds."""
+    _init_gpt2(module, n_layer, scale_residual=False)
+
+
+INITS = {"gpt2": _init_gpt2, "xavier": _init_xavier, "bert": _init_bert}
 
 
 def hidden_weights(model: nn.Module) -> list[nn.Parameter]:
     """The matrices with both dimensions growing with width (μP's hidden weights): every parameter of
-    two or more dimensions but the embeddings (the tied head's weight is the token embedding).
-    Weight decay applies to these only; under μP their init std and Adam LR scale with the width."""
+    two or more dimensions but the embeddings and the head (tied, it is the token embedding; untied, the
+    readout). Weight decay applies to these only; under μP their init std and Adam LR scale with the width."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    embeddings.add(id(model.head.weight))
     return [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
 
 
@@ -260,16 +273,20 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         # What the placement does outside its blocks (nGPT); for the others nothing, and no parameters.
         self.hooks = block_cls.model_hooks(cfg.d_model, vocab_size)
-        self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017), as in GPT-2
+        if cfg.tie_head:
+            self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017), as in GPT-2
         self.readout_mult: float | None = None  # μP's output multiplier 1/m on the logits; None under SP
 
-        # Each parameter is initialised once: the head's weight *is* the token embedding, so the
+        # Each parameter is initialised once: a tied head's weight *is* the token embedding, so the
         # head is skipped and the shared matrix gets the embedding's init (a Linear init would
-        # overwrite it with Xavier-uniform, std ~0.1 instead of 0.02).
+        # overwrite it with Xavier-uniform, std ~0.1 instead of 0.02). An untied head is an output
+        # embedding: N(0, 0.02) as the input one, under every init.
         init = INITS[cfg.init]
         for module in self.modules():
             if module is not self.head:
                 init(module, cfg.n_layer)
+        if not cfg.tie_head:
+            nn.init.normal_(self.head.weight, mean=0.0, std=0.02)
         if cfg.param == "mup":
             if not self.hooks.mup:
                 raise ConfigError(
@@ -311,7 +328,7 @@ class GPT(nn.Module):
         theirs.
         """
         m = cfg.width_mult()
-        if cfg.init == "gpt2":
+        if cfg.init in ("gpt2", "bert"):
             with torch.no_grad():
                 for p in hidden_weights(self):
                     p.mul_(m**-0.5)

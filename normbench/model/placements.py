@@ -62,8 +62,9 @@ def placement_class(name: str, target: str | None = None) -> type[Block]:
 
 
 # Keys of a placement config that are not its block's options: the model reads final_norm and
-# embedding_norm (a norm before the head, a norm on the embedding layer's output).
-NOT_OPTIONS = ("name", "final_norm", "embedding_norm", "_target_")
+# embedding_norm (a norm before the head, a norm on the embedding layer's output); init and tie_head are
+# the placement's own recipe, which model.init and model.tie_head follow unless a run sets them.
+NOT_OPTIONS = ("name", "final_norm", "embedding_norm", "init", "tie_head", "_target_")
 
 
 def placement_options(placement: dict) -> dict:

@@ -25,6 +25,8 @@ from normbench.report.load import (
 from normbench.report.metrics import DEFAULT, loss_unit, metric
 from normbench.report.stats import NEEDS_SEEDS
 
+# The model keys a placement's own recipe sets (conf/placement/*.yaml: init, tie_head)
+PLACEMENT_RECIPE = ("model.init", "model.tie_head")
 # The display names of LOGIT_FIELDS' columns (the mean over runs of each run's peak).
 LOGIT_COLUMNS = ("max attn logit", "max log Z", "max attn logit (raw)", "max log Z (raw)")
 
@@ -59,14 +61,15 @@ def default_group_keys(runs: pd.DataFrame, config_keys: list[str]) -> list[str]:
     """The config keys that actually vary across runs, norm and placement first."""
     keys = varying_keys(runs, config_keys)
     # norm.eps, placement.final_norm, ... that merely follow the norm/placement name split no
-    # group further; keeping them would only clutter every label.
+    # group further; keeping them would only clutter every label. So with the model's init and head where
+    # they follow the placement (each under its own recipe): pre and post are two configurations, not four.
     for short in ("norm", "placement"):
         if short in keys:
             keys = [
                 k
                 for k in keys
                 if not (
-                    k.startswith(short + ".")
+                    (k.startswith(short + ".") or (short == "placement" and k in PLACEMENT_RECIPE))
                     and runs.groupby(short, dropna=False)[k].nunique(dropna=False).max() <= 1
                 )
             ]

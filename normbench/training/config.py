@@ -165,7 +165,10 @@ _TYPED: dict[tuple, object] = {}
 
 def _typed(schema, node, group: str):
     try:
-        key = (schema, json.dumps(OmegaConf.to_container(node, resolve=True), sort_keys=True))
+        # resolved here, within the whole config: an interpolation may read another group
+        # (model.init follows placement.init), which the merge below, on this node alone, could not
+        node = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        key = (schema, json.dumps(node, sort_keys=True))
     except (OmegaConfBaseException, TypeError, ValueError):
         key = None  # the merge below says what is wrong
     if key in _TYPED:

@@ -89,6 +89,11 @@ def summary_table(summary: dict, run_dir: Path | str) -> Group:
     )
     table.add_row("wall time", f"{summary['wall_s']:.1f} s")
     table.add_row("parameters", f"{summary['params']:,}")
+    if recipe := summary.get("recipe"):  # the model's init and head, and whether the placement's own
+        own = recipe["placement_own"]
+        mine = {key: recipe[key] for key in own}
+        said = "the placement's own" if mine == own else f"set; the placement's own: {_recipe_words(own)}"
+        table.add_row("init", f"{_recipe_words(mine)} ({said})")
     norm_impl = summary.get("provenance", {}).get("norm_impl")
     if norm_impl:  # which implementation computed these figures (normbench.model.impls)
         table.add_row("norms", ", ".join(f"{kind}: {how}" for kind, how in norm_impl.items()))
@@ -100,3 +105,7 @@ def summary_table(summary: dict, run_dir: Path | str) -> Group:
         table.add_row("error", Text(summary["error"]))  # the error's own words, never markup
     # one line however long the path: a person copies it
     return Group(table, Text(f"run directory: {run_dir}", no_wrap=True, overflow="ignore"))
+
+
+def _recipe_words(recipe: dict) -> str:
+    return f"{recipe['init']}, head {'tied' if recipe['tie_head'] else 'untied'}"

@@ -88,8 +88,17 @@ def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> 
         "leaks_future": bool(leak["train"] is not None and leak["train"] > LEAK_TOLERANCE),
         "compiled": state.compiled,
         "config_hash": state.cfg.config_hash,
+        # the init and head the model had, and its placement's own (they differ where a run set them)
+        "recipe": recipe(state.cfg),
         "provenance": run_provenance(state),
     }
+
+
+def recipe(run) -> dict:
+    """model.init and model.tie_head, and whether they are the placement's own (conf/placement/*.yaml)."""
+    model, placement = run.model, run.placement
+    own = {"init": placement.get("init", "gpt2"), "tie_head": placement.get("tie_head", True)}
+    return {"init": model.init, "tie_head": model.tie_head, "placement_own": own}
 
 
 def run_provenance(state) -> dict:
