@@ -266,15 +266,17 @@ def markdown(frame: pd.DataFrame) -> str:
     intervals = [_interval(r, level=False) for _, r in ran.iterrows()]
     table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], intervals)]
     table.pop("interval")
-    sentences = "\n".join(
-        f"- `{r['id']}` ({r['source']}): {r['claim']}"
-        + (f" *Changed:* {_text(r['changed'])}" if _text(r["changed"]) else "")
-        for _, r in frame.iterrows()
-    )
+    sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
     parts = [
         "# Claims\n",
         f"**{headline(frame)}.** {_correction(frame)} δ: a margin in standard deviations of a seed's"
-        " a - b here. Not run: not in the table. A claim's runs: normbench report DIR/ID.\n",
+        " a - b here. Not run: not in the table. A claim's runs: normbench report DIR/ID."
+        + (
+            " What changed in a verdict since an earlier publication, and why: claims.csv's changed column."
+            if any(_text(c) for c in frame["changed"])
+            else ""
+        )
+        + "\n",
     ]
     if len(ran):
         parts.append(to_markdown(table))
