@@ -525,7 +525,7 @@ def check(
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Include the torch.compile line."),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="Include the timing line."),
     steps: int | None = typer.Option(
-        None, "--steps", help="Steps of the model=micro run that must learn. Default: 40."
+        None, "--steps", help="Steps of the model=micro run that must learn. Default: 150."
     ),
 ) -> None:
     from rich.console import Console
