@@ -324,6 +324,16 @@ def report(
             "backtest on the largest size. Needs --scale."
         ),
     ),
+    where: list[str] = typer.Option(
+        None,
+        "--where",
+        help="Read only the runs whose config has KEY=VALUE (a dotted key, e.g. norm.name=ln); repeatable.",
+    ),
+    exclude: list[str] = typer.Option(
+        None,
+        "--exclude",
+        help="Leave out the runs whose config has KEY=VALUE (train.lr=0.03); repeatable.",
+    ),
 ) -> None:
     """Verdicts, tables (CSV, Markdown, terminal) and charts (PNG/SVG/PDF, one HTML page) comparing runs."""
     from normbench.core.terminal import terminal_console
@@ -341,6 +351,8 @@ def report(
         predict=predict,
         console=terminal_console(width),
         allow_mixed=allow_mixed,
+        where=where or [],
+        exclude=exclude or [],
     )
 
 
@@ -513,7 +525,7 @@ def check(
     compile: bool = typer.Option(True, "--compile/--no-compile", help="Include the torch.compile line."),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="Include the timing line."),
     steps: int | None = typer.Option(
-        None, "--steps", help="Steps of the model=micro run that must learn. Default: 40."
+        None, "--steps", help="Steps of the model=micro run that must learn. Default: 150."
     ),
 ) -> None:
     from rich.console import Console

@@ -3,6 +3,7 @@ refused in one line when unsound or misnamed, and checked by ``normbench check``
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import re
@@ -21,6 +22,7 @@ from typer.testing import CliRunner
 from normbench.cli import app
 from normbench.core.errors import ConfigError
 from normbench.core.identity import config_hash
+from normbench.data import corpus
 from normbench.extending import conformance
 from normbench.model import extensions
 from normbench.model.gpt import GPT
@@ -96,6 +98,20 @@ class MaxAbs(Sound):
         return x / x.abs().amax(-1, keepdim=True).clamp_min(self.eps) * self.weight
 
 
+class Zero(Sound):
+    """Returns zeros: nothing reaches the head but what the blocks add after the last norm."""
+
+    def forward(self, x):
+        return x * 0
+
+
+class Constant(Sound):
+    """Returns its weight whatever the input: the model can learn the tokens' frequencies, no more."""
+
+    def forward(self, x):
+        return self.weight.expand_as(x).to(x.dtype)
+
+
 class NoDim(nn.Module):
     statistics = "token"
 
@@ -129,7 +145,16 @@ def userpkg(tmp_path_factory):
     """``nb_userpkg`` on sys.path for this module's tests, with a conf/ folder per norm."""
     root = tmp_path_factory.mktemp("user")
     (root / "nb_userpkg.py").write_text(textwrap.dedent(PACKAGE))
-    for name in ("Sound", "Leaky", "BatchMixing", "DeadParameter", "HalfStatistics", "MaxAbs"):
+    for name in (
+        "Sound",
+        "Leaky",
+        "BatchMixing",
+        "DeadParameter",
+        "HalfStatistics",
+        "MaxAbs",
+        "Zero",
+        "Constant",
+    ):
         folder = root / f"conf_{name.lower()}" / "norm"
         folder.mkdir(parents=True)
         (folder / "mine.yaml").write_text(f"name: mine\n_target_: nb_userpkg.{name}\neps: 1.0e-06\n")
@@ -210,6 +235,37 @@ def check_json(config_dir, steps: int) -> tuple[int, dict]:
     args = ["check", "--config-dir", str(config_dir), "norm=mine", "model=micro", "--json"]
     result = CliRunner().invoke(app, [*args, "--no-compile", "--no-speed", "--steps", str(steps)])
     return result.exit_code, {line["name"]: line for line in json.loads(result.stdout)["lines"]}
+
+
+def corpus_unigram_entropy() -> float:
+    """By hand: the entropy of the default corpus's validation targets at model=micro."""
+    run = parse_config(compose_cfg(["model=micro"]))
+    data = corpus.build_dataset(run.data, run.model.block_size, run.train.eval_batches * run.train.batch_size)
+    counts = collections.Counter(
+        int(t) for _, y in data.val_batches(run.train.eval_batches, run.train.batch_size) for t in y.flatten()
+    )
+    total = sum(counts.values())
+    return -sum(c / total * math.log(c / total) for c in counts.values())
+
+
+@pytest.mark.parametrize("cls", ["Zero", "Constant"])
+def test_a_norm_that_does_not_learn_fails_the_learning_line(userpkg, cls):
+    code, lines = check_json(userpkg / f"conf_{cls.lower()}", steps=40)
+    learns = lines["a model=micro run learns"]
+    assert code == 1 and learns["result"] == "FAIL", learns
+    final = float(re.search(r"-> (\d+\.\d+)", learns["figure"]).group(1))
+    assert final > corpus_unigram_entropy() - conformance.LEARN_MARGIN
+
+
+def test_layernorm_ends_clearly_below_the_unigram_entropy(userpkg):
+    result = CliRunner().invoke(
+        app, ["check", "norm=ln", "model=micro", "--json", "--no-compile", "--no-speed", "--steps", "40"]
+    )
+    learns = {line["name"]: line for line in json.loads(result.stdout)["lines"]}["a model=micro run learns"]
+    assert learns["result"] == "ok", learns
+    assert f"unigram entropy {corpus_unigram_entropy():.3f}" in learns["figure"]
+    final = float(re.search(r"-> (\d+\.\d+)", learns["figure"]).group(1))
+    assert final < corpus_unigram_entropy() - conformance.LEARN_MARGIN
 
 
 def test_a_wider_output_dtype_is_flagged_with_its_cost_and_check_exits_0(userpkg):

@@ -38,6 +38,14 @@ def test_step_timer_excludes_warmup():
     assert out["step_ms_p50"] == pytest.approx(20.0)
     assert out["tokens_per_s"] == pytest.approx(100 / 0.02)
     assert out["step_ms_p90"] == pytest.approx(28.0)  # 0.9 of the way from 10 to 30: 20 + 0.8 x 10
+    assert out["timed_steps"] == 3  # the steps the figures rest on, warm-up left out
+
+
+def test_a_run_too_short_for_steady_steps_says_it_timed_none():
+    timer = StepTimer(warmup_steps=5)
+    timer.times = [1.0, 0.5, 0.4]
+    out = timer.summary(tokens_per_step=100)
+    assert out["timed_steps"] == 0 and out["tokens_per_s"] == pytest.approx(100 / 0.5)
 
 
 def test_summary_performance_fields(tmp_path):
@@ -50,6 +58,7 @@ def test_summary_performance_fields(tmp_path):
         "mfu",
         "max_grad_norm",
         "clip_fraction",
+        "timed_steps",
     ):
         assert summary[key] is not None and summary[key] >= 0, key
     assert summary["step_ms_p90"] >= summary["step_ms_p50"]

@@ -543,3 +543,54 @@ def test_old_bench_csv_without_ratio_to_ln(sweep, tmp_path, monkeypatch):
     report([tmp_path / "old.csv"], out=tmp_path / "r2")
     ax = drawn["bench"].axes[0]
     assert ax.get_ylabel() == "time per call (ms)" and lines_by_label(ax)["rms (normbench)"][1] == [0.25]
+
+
+def filtered_runs(tmp_path):
+    """ln and rms at lr 0.003 and 0.03, two seeds each; final losses tell them apart."""
+    for norm, base in (("ln", 2.0), ("rms", 3.0)):
+        for lr, shift in ((0.003, 0.0), (0.03, 0.5)):
+            for seed in (0, 1):
+                make_run(
+                    tmp_path,
+                    f"{norm}-{lr}-{seed}",
+                    norm=norm,
+                    lr=lr,
+                    seed=seed,
+                    final=base + shift + seed / 10,
+                )
+    return tmp_path
+
+
+def test_where_and_exclude_keep_the_runs_whose_config_matches(tmp_path):
+    root = filtered_runs(tmp_path)
+    out, text = report([root], where=["norm.name=ln"], exclude=["train.lr=3e-2"], tune_key="none")
+    runs = pd.read_csv(out / "summary.csv")
+    assert sorted(runs["final_val_loss"]) == [2.0, 2.1]  # ln at 0.003 only: 3e-2 matched the stored 0.03
+    assert "kept 2 of 8 runs" in text and "kept 2 of 8 runs" in (out / "summary.md").read_text()
+    out, _ = report([root], where=["norm=rms", "train.lr=0.003"], out=tmp_path / "r2", tune_key="none")
+    assert sorted(pd.read_csv(out / "summary.csv")["final_val_loss"]) == [3.0, 3.1]
+
+
+def test_a_filter_on_an_unknown_key_names_the_close_keys(tmp_path):
+    root = filtered_runs(tmp_path)
+    with pytest.raises(ConfigError, match=r"no run's config has the key train\.lrr; close keys: train\.lr"):
+        report([root], where=["train.lrr=0.03"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        report([root], exclude=["norm.name"])
+    with pytest.raises(ConfigError, match="keeps none of the 8 runs"):
+        report([root], where=["norm.name=gn"])
+
+
+def test_report_filters_on_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from normbench.cli import app
+
+    root = filtered_runs(tmp_path)
+    result = CliRunner().invoke(
+        app, ["report", str(root), "--where", "norm.name=ln", "--exclude", "train.lr=0.03"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "kept 2 of 8 runs" in result.output
+    bad = CliRunner().invoke(app, ["report", str(root), "--where", "train.lrr=1"])
+    assert bad.exit_code == 2 and "close keys: train.lr" in bad.output and "Traceback" not in bad.output

@@ -186,6 +186,37 @@ def test_curves_ending_close_together_get_a_zoom_panel(tmp_path, monkeypatch, ga
     assert zoom.get_ylim()[1] - zoom.get_ylim()[0] < 0.2 * (4.2 - 2.1)
 
 
+def close_curves(root, steps) -> None:
+    """ln and rms, two seeds each, falling from 4.2 to ends 0.09 apart, evaluated at ``steps``."""
+    for norm, end in (("ln", 2.1), ("rms", 2.19)):
+        for seed in (0, 1):
+            run = make_run(root, f"{norm}{seed}", norm=norm, seed=seed, final=end, steps=(100, 200, 300))
+            write_curves(run, [end + (4.2 - end) * math.exp(-s / 60) for s in steps], steps)
+
+
+def test_the_validation_zoom_shows_at_least_three_evaluations(tmp_path, monkeypatch):
+    """Evaluations every 100 steps of a 300-step run: the last 30% holds one; the zoom holds three."""
+    drawn = capture_charts(monkeypatch, "loss_curves")
+    close_curves(tmp_path, [0, 100, 200, 300])
+    report([tmp_path])
+    (zoom,) = [
+        ax for ax in drawn["loss_curves"].axes if ax.get_title().startswith("Validation loss vs step, zoomed")
+    ]
+    for label in ("ln", "rms"):
+        (line,) = [line for line in zoom.get_lines() if line.get_label() == label]
+        assert list(line.get_xdata()) == [100, 200, 300]
+    assert "zoomed from step 100" in zoom.get_title()
+
+
+def test_a_validation_curve_of_two_evaluations_gets_no_zoom(tmp_path, monkeypatch):
+    drawn = capture_charts(monkeypatch, "loss_curves")
+    close_curves(tmp_path, [0, 300])
+    report([tmp_path])
+    titles = [ax.get_title() for ax in drawn["loss_curves"].axes if ax.get_visible()]
+    assert any(t.startswith("Validation loss vs step") for t in titles)
+    assert not any(t.startswith("Validation loss vs step, zoomed") for t in titles)
+
+
 def test_predict_title_promises_no_fitted_line_when_the_fit_failed(tmp_path, monkeypatch):
     drawn = capture_charts(monkeypatch, "predict")
     params = gpt_params((16, 24, 32, 48))

@@ -273,3 +273,55 @@ def test_saturation_of_point_wise_norms_reaches_the_layers_table_and_its_chart(t
     only_charts(monkeypatch, "grad_by_layer")
     out, _ = report([tmp_path])
     assert (out / "grad_by_layer.png").exists()
+
+
+def timed_runs(root, speeds: dict, timed_steps=200, **summary_fields):
+    """Three completed seeds per norm at the given tokens/s, each summary saying how many steps were timed."""
+    for norm, values in speeds.items():
+        for seed, tokens_per_s in enumerate(values):
+            run = make_run(
+                root, f"{norm}-{seed}", norm=norm, seed=seed, tokens_per_s=tokens_per_s, stats=False
+            )
+            summary = json.loads((run / "summary.json").read_text())
+            summary.update(timed_steps=timed_steps, **summary_fields)
+            (run / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def throughput_sentence(out) -> str:
+    return next(s for s in (out / "summary.md").read_text().splitlines() if s.startswith("- Throughput"))
+
+
+def test_a_speed_ratio_is_called_from_warm_comparable_runs(tmp_path):
+    root = timed_runs(tmp_path, {"ln": [1000.0, 1010.0, 990.0], "rms": [1300.0, 1310.0, 1290.0]})
+    out, _ = report([root])
+    assert "rms 1.30x ln (faster in these runs)" in throughput_sentence(out)
+
+
+def test_no_speed_ratio_from_runs_timed_over_too_few_steps(tmp_path):
+    root = timed_runs(tmp_path, {"ln": [1000.0, 1010.0, 990.0], "rms": [770.0, 780.0, 760.0]}, timed_steps=5)
+    sentence = throughput_sentence(report([root])[0])
+    assert "Throughput not compared: a run timed 5 steps past warm-up (fewer than 50)" in sentence
+    assert "slower" not in sentence and "0.77x" not in sentence
+
+
+def test_no_speed_ratio_from_runs_on_different_devices_or_without_timing(tmp_path):
+    root = timed_runs(tmp_path / "a", {"ln": [1000.0, 1010.0], "rms": [770.0, 780.0]})
+    summary = json.loads((root / "rms-0" / "summary.json").read_text())
+    summary["provenance"] = {"device": "cuda", "device_name": "NVIDIA H200"}
+    (root / "rms-0" / "summary.json").write_text(json.dumps(summary))
+    sentence = throughput_sentence(report([root])[0])
+    assert "not compared: the runs differ in provenance.device, provenance.device_name" in sentence
+    make_run(tmp_path / "b", "ln", norm="ln", stats=False)  # a summary without timed_steps
+    make_run(tmp_path / "b", "rms", norm="rms", stats=False, tokens_per_s=500.0)
+    sentence = throughput_sentence(report([tmp_path / "b"])[0])
+    assert "not compared: their summaries do not say how many steps were timed" in sentence
+
+
+def test_a_diverged_run_is_left_out_of_the_speed_ratio(tmp_path):
+    root = timed_runs(tmp_path, {"ln": [1000.0, 1010.0, 990.0], "rms": [1300.0, 1310.0, 1290.0]})
+    diverged = make_run(root, "rms-lost", norm="rms", seed=3, status="diverged", final=99.0, stats=False)
+    summary = json.loads((diverged / "summary.json").read_text())
+    summary.update(tokens_per_s=99_000.0, timed_steps=3)
+    (diverged / "summary.json").write_text(json.dumps(summary))
+    assert "rms 1.30x ln (faster in these runs)" in throughput_sentence(report([root])[0])

@@ -3,6 +3,7 @@ disk."""
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import os
@@ -180,6 +181,34 @@ def test_a_run_whose_directory_is_owned_elsewhere_is_refused_and_left_alone(tmp_
         proc.kill()
         proc.wait()
     assert write_index(tmp_path, final=True)[0]["status"] == "interrupted"
+
+
+def plant_grid_run(sweep_dir: Path, name: str, overrides: list[str], summary: dict | None) -> None:
+    """A run directory as a sweep's job leaves it: its overrides, config and, when it finished, summary."""
+    (sweep_dir / name / ".hydra").mkdir(parents=True)
+    (sweep_dir / name / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (sweep_dir / name / "config.yaml").write_text("seed: 0\n")
+    if summary is not None:
+        (sweep_dir / name / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_index_lists_every_run_of_a_directory_that_holds_several_grids(tmp_path):
+    # an earlier grid (norm=ln,rms) and the latest one (norm=gn), whose plan.json names only its own job
+    plant_grid_run(tmp_path, "ln-pre-s0-aaaa", ["norm=ln"], {"status": "completed", "final_val_loss": 2.5})
+    plant_grid_run(tmp_path, "rms-pre-s0-bbbb", ["norm=rms"], {"status": "diverged", "final_val_loss": None})
+    plant_grid_run(tmp_path, "gn-pre-s0-cccc", ["norm=gn"], {"status": "completed", "final_val_loss": 2.7})
+    (tmp_path / "report").mkdir()  # a report written into the sweep directory is no run
+    (tmp_path / "plan.json").write_text(
+        json.dumps({"jobs": [{"job": 0, "overrides": ["norm=gn"], "run_dir": "gn-pre-s0-cccc"}]})
+    )
+    write_index(tmp_path, final=True)
+    with open(tmp_path / "index.csv", newline="") as f:
+        rows = {r["run_dir"]: r for r in csv.DictReader(f)}
+    assert sorted(rows) == ["gn-pre-s0-cccc", "ln-pre-s0-aaaa", "rms-pre-s0-bbbb"]
+    assert rows["gn-pre-s0-cccc"]["job"] == "0"  # the latest grid's job keeps its number
+    assert rows["ln-pre-s0-aaaa"]["job"] == "" and rows["ln-pre-s0-aaaa"]["overrides"] == "norm=ln"
+    assert [rows[d]["status"] for d in sorted(rows)] == ["completed", "completed", "diverged"]
+    assert rows["ln-pre-s0-aaaa"]["final_val_loss"] == "2.5"
 
 
 @pytest.mark.slow

@@ -494,3 +494,20 @@ def compose_hydra_cfg():
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = "unused"
     return cfg
+
+
+@pytest.mark.slow  # a sweep's job processes
+def test_a_failed_run_of_another_grid_is_indexed_and_leaves_this_grids_exit_code_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sw"
+    other = sweep_dir / "old-grid-run"
+    (other / ".hydra").mkdir(parents=True)
+    (other / ".hydra" / "overrides.yaml").write_text("- model.n_head=3\n")
+    (other / "config.yaml").write_text("seed: 0\n")
+    (other / "summary.json").write_text(json.dumps({"status": "failed", "error": "n_head=3"}))
+    code, out = sweep([*TINY, *HOT, "train.steps=2", f"hydra.sweep.dir={sweep_dir}"])
+    assert code == 0, out
+    assert "1 run: 1 completed" in out
+    rows = {r["run_dir"]: r for r in read_index(sweep_dir)}
+    assert rows["old-grid-run"]["status"] == "failed" and rows["old-grid-run"]["job"] == ""
+    assert [r["status"] for d, r in rows.items() if d != "old-grid-run"] == ["completed"]

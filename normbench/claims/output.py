@@ -241,12 +241,10 @@ def headline_table(frame: pd.DataFrame) -> str:
 def _correction(frame: pd.DataFrame) -> str:
     corrected = frame["corrected"].astype(str).ne("no").any()
     return (
-        "Intervals and verdicts are Holm-corrected across the claims tested (each claim at its level); "
-        "'not reproduced' means refuted at this scale: significant the other way, or equivalent within a "
-        "margin smaller than the effect the source reports. A pre-registered claim (planned_n, pilot in "
-        "claims.csv) is decided by its confirmation alone: fresh seeds, each arm at the value its pilot "
-        "fixed, one-sided where the claim has a direction. Not testable at this scale: its treatment "
-        "never engages in its runs (the measurement in the note)."
+        "Intervals and verdicts are Holm-corrected across the claims tested; 'not reproduced' means "
+        "refuted at this scale (significant the other way, or equivalent within a margin smaller than the "
+        "source's effect). A pre-registered claim (planned_n, pilot in claims.csv) is decided by its "
+        "confirmation alone. Not testable at this scale: its treatment never engages in its runs."
         if corrected
         else "Intervals are 95% (90% for equivalence and non-inferiority, one-sided tests) and not corrected "
         "for multiplicity (normbench claims report corrects them by default; --no-holm leaves them)."
@@ -266,15 +264,17 @@ def markdown(frame: pd.DataFrame) -> str:
     intervals = [_interval(r, level=False) for _, r in ran.iterrows()]
     table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], intervals)]
     table.pop("interval")
-    sentences = "\n".join(
-        f"- `{r['id']}` ({r['source']}): {r['claim']}"
-        + (f" *Changed:* {_text(r['changed'])}" if _text(r["changed"]) else "")
-        for _, r in frame.iterrows()
-    )
+    sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
     parts = [
         "# Claims\n",
         f"**{headline(frame)}.** {_correction(frame)} δ: a margin in standard deviations of a seed's"
-        " a - b here. Not run: not in the table. A claim's runs: normbench report DIR/ID.\n",
+        " a - b here. Not run: not in the table. A claim's runs: normbench report DIR/ID."
+        + (
+            " What changed in a verdict since an earlier publication, and why: claims.csv's changed column."
+            if any(_text(c) for c in frame["changed"])
+            else ""
+        )
+        + "\n",
     ]
     if len(ran):
         parts.append(to_markdown(table))

@@ -302,15 +302,22 @@ def run_status(run_dir: Path, summary: dict | None = None) -> str:
 
 
 def _indexed_jobs(sweep_dir: Path) -> list[dict]:
-    """The sweep's jobs: from plan.json when normbench sweep launched it, else every job directory found."""
+    """Every run of the sweep directory: the jobs of plan.json (the grid ``normbench sweep`` launched
+    last), then each other run directory found there (an earlier grid's: no job number)."""
     try:
-        return json.loads((sweep_dir / PLAN).read_text(encoding="utf-8"))["jobs"]
+        jobs = json.loads((sweep_dir / PLAN).read_text(encoding="utf-8"))["jobs"]
     except (OSError, ValueError, KeyError):
-        pass
-    jobs = []
-    for overrides_file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
-        run_dir = overrides_file.parent.parent
-        jobs.append({"job": None, "overrides": list(OmegaConf.load(overrides_file)), "run_dir": run_dir.name})
+        jobs = []
+    planned = {job["run_dir"] for job in jobs}
+    found = sorted(
+        {p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")}
+        | {p.parent for p in sweep_dir.glob(f"*/{CONFIG}")}
+    )
+    for run_dir in found:
+        if run_dir.name not in planned:
+            overrides_file = run_dir / ".hydra" / "overrides.yaml"
+            overrides = list(OmegaConf.load(overrides_file)) if overrides_file.is_file() else []
+            jobs.append({"job": None, "overrides": overrides, "run_dir": run_dir.name})
     return jobs
 
 

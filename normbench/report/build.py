@@ -42,6 +42,7 @@ from normbench.report.predict import (
 )
 from normbench.report.render import print_table, print_verdict, render_html, summary_markdown
 from normbench.report.scale import resolve_baseline, resolve_scale_key, scale_axis
+from normbench.report.select import select_runs
 from normbench.report.tables import (
     aggregate,
     config_label,
@@ -135,6 +136,8 @@ def run_report(
     predict: str | None = None,
     console: Console | None = None,
     allow_mixed: bool = False,
+    where: list[str] | None = None,
+    exclude: list[str] | None = None,
 ) -> Path:
     """Read every run below ``paths`` (plus any bench CSV among them), write the report, return its folder.
 
@@ -145,6 +148,7 @@ def run_report(
     ("1.2e6,4e6", in parameters, or tokens for a token key; normbench.report.predict).
     ``metric`` (normbench.report.metrics) drives the ranking, the tuning, the intervals and the verdict;
     ``allow_mixed``: compare runs of different numerics versions (refused otherwise).
+    ``where``, ``exclude``: ``KEY=VALUE`` filters on the runs' config (normbench.report.select).
     """
     start = time.perf_counter()
     console = console or Console()
@@ -159,7 +163,7 @@ def run_report(
         )
 
     run_dirs, bench_csvs = find_inputs(paths)
-    where = ", ".join(map(str, paths))
+    inputs = ", ".join(map(str, paths))
     planned = any((path / PLAN).is_file() for path in paths)
     if (
         not bench_csvs
@@ -168,7 +172,7 @@ def run_report(
     ):
         raise ConfigError(nothing_finished(paths, run_dirs))  # a sweep in progress: one line, no warnings
     if not run_dirs and not bench_csvs:
-        raise ConfigError(f"no run directories found under {where} (a run directory holds a config.yaml)")
+        raise ConfigError(f"no run directories found under {inputs} (a run directory holds a config.yaml)")
     warnings = []
 
     def warn(message: str) -> None:
@@ -179,8 +183,9 @@ def run_report(
     d.bench, d.metric = read_bench(bench_csvs), metric
     if run_dirs and d.runs.empty:
         raise ConfigError(
-            f"found {len(run_dirs)} run directories under {where} but none could be read (see the warnings)"
+            f"found {len(run_dirs)} run directories under {inputs} but none could be read (see the warnings)"
         )
+    kept = select_runs(d, where or [], exclude or []) if len(d.runs) else None
     scale = None
     if len(d.runs):  # every input check before the first file is written
         _check_numerics(d, allow_mixed)
@@ -204,7 +209,7 @@ def run_report(
     stale = ["aggregate.csv", "tuned.csv", "scale.csv", "trend.csv", "predict.csv", "backtest.csv"]
     nothing = len(d.runs) and not d.runs["status"].eq("completed").any()
     if nothing:
-        sentences = [_nothing_completed(d)]  # no groups, no trends: there is nothing to compare
+        sentences = [" ".join(filter(None, [kept, _nothing_completed(d)]))]  # nothing to compare
         write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
         write_atomic(out / "summary.md", f"## Verdict\n\n- {sentences[0]}\n")
         for name in stale:  # from an earlier report in the same folder
@@ -222,7 +227,7 @@ def run_report(
         if scale[0]:  # before the verdict, which compares the configurations within each size
             d.scale = scale_axis(d, *scale)
             d.styles = size_styles(d)
-        sentences = verdict(d)
+        sentences = [kept, *verdict(d)] if kept else verdict(d)
         write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
         write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
         if d.tuned is not None:

@@ -35,6 +35,7 @@ import pandas as pd
 from normbench.core.errors import ConfigError
 from normbench.report.load import ALIASES, ReportData
 from normbench.report.metrics import DEFAULT, metric
+from normbench.report.select import same_value
 from normbench.report.stats import NEEDS_SEEDS, compare, fit_trend, mean_ci, trend_word
 from normbench.report.tables import _fmt_value, config_label, default_group_keys, ran, varying_keys
 from normbench.report.tuning import _by_seed, _values, compare_with_best
@@ -134,14 +135,10 @@ def resolve_baseline(spec: str | None, d: ReportData, key: str | None) -> str | 
         name, _, value = part.partition("=")
         wanted[ALIASES.get(name.strip(), name.strip())] = value.strip()
 
-    def same(value, text):
-        number, target = pd.to_numeric(pd.Series([value, text]), errors="coerce")
-        return _fmt_value(value) == text or (pd.notna(number) and number == target)
-
     match = [
         label
         for label, (_, run) in zip(_labels(d.runs, keys), d.runs.iterrows())
-        if wanted and all(k in d.runs and same(run[k], v) for k, v in wanted.items())
+        if wanted and all(k in d.runs and same_value(run[k], v) for k, v in wanted.items())
     ]
     match = list(dict.fromkeys(match))
     if len(match) != 1:

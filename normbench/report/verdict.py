@@ -211,12 +211,43 @@ def _leaks(d: ReportData) -> list[str]:
     ]
 
 
+# A run's tokens/s is compared with another's only when it rests on this many steps past warm-up
+# (summary.json's timed_steps: the first log window, torch.compile's compilation included, left out).
+MIN_TIMED_STEPS = 50
+# What the runs compared must share: the device, the model's shape, the tokens per step, the precision.
+SPEED_ALIKE = (
+    "provenance.device",
+    "provenance.device_name",
+    "model.n_layer",
+    "model.d_model",
+    "model.n_head",
+    "model.block_size",
+    "train.batch_size",
+    "train.precision",
+)
+
+
+def speed_incomparable(runs: pd.DataFrame) -> str | None:
+    """Why the completed runs' tokens/s cannot be compared between norms, or None when they can."""
+    timed = pd.to_numeric(runs["timed_steps"], errors="coerce") if "timed_steps" in runs else None
+    if timed is None or timed.isna().any():
+        return "their summaries do not say how many steps were timed past warm-up"
+    if (timed < MIN_TIMED_STEPS).any():
+        return f"a run timed {int(timed.min())} steps past warm-up (fewer than {MIN_TIMED_STEPS})"
+    differ = [k for k in SPEED_ALIKE if k in runs and runs[k].astype(str).nunique() > 1]
+    return f"the runs differ in {', '.join(differ)}" if differ else None
+
+
 def _throughput(d: ReportData) -> list[str]:
-    runs = d.runs.dropna(subset=["tokens_per_s"])
-    norms = list(dict.fromkeys(runs["norm"].dropna()))
+    ran = d.runs.dropna(subset=["tokens_per_s"])
+    norms = list(dict.fromkeys(ran["norm"].dropna()))
     if "norm" not in d.keys or len(norms) < 2:
         return []
     ref = "ln" if "ln" in norms else norms[0]
+    runs = ran[ran["status"].eq("completed")]  # a diverged run's steps are no steady state
+    why = speed_incomparable(runs) if set(runs["norm"]) >= set(norms) else "a norm has no completed run"
+    if why:
+        return [f"Throughput not compared: {why}. {implementation_note(d.bench, norms)}".rstrip()]
     base = runs.loc[runs["norm"].eq(ref), "tokens_per_s"].tolist()
     parts = []
     for norm in [n for n in norms if n != ref]:
@@ -231,7 +262,7 @@ def _throughput(d: ReportData) -> list[str]:
             call = "faster in these runs" if c.ci.low > 0 else "slower in these runs"
         parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
     return [
-        f"Throughput against {ref} (mean tokens/s over all runs of each norm, Welch 95% CI of the "
+        f"Throughput against {ref} (mean tokens/s over the completed runs of each norm, Welch 95% CI of the "
         "difference): "
         f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
         f"well; normbench bench compares the norms' speed under control. "

@@ -252,7 +252,7 @@ def run_sweep(
 
     rows = write_index(plan.sweep_dir, final=True)
     by_dir = {r["run_dir"]: r for r in rows}
-    states = [r["status"] for r in rows]
+    states = [by_dir[job.run_dir.name]["status"] for job in plan.jobs if job.run_dir.name in by_dir]
     if stops:  # Ctrl-C: one line, no table
         console.print(_interrupted(plan, by_dir, args, retry_failed), soft_wrap=True, highlight=False)
         return 130

@@ -316,11 +316,19 @@ class StepTimer:
         return self.times[self.warmup :] or self.times
 
     def summary(self, tokens_per_step: int) -> dict:
+        """tokens/s and step times over the steady steps; ``timed_steps``: how many steps past warm-up
+        (compilation included) they rest on, 0 where the run was too short to have any."""
         steady = self.steady()
+        timed = {"timed_steps": len(self.times[self.warmup :])}
         if not steady:
-            return {"tokens_per_s": None, "step_ms_p50": None, "step_ms_p90": None}
+            return {"tokens_per_s": None, "step_ms_p50": None, "step_ms_p90": None, **timed}
         ms = [1000 * t for t in steady]
         median = statistics.median(ms)
         # The 90th percentile, interpolated between order statistics (numpy.percentile's default).
         p90 = statistics.quantiles(ms, n=10, method="inclusive")[-1] if len(ms) > 1 else ms[0]
-        return {"tokens_per_s": tokens_per_step / (median / 1000), "step_ms_p50": median, "step_ms_p90": p90}
+        return {
+            "tokens_per_s": tokens_per_step / (median / 1000),
+            "step_ms_p50": median,
+            "step_ms_p90": p90,
+            **timed,
+        }

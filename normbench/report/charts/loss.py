@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 
 from normbench.report.charts.panels import (
-    ZOOM_SHARE,
     _at_best_note,
     _bands,
     _completed,
@@ -61,7 +60,7 @@ def chart_loss_curves(d: ReportData):
         _bands(ax, d, c, since)
         _floor(ax, done)
         ax.set(
-            title=f"{title}, the last {ZOOM_SHARE:.0%} zoomed\n(the ends lie within a tenth of the range)",
+            title=f"{title}, zoomed from {xlabel} {since:,.0f}\n(the ends lie within a tenth of the range)",
             xlabel=xlabel,
             ylabel=f"loss ({loss_unit(d.metric)})",
             ylim=ylim,

@@ -123,21 +123,26 @@ def _bands(ax, d: ReportData, curves: dict, since: float | None = None, log: boo
             )
 
 
-ZOOM_SHARE = 0.3  # the zoom panel shows the last 30% of the x axis
+ZOOM_SHARE = 0.3  # the zoom panel shows the last 30% of the x axis, widened to hold ZOOM_POINTS
+ZOOM_POINTS = 3  # the fewest points of each curve a zoom panel shows; a curve with fewer gets none
 
 
 def zoom_window(curves: dict) -> tuple[float, tuple[float, float]] | None:
     """Where the curves end within a tenth of the range they span, the mean lines would read as one:
-    the start of the last ZOOM_SHARE of the x axis and the y limits of the means there; else None."""
+    the start of the last ZOOM_SHARE of the x axis, earlier where a curve has fewer than ZOOM_POINTS
+    points after it (a validation curve of a few evaluations), and the y limits of the means there;
+    else None."""
     if len(curves) < 2:
         return None
     means = [s["mean"] for s, _ in curves.values()]
+    if any(len(m) < ZOOM_POINTS for m in means):
+        return None
     ends = [m.iloc[-1] for m in means]
     span = max(m.max() for m in means) - min(m.min() for m in means)
     if not span > 0 or max(ends) - min(ends) >= 0.1 * span:
         return None
     lo, hi = min(m.index.min() for m in means), max(m.index.max() for m in means)
-    since = hi - ZOOM_SHARE * (hi - lo)
+    since = min(hi - ZOOM_SHARE * (hi - lo), *(m.index[-ZOOM_POINTS] for m in means))
     tail = pd.concat([m[m.index >= since] for m in means])
     pad = 0.1 * (tail.max() - tail.min()) or 0.01 * abs(tail.max()) or 0.01
     return since, (tail.min() - pad, tail.max() + pad)
