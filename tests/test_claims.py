@@ -250,9 +250,8 @@ def test_check_refuses_a_scale_other_than_the_model_the_sweep_runs(tmp_path):
     message = refused(tmp_path, lambda b: b["scale"].update(model="micro"))
     assert "scale.model: 'micro', but the sweep runs model=mini" in message
     assert "scale: missing" in refused(tmp_path, lambda b: b.pop("scale"))
-    assert "scale.model: 'huge' is not a model size; allowed: micro, mini" in refused(
-        tmp_path, lambda b: b["scale"].update(model="huge")
-    )
+    huge = refused(tmp_path, lambda b: b["scale"].update(model="huge"))
+    assert "scale.model: 'huge' is not a model size; allowed: gpt2, micro, mini, small, tiny" in huge
 
 
 def test_claims_run_refuses_a_broken_claim_before_launching_any(tmp_path):
