@@ -4,6 +4,7 @@ hand (scipy): the share of unstable runs (rate, Fisher's exact test) and the lar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -11,6 +12,12 @@ import numpy as np
 import pytest
 from planted import plant, verdict_of, write_claim
 from scipy import stats
+
+from normbench.claims import power
+from normbench.claims.confirming import design
+from normbench.claims.predicates import judge
+from normbench.claims.schema import parse_claim
+from normbench.report.load import find_inputs, load_runs
 
 # ----------------------------------------------------------------------------- rate
 
@@ -151,3 +158,33 @@ def test_a_grid_where_nothing_learns_asks_for_lower_rates(tmp_path):
     out = verdict_of(tmp_path, stable_claim(tmp_path), runs)
     assert out.verdict == "inconclusive"
     assert "unstable at every rate from train.lr=0.01: extend the grid below it" in out.reason
+
+
+def test_a_stable_lr_pilot_without_spread_plans_the_seeds_that_decide_at_the_family_level(tmp_path):
+    """Three pilot seeds, each arm's edge one doubling apart on every seed: the plan is read from the
+    estimate and the grid's rounding alone, and at the planned seeds the same pattern decides at the
+    family's level (judged here on planted runs), one seed fewer does not."""
+    path = write_claim(
+        tmp_path,
+        "stable",
+        kind="stable_lr",
+        a={"norm": "rms"},
+        b={"norm": "ln"},
+        tune="train.lr",
+        factor=1.41,
+        min_seeds=12,
+    )
+    claim = parse_claim(path)
+    plant_stability(tmp_path / "pilot", 0.08, 0.04, seeds=3)
+    pilot = load_runs(find_inputs([tmp_path / "pilot"])[0], lambda m: None)
+    planned = design(claim, pilot, family=27)
+    level = power.family_level(27)
+    # distance from the bound: log2(2) - log2(1.41), on a grid of step 1 (log2): the floored se 1/sqrt(6 n)
+    t = stats.t.ppf(1 - level / 2, np.arange(2, 40) - 1) / np.sqrt(6 * np.arange(2, 40))
+    by_hand = int(np.arange(2, 40)[(t < 1 - math.log2(1.41)) & (2 / 2.0 ** np.arange(2, 40) < level)][0])
+    assert planned.planned_n == max(by_hand, 12)
+    for n, word in ((by_hand, "reproduced"), (by_hand - 1, "inconclusive")):
+        runs = tmp_path / f"confirm{n}"
+        plant_stability(runs, 0.08, 0.04, seeds=n)
+        d = load_runs(find_inputs([runs])[0], lambda m: None)
+        assert judge(dataclasses.replace(claim, min_seeds=2), d, level).verdict == word

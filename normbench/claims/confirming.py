@@ -34,7 +34,7 @@ import pandas as pd
 from rich.console import Console
 
 from normbench.claims import engagement, power, prereg
-from normbench.claims.arms import arm, learned, matches
+from normbench.claims.arms import arm, learned, log2_step, matches
 from normbench.claims.predicates import Outcome, judge
 from normbench.claims.schema import EXACT, Claim
 from normbench.claims.smallsample import ALPHA
@@ -115,13 +115,20 @@ def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg
         )
     if why := engagement.not_engaged(claim, d):
         raise ConfigError(f"{claim.id}: {NOT_TESTABLE}: {why}")
-    outcome = judge(claim, d, ALPHA)
+    # The pilot is read for its estimate and spread, not decided: min_seeds gates a verdict, not a plan
+    # (three seeds of a stable_lr pilot measure the edges a confirmation of more is planned from).
+    outcome = judge(dataclasses.replace(claim, min_seeds=2), d, ALPHA)
     level = power.family_level(family)
     n_pilot = min(outcome.n_a, outcome.n_b)
     far = distance(claim, outcome) if math.isfinite(outcome.estimate) else math.nan
     if not math.isfinite(outcome.spread) or not math.isfinite(far) or n_pilot < 2:
         raise ConfigError(f"{claim.id}: the pilot measures no spread to plan from ({outcome.reason})")
-    n, planned_sd = power.planned_seeds(far, outcome.spread, n_pilot - 1, level, exact=claim.kind in EXACT)
+    step = log2_step(pd.concat([arm(d.runs, claim.a), arm(d.runs, claim.b)]), claim.tune)
+    if claim.kind == "stable_lr" and outcome.spread <= step / math.sqrt(6) + 1e-12:
+        n, planned_sd = power.resolution_seeds(far, step, level), outcome.spread  # the grid's floor alone
+    else:
+        exact = claim.kind in EXACT
+        n, planned_sd = power.planned_seeds(far, outcome.spread, n_pilot - 1, level, exact=exact)
     if n is None or n > power.BUDGET_SEEDS:
         need = "no seed count" if n is None else f"{n} seeds per arm"
         raise ConfigError(

@@ -9,6 +9,11 @@ plan too few. The seed count is the fewest at which a one-sided t test at the fa
 POWER for the pilot's distance (the noncentral t: normbench.claims.smallsample.power), and, for a
 claim decided by an exact test, at least the pairs whose smallest reachable p is below the level.
 
+A stable_lr pilot whose seeds all moved by the same number of grid steps measures no spread beyond
+the grid's rounding, a known floor rather than an estimate: it is planned with that floor
+(``resolution_seeds``), the fewest seeds at which the floored interval clears the bound and the
+two-sided exact test its level.
+
 An exact sign-flip test on n pairs cannot give a p below 1 / 2^n one-sided (2 / 2^n two-sided): a
 design whose floor is above its level can read neither reproduced nor not reproduced, whatever the
 runs show. An equivalence test at n seeds passes only where the spread is below what its margin
@@ -76,6 +81,19 @@ def planned_seeds(
     if n is None:
         return None, planned_sd
     return (max(n, exact_pairs(level)) if exact else n), planned_sd
+
+
+def resolution_seeds(distance: float, step: float, level: float) -> int | None:
+    """The fewest pairs at which a pilot's distance from the bound, with no spread beyond a grid of
+    ``step`` (each difference's rounding, step / sqrt(6): normbench.claims.smallsample.floored),
+    clears the bound at ``level``: its t half-width below the distance, and a two-sided exact test's
+    smallest p below the level. None when none up to 1000 does."""
+    if not math.isfinite(distance) or not distance > 0 or not step > 0:
+        return None
+    for n in range(max(2, exact_pairs(level, sides=2)), 1000):
+        if float(stats.t.ppf(1 - level / 2, n - 1)) * step / math.sqrt(6 * n) < distance:
+            return n
+    return None
 
 
 def spread_needed(n: int, delta: float, level: float) -> float:
