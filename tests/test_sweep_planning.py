@@ -233,14 +233,15 @@ def test_a_configs_identity_is_what_it_was_when_its_runs_were_stored(tmp_path, m
             ["experiment=lr_sensitivity"],
             "lr_sensitivity-ca9d4cbb",
             90,
-            "7011254e99be2c3b",
-            "none-post-s2-9ba4950f",
+            "2579584cfdb0c203",  # post's jobs: Post-LN's own recipe (BERT's init, a head of its own)
+            "none-post-s2-168354bc",
         ),
         (
             ["norm=ln,rms,bn,gn", "placement=pre,post,peri", "train.lr=1e-3,1e-2", "seed=0,1", "model=micro"],
             "grid-2fa099dc",
             48,
-            "928527e8815ee698",  # peri's jobs: their config gained placement.embedding_norm (numerics 3)
+            # peri's jobs: their config gained placement.embedding_norm (numerics 3); post's: its own recipe
+            "97921fb422263974",
             "gn-peri-s1-164fe1b5",
         ),
     ],
@@ -262,17 +263,18 @@ def test_a_sweep_plans_the_run_directories_and_hashes_it_always_did(
 
 
 def test_only_the_placements_whose_computation_changed_got_new_run_directories(tmp_path, monkeypatch):
-    """peri's config gained placement.embedding_norm: its jobs are new runs; every other job keeps the
-    directory and hash it had before (digest of the non-peri jobs, as 94fe8bb's plan made them)."""
+    """peri's config gained placement.embedding_norm and post its own recipe (BERT's init, a head of its
+    own): their jobs are new runs; every other job keeps the directory and hash it had before (digest of
+    the other jobs, as 94fe8bb's plan made them, and 614ddce's)."""
     import hashlib
 
     monkeypatch.chdir(tmp_path)
     plan = plan_sweep(
         ["norm=ln,rms,bn,gn", "placement=pre,post,peri", "train.lr=1e-3,1e-2", "seed=0,1", "model=micro"]
     )
-    kept = [job for job in plan.jobs if "-peri-" not in job.run_dir.name]
+    kept = [job for job in plan.jobs if "-peri-" not in job.run_dir.name and "-post-" not in job.run_dir.name]
     lines = "\n".join(f"{job.run_dir.name} {job.config_hash}" for job in kept)
-    assert len(kept) == 32 and hashlib.sha256(lines.encode()).hexdigest()[:16] == "f6f371191ff8c6ad"
+    assert len(kept) == 16 and hashlib.sha256(lines.encode()).hexdigest()[:16] == "ad9b2e169bb0e71c"
 
 
 def test_the_sweep_command_forwards_every_signal_a_job_checkpoints_on():
