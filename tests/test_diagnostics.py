@@ -324,7 +324,15 @@ def test_ln_scaling_keeps_the_norms_gains_in_the_statistics(tmp_path):
 def test_a_compiled_run_records_the_statistics_an_eager_run_records(tmp_path):
     """train.compile=true: every statistic of every statistics step, the summary's peaks and the layer-skip
     losses, as the same run trained eagerly gives them (float noise apart: the steps between are compiled)."""
-    run = ("model=micro", "train.steps=6", "train.stats_every=5", "train.log_every=3", "train.eval_every=6")
+    # every end-of-run check in both (auto sizes them to the wall clock, which a busy machine stretches)
+    run = (
+        "model=micro",
+        "train.steps=6",
+        "train.stats_every=5",
+        "train.log_every=3",
+        "train.eval_every=6",
+        "train.end_checks=true",
+    )
     compiled = train_tiny(tmp_path / "compiled", *run, "train.compile=true")
     if not compiled["compiled"]:
         pytest.skip("torch.compile is not usable on this machine (the run fell back to eager)")

@@ -17,7 +17,7 @@ from conftest import compose_cfg
 from normbench.data.corpus import DATA_SCHEMAS
 from normbench.model.gpt import ModelConfig
 from normbench.model.norms import norm_options
-from normbench.model.placements import PLACEMENTS
+from normbench.model.placements import NOT_OPTIONS, PLACEMENTS
 from normbench.training.config import TrainConfig, conf_dir, group_options, load_group, parse_config
 from normbench.training.sinks import SINKS
 
@@ -105,7 +105,7 @@ ALLOWED = {
     "bench": {"core", "model"},
     "report": {"core", "bench"},  # normbench.bench.goals only: it imports nothing
     "training": {"core", "model", "data"},
-    "extending": {"core", "model", "training", "bench"},
+    "extending": {"core", "model", "data", "training", "bench"},
     "sweeps": {"core", "model", "data", "training"},
     "claims": {"core", "model", "data", "training", "sweeps", "report"},  # above the sweeps and the report
 }
@@ -239,7 +239,7 @@ def test_norm_and_placement_yaml_agree_with_the_constructors_keywords():
         for key, value in _yaml("placement", option).items():
             if key == "embedding_norm":  # the model reads it; the block class holds its default
                 assert cls.embedding_norm == value, f"conf/placement/{option}.yaml: {key}={value!r}"
-            elif key not in ("name", "final_norm"):
+            elif key not in NOT_OPTIONS:  # the model's keys (final_norm, the recipe's init, tie_head)
                 assert keywords[key] == value, (
                     f"conf/placement/{option}.yaml: {key}={value!r}, the class says {keywords[key]!r}"
                 )

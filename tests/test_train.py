@@ -564,6 +564,9 @@ FIRST_LOSSES = {
     "reordered": [4.168206, 4.126244, 4.134083],
     "rezero": [4.159181, 4.158494, 4.158184],
 }
+# Post-LN's own recipe (BERT's init, a head of its own) made its default a new configuration, with a hash
+# of its own: the configuration pinned above is the one stored before, GPT-2's recipe set explicitly.
+PINNED_AS = {"post": ["model.init=gpt2", "model.tie_head=true"]}
 
 
 @pytest.mark.parametrize("placement", sorted(k for k in FIRST_LOSSES if k != "numerics"))
@@ -574,6 +577,7 @@ def test_a_change_in_what_a_config_computes_bumps_numerics(tmp_path, placement):
     train_tiny(
         tmp_path,
         f"placement={placement}",
+        *PINNED_AS.get(placement, []),
         "norm=ln",
         "norm.impl=eager",
         "train.threads=1",
