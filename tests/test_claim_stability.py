@@ -79,7 +79,7 @@ def plant_stability(runs, a_first, b_first, seeds=6, stuck=None, failed=None):
                 plant(runs, f"{norm}_{lr}_s{seed}", seed=seed, norm=norm, lr=lr, final=final, status=status)
 
 
-def stable_claim(tmp_path):
+def stable_claim(tmp_path, **options):
     return write_claim(
         tmp_path,
         "stable",
@@ -88,6 +88,7 @@ def stable_claim(tmp_path):
         b={"norm": "ln"},
         tune="train.lr",
         factor=1.41,
+        **options,
     )
 
 
@@ -164,17 +165,7 @@ def test_a_stable_lr_pilot_without_spread_plans_the_seeds_that_decide_at_the_fam
     """Three pilot seeds, each arm's edge one doubling apart on every seed: the plan is read from the
     estimate and the grid's rounding alone, and at the planned seeds the same pattern decides at the
     family's level (judged here on planted runs), one seed fewer does not."""
-    path = write_claim(
-        tmp_path,
-        "stable",
-        kind="stable_lr",
-        a={"norm": "rms"},
-        b={"norm": "ln"},
-        tune="train.lr",
-        factor=1.41,
-        min_seeds=12,
-    )
-    claim = parse_claim(path)
+    claim = parse_claim(stable_claim(tmp_path, min_seeds=12))
     plant_stability(tmp_path / "pilot", 0.08, 0.04, seeds=3)
     pilot = load_runs(find_inputs([tmp_path / "pilot"])[0], lambda m: None)
     planned = design(claim, pilot, family=27)
