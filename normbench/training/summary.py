@@ -40,6 +40,7 @@ def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> 
     finite_norms = [g for g in loop.grad_norms if math.isfinite(g)]
     speed = loop.timer.summary(loop.tokens_per_step)
     model_flops = flops_per_token(state.model)
+    wall_s = loop.wall_s()  # read once: the wall time and the wall-clock throughput agree
     mfu = peak = peak_source = None
     if speed["tokens_per_s"]:
         peak, peak_source = peak_flops(state.device, PRECISIONS[tcfg.precision], tcfg.peak_flops, tcfg.tf32)
@@ -73,10 +74,10 @@ def run_summary(loop, status: str, error: str | None, step: int, leak: dict) -> 
         "clip_fraction": (sum(g > tcfg.grad_clip for g in grad_norms) / len(grad_norms))
         if grad_norms and tcfg.grad_clip > 0
         else 0.0,
-        "wall_s": loop.wall_s(),
+        "wall_s": wall_s,
         # tokens trained over the run's wall time, set-up, evals, statistics and checkpoints included
         # (tokens_per_s is the steps' alone): what a run of this length delivers
-        "wall_tokens_per_s": step * loop.tokens_per_step / loop.wall_s() if step else None,
+        "wall_tokens_per_s": step * loop.tokens_per_step / wall_s if step else None,
         "resumed_at": loop.resumed_at,
         "steps": step,
         "params": state.model.num_params(),
