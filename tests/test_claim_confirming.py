@@ -53,6 +53,62 @@ def test_the_pilot_fixes_each_arms_value_fresh_seeds_and_their_count(tmp_path):
     assert f"{design.planned_n} seeds per arm" in said and "a at train.lr=0.01, b at train.lr=0.003" in said
 
 
+@pytest.mark.parametrize("cost_s, planned", [(None, False), (6.0, True), (6000.0, False)])
+def test_a_confirmation_is_planned_within_the_budget_its_measured_cost_gives(tmp_path, cost_s, planned):
+    """A noisy pilot plans more seeds than the seed budget; a claim whose runs are measured cheap
+    (cost_s over its default sweep's 6 runs) is planned within power.BUDGET_S, an expensive one is
+    refused saying its runs and minutes; one without a measured cost keeps power.BUDGET_SEEDS."""
+    registry = tmp_path / "claims"
+    for seed, (la, lb) in enumerate(zip([1.90, 2.02, 1.95], [2.00, 2.01, 2.02])):
+        plant(registry / "tuned", f"rms_s{seed}", seed=seed, final=la, norm="rms", lr=0.01)
+        plant(registry / "tuned", f"ln_s{seed}", seed=seed, final=lb, norm="ln", lr=0.01)
+    claim = claim_of(tmp_path)
+    body = yaml.safe_load(claim.path.read_text())
+    if cost_s is not None:
+        body["cost_s"] = cost_s
+    claim.path.write_text(yaml.safe_dump(body, sort_keys=False))
+    claim = parse_claim(claim.path)
+    d = np.subtract([1.90, 2.02, 1.95], [2.00, 2.01, 2.02])
+    n, _ = power.planned_seeds(abs(d.mean()), float(np.std(d, ddof=1)), 2, 0.05 / 27)
+    assert n > power.BUDGET_SEEDS  # the pilot's spread plans more seeds than the seed budget
+    if planned:  # 2 runs a seed (one rate shared), 1 s a run: well inside the hour
+        confirming.preregister(claim, registry, family=27)
+        assert prereg.read(registry, "tuned").planned_n == n
+        return
+    with pytest.raises(ConfigError) as err:
+        confirming.preregister(claim, registry, family=27)
+    minutes = f"{2 * n} runs, about {2 * n * 1000 / 60:.0f} min" if cost_s else f"{power.BUDGET_SEEDS} seeds"
+    assert f"{n} seeds per arm" in str(err.value) and minutes in str(err.value)
+
+
+def test_an_inconclusive_claim_not_pre_registered_says_the_confirmation_that_would_decide_it(tmp_path):
+    """Its reason is the plan at the registry's family level, the one preregister would write."""
+    registry = tmp_path / "claims"
+    pilot(registry)
+    claim = claim_of(tmp_path)
+    v = assess(claim, registry / "tuned", alpha=0.05 / 27, family=27)
+    assert v.word == "inconclusive"
+    confirming.preregister(claim, registry, family=27)
+    n = prereg.read(registry, "tuned").planned_n
+    runs = 4 * n  # each seed at both arms' values, 0.01 and 0.003: four runs, two of them read
+    assert v.outcome.reason == (
+        f"a confirmation of {n} seeds per arm ({runs} runs) has 80% power at level {0.05 / 27:.3g} "
+        "for the pilot's estimate: normbench claims preregister tuned"
+    )
+
+
+def test_a_pilot_of_another_sweep_does_not_plan_the_claim(tmp_path):
+    registry = tmp_path / "claims"
+    pilot(registry)
+    claim = claim_of(tmp_path)
+    stored = yaml.safe_load(claim.path.read_text())
+    stored["sweep"]["overrides"].append("model.n_layer=8")  # the design the pilot ran
+    (registry / "tuned" / "claim.yaml").write_text(yaml.safe_dump(stored))
+    with pytest.raises(ConfigError, match="ran another sweep than the claim's now"):
+        confirming.preregister(claim, registry, family=27)
+    assert prereg.read(registry, "tuned") is None
+
+
 def confirmation(registry, design, a, b, **kw):
     """Confirmation runs at the design's seeds and values; a decoy at a value not pre-registered."""
     out = prereg.folder(registry, design.id)

@@ -129,14 +129,14 @@ def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg
     else:
         exact = claim.kind in EXACT
         n, planned_sd = power.planned_seeds(far, outcome.spread, n_pilot - 1, level, exact=exact)
-    if n is None or n > power.BUDGET_SEEDS:
+    values = _best_values(claim, d)
+    n = None if n is None else max(n, claim.min_seeds)
+    if over := over_budget(claim, n, values):
         need = "no seed count" if n is None else f"{n} seeds per arm"
         raise ConfigError(
             f"{claim.id}: {need} at level {level:.3g} for the pilot's distance {far:.3g} at spread "
-            f"{planned_sd:.3g} (its upper {power.PLAN_CONFIDENCE:.0%} bound): over the budget of "
-            f"{power.BUDGET_SEEDS} seeds per arm"
+            f"{planned_sd:.3g} (its upper {power.PLAN_CONFIDENCE:.0%} bound): {over}"
         )
-    n = max(n, claim.min_seeds)
     bound, direction = bound_and_direction(claim)
     pilot_seeds = sorted({int(s) for s in pd.concat([arm(d.runs, claim.a), arm(d.runs, claim.b)])["seed"]})
     first = max(prereg.SEED_BASE, max(pilot_seeds, default=-1) + 1)  # fresh: above every pilot seed
@@ -152,7 +152,7 @@ def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg
         margin=float(bound),
         planned_n=int(n),
         seeds=seeds,
-        values=_best_values(claim, d),
+        values=values,
         pilot={
             "seeds": pilot_seeds,
             "key": claim.tune,
@@ -166,14 +166,37 @@ def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg
     )
 
 
-def confirmation_args(claim: Claim, design: prereg.Prereg) -> list[str]:
-    """The overrides that run the design: the confirmation's seeds, and the arms' fixed values (both
+def confirmation_args(claim: Claim, seeds: list[int], values: dict) -> list[str]:
+    """The overrides that run a design: the confirmation's seeds, and the arms' fixed values (both
     values run in one sweep; each arm is read at its own)."""
-    args = [f"seed={','.join(str(s) for s in design.seeds)}"]
-    if design.values:
-        values = sorted(set(design.values.values()))
-        args.append(f"{claim.tune}={','.join(f'{v:g}' for v in values)}")
+    args = [f"seed={','.join(str(s) for s in seeds)}"]
+    if values:
+        args.append(f"{claim.tune}={','.join(f'{v:g}' for v in sorted(set(values.values())))}")
     return args
+
+
+def confirmation_cost(claim: Claim, n: int, values: dict) -> tuple[int, float | None]:
+    """(the runs of a confirmation of ``n`` seeds per arm, its seconds on a 2-core CPU at the claim's
+    measured cost per run: cost_s over its default sweep's runs; None without a measured cost)."""
+    runs = claim.runs(confirmation_args(claim, list(range(n)), values))
+    return runs, (claim.cost_s / claim.runs() * runs if claim.cost_s else None)
+
+
+def over_budget(claim: Claim, n: int | None, values: dict) -> str:
+    """Why a confirmation of ``n`` seeds per arm is not planned (empty when it is): no seed count
+    reaches the power, or its runs would outlast the budget: power.BUDGET_S seconds at the claim's
+    measured cost per run, or without one power.BUDGET_SEEDS seeds per arm."""
+    if n is None:
+        return "no seed count up to 1000 reaches 80% power"
+    runs, seconds = confirmation_cost(claim, n, values)
+    if seconds is None:
+        return f"over the budget of {power.BUDGET_SEEDS} seeds per arm" if n > power.BUDGET_SEEDS else ""
+    if seconds <= power.BUDGET_S:
+        return ""
+    return (
+        f"{runs} runs, about {seconds / 60:.0f} min of a 2-core CPU at its measured "
+        f"{claim.cost_s / claim.runs():.3g} s a run: over the budget of {power.BUDGET_S / 60:.0f} min"
+    )
 
 
 def confirm(
@@ -197,7 +220,7 @@ def confirm(
             f"{claim.id}: the claim changed since its pre-registration: a new design is a new "
             "pre-registration on fresh seeds"
         )
-    fixed = confirmation_args(claim, design)
+    fixed = confirmation_args(claim, design.seeds, design.values)
     # the tuned key is pinned to the arms' values (one value where they agree): nothing left to tune
     check_claim(dataclasses.replace(claim, tune=None) if design.values else claim, [*fixed, *overrides])
     out = prereg.folder(registry, claim.id)
@@ -264,6 +287,7 @@ def decide(
 
 def _pilot(claim: Claim, registry: Path) -> ReportData:
     """The pilot's runs: the claim's runs in the registry's folder, of the current numerics."""
+    from normbench.claims.verdicts import sweep_changed
     from normbench.core.provenance import NUMERICS
     from normbench.report.load import NUMERICS as NUMERICS_COLUMN
     from normbench.report.load import find_inputs, load_runs
@@ -273,6 +297,11 @@ def _pilot(claim: Claim, registry: Path) -> ReportData:
     if not run_dirs:
         raise ConfigError(
             f"{claim.id}: no pilot runs in {folder}: normbench claims run {claim.id} --out {registry}"
+        )
+    if sweep_changed(claim, folder):  # a pilot of another design plans nothing of this one
+        raise ConfigError(
+            f"{claim.id}: its pilot in {folder} ran another sweep than the claim's now: "
+            f"normbench claims run {claim.id} --out {registry} runs the pilot of this design"
         )
     d = load_runs(run_dirs, lambda message: None)
     d.runs = d.runs[d.runs[NUMERICS_COLUMN].eq(NUMERICS)]

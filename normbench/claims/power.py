@@ -29,7 +29,12 @@ from scipy import stats
 from normbench.claims.smallsample import ALPHA, POWER, power
 
 PLAN_CONFIDENCE = 0.8  # the upper confidence bound of the pilot's spread a confirmation is planned with
-BUDGET_SEEDS = 16  # the most seeds per arm a confirmation is planned with on a 2-core CPU
+# A confirmation is planned within BUDGET_S seconds of a 2-core CPU (an hour: the registry's
+# confirmations together fit in a few hours of background runs), costed from its claim's measured cost_s
+# per run of the default sweep (a micro run takes seconds, a deep one minutes); a claim without a
+# measured cost, within BUDGET_SEEDS seeds per arm.
+BUDGET_S = 3600
+BUDGET_SEEDS = 16
 
 
 def family_level(family: int, alpha: float = ALPHA) -> float:

@@ -222,16 +222,17 @@ class Claim:
         """The Hydra overrides of the claim's default sweep."""
         return [*([f"experiment={self.experiment}"] if self.experiment else []), *self.overrides]
 
-    def runs(self) -> int:
+    def runs(self, extra: list[str] | tuple[str, ...] = ()) -> int:
         """The default sweep's number of runs: the product of its swept values (the experiment's grid
-        with the claim's overrides replacing the keys they name)."""
+        with the claim's overrides replacing the keys they name); ``extra`` overrides replace them in turn
+        (a confirmation's seeds and fixed values)."""
         params: dict[str, str] = {}
         if self.experiment:
             path = _experiment_path(self.experiment, self.path)
             body = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
             grid = ((body.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
             params.update({str(k).lstrip("+"): str(v) for k, v in grid.items()})
-        for override in self.overrides:
+        for override in [*self.overrides, *extra]:
             key, _, value = override.partition("=")
             params[key.lstrip("+")] = value
         total = 1

@@ -27,6 +27,7 @@ from normbench.claims.predicates import Outcome
 from normbench.claims.running import recorded_overrides
 from normbench.claims.schema import Claim
 from normbench.claims.smallsample import ALPHA
+from normbench.core.errors import ConfigError
 from normbench.core.provenance import NUMERICS, describe, provenance_of
 from normbench.core.runs import RunDir
 from normbench.report.load import NUMERICS as NUMERICS_COLUMN
@@ -101,9 +102,13 @@ def describe_provenance(run_dirs: list[str]) -> str:
     return ", ".join(p for p in (describe(blocks, brief=True), "/".join(sorted(dates)), note) if p)
 
 
-def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda m: None) -> Verdict:
+def assess(
+    claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda m: None, family: int | None = None
+) -> Verdict:
     """One claim's verdict from its folder (None: not run): from its pre-registered confirmation's runs
-    where it has them (normbench.claims.confirming), else from the folder's."""
+    where it has them (normbench.claims.confirming), else from the folder's. An inconclusive claim not
+    pre-registered says, given the registry's ``family``, the confirmation that would decide it or why
+    none is planned."""
     if folder is None:
         return Verdict(claim, Outcome("not run", reason=f"no runs: normbench claims run {claim.id}"), None)
     design = prereg.read(folder.parent, claim.id)
@@ -123,6 +128,15 @@ def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda 
         return Verdict(claim, Outcome("not run", reason=reason), folder)
     d.runs = d.runs[~stale]
     outcome = confirming.decide(claim, design, d, alpha, confirmed)
+    enough = min(outcome.n_a, outcome.n_b) >= claim.min_seeds  # fewer: that is the reason
+    if (
+        design is None
+        and family
+        and enough
+        and outcome.verdict == "inconclusive"
+        and claim.kind in confirming.PLANNED
+    ):
+        outcome.reason = _plan(claim, d, family, folder)
     if stale.any():  # the report's rule: runs of other numerics are not the same computation
         note = f"{int(stale.sum())} run(s) of other numerics left out (normbench claims run retrains them)"
         outcome.reason = "; ".join(r for r in (outcome.reason, note) if r)
@@ -134,6 +148,23 @@ def assess(claim: Claim, folder: Path | None, alpha: float = ALPHA, warn=lambda 
     )
 
 
+def _plan(claim: Claim, d, family: int, folder: Path) -> str:
+    """What would decide a claim its runs leave inconclusive: the confirmation its runs as a pilot plan,
+    or why none is (over the budget, a pilot of another sweep)."""
+    if sweep_changed(claim, folder):
+        return f"its runs are of an earlier sweep: normbench claims run {claim.id} runs its pilot"
+    try:
+        planned = confirming.design(claim, d, family)
+    except ConfigError as err:
+        return str(err).removeprefix(f"{claim.id}: ")
+    runs, seconds = confirming.confirmation_cost(claim, planned.planned_n, planned.values)
+    cost = f"{runs} runs" + (f", about {seconds / 60:.0f} min" if seconds is not None else "")
+    return (
+        f"a confirmation of {planned.planned_n} seeds per arm ({cost}) has 80% power at level "
+        f"{planned.level:.3g} for the pilot's estimate: normbench claims preregister {claim.id}"
+    )
+
+
 def _changed(claim: Claim, folder: Path) -> str:
     """How the claim's runs differ from the registry's sweep: the user's overrides they were run with
     (overrides.yaml), and a sweep changed since (the claim.yaml ``claims run`` copied beside them); the
@@ -141,14 +172,20 @@ def _changed(claim: Claim, folder: Path) -> str:
     notes = [
         f"run with overrides {' '.join(s)}, not the registry's sweep" for s in recorded_overrides(folder)
     ]
+    if sweep_changed(claim, folder):
+        notes.append(f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})")
+    return "; ".join(notes)
+
+
+def sweep_changed(claim: Claim, folder: Path) -> bool:
+    """Whether the runs in ``folder`` are of another sweep than the claim's now (the claim.yaml
+    ``claims run`` copied beside them says which they ran)."""
     try:
         then = yaml.safe_load((folder / "claim.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        then = None
+        return False
     now = yaml.safe_load(claim.path.read_text(encoding="utf-8"))
-    if isinstance(then, dict) and then.get("sweep") != now.get("sweep"):
-        notes.append(f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})")
-    return "; ".join(notes)
+    return isinstance(then, dict) and then.get("sweep") != now.get("sweep")
 
 
 def assess_all(
@@ -163,7 +200,7 @@ def assess_all(
                     f"{stored.parent} holds the runs of claim '{stored.parent.name}', not in the registry "
                     "(its YAML is in another --config-dir?)"
                 )
-    verdicts = [assess(c, found[c.id], ALPHA, warn) for c in claims]
+    verdicts = [assess(c, found[c.id], ALPHA, warn, len(claims)) for c in claims]
     if not holm:
         return verdicts
     judged = [i for i, v in enumerate(verdicts) if v.word != "not run" and math.isfinite(v.outcome.p)]
@@ -171,7 +208,7 @@ def assess_all(
     stopped = False
     for rank, i in enumerate(order):
         level = ALPHA / (len(order) - rank)
-        v = assess(claims[i], found[claims[i].id], level, warn)
+        v = assess(claims[i], found[claims[i].id], level, warn, len(claims))
         v.corrected = True
         if stopped and v.word in ("reproduced", "not reproduced"):  # Holm stops every rejection after
             v.outcome = dataclasses.replace(
