@@ -287,7 +287,7 @@ def decide(
 
 def _pilot(claim: Claim, registry: Path) -> ReportData:
     """The pilot's runs: the claim's runs in the registry's folder, of the current numerics."""
-    from normbench.claims.verdicts import sweep_changed
+    from normbench.claims.running import sweep_changed
     from normbench.core.provenance import NUMERICS
     from normbench.report.load import NUMERICS as NUMERICS_COLUMN
     from normbench.report.load import find_inputs, load_runs

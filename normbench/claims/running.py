@@ -44,6 +44,17 @@ def recorded_overrides(folder: Path) -> list[list[str]]:
     return [list(map(str, s)) for s in sets if isinstance(s, list)] if isinstance(sets, list) else []
 
 
+def sweep_changed(claim: Claim, folder: Path) -> bool:
+    """Whether the runs in ``folder`` are of another sweep than the claim's now (the claim.yaml
+    ``claims run`` copied beside them says which they ran)."""
+    try:
+        then = yaml.safe_load((folder / "claim.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False
+    now = yaml.safe_load(claim.path.read_text(encoding="utf-8"))
+    return isinstance(then, dict) and then.get("sweep") != now.get("sweep")
+
+
 def record_overrides(folder: Path, overrides: list[str]) -> None:
     """Add this run's overrides (the registry's own sweep: none) to the folder's record. Hydra's own
     (hydra.launcher.n_jobs=2, a search path) choose how the sweep runs, not what it computes: not recorded

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from normbench.claims import confirming, prereg
 from normbench.claims.predicates import Outcome
-from normbench.claims.running import recorded_overrides
+from normbench.claims.running import recorded_overrides, sweep_changed
 from normbench.claims.schema import Claim
 from normbench.claims.smallsample import ALPHA
 from normbench.core.errors import ConfigError
@@ -175,17 +174,6 @@ def _changed(claim: Claim, folder: Path) -> str:
     if sweep_changed(claim, folder):
         notes.append(f"the claim's sweep changed since these runs ({folder / 'claim.yaml'})")
     return "; ".join(notes)
-
-
-def sweep_changed(claim: Claim, folder: Path) -> bool:
-    """Whether the runs in ``folder`` are of another sweep than the claim's now (the claim.yaml
-    ``claims run`` copied beside them says which they ran)."""
-    try:
-        then = yaml.safe_load((folder / "claim.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return False
-    now = yaml.safe_load(claim.path.read_text(encoding="utf-8"))
-    return isinstance(then, dict) and then.get("sweep") != now.get("sweep")
 
 
 def assess_all(
