@@ -199,12 +199,14 @@ def _counts(frame: pd.DataFrame) -> str:
     run = int(frame["verdict"].ne("not run").sum())
     corrected = frame["corrected"].astype(str).ne("no").any() if "corrected" in frame else False
     multiplicity = f"Holm-corrected across the {run} run" if corrected else "not corrected for multiplicity"
-    planned = pd.to_numeric(frame.get("planned_n", pd.Series(dtype=float)), errors="coerce").notna().sum()
-    if planned:  # the family is the claims a test decided (a p); seed counts were fixed before they ran
-        tested = int(pd.to_numeric(frame["p"], errors="coerce").notna().sum())
+    planned = pd.to_numeric(frame.get("planned_n", pd.Series(dtype=float)), errors="coerce").notna()
+    if planned.any():  # the family is the claims a test decided (a p); seed counts were fixed before they ran
+        has_p = pd.to_numeric(frame["p"], errors="coerce").notna()
+        waiting = int((planned & ~has_p).sum())  # pre-registered, their confirmations not yet run
         multiplicity = (
-            f"one family, Holm-corrected across the {tested} claims tested; the seed counts of "
-            f"{int(planned)} confirmations fixed by pre-registration before they ran"
+            f"one family, Holm-corrected across the {int(has_p.sum())} claims tested; the seed counts of "
+            f"{int((planned & has_p).sum())} confirmations fixed by pre-registration before they ran"
+            + (f", {waiting} more pre-registered" if waiting else "")
         )
     return (
         f"{int(frame['verdict'].eq('reproduced').sum())} of {len(frame)} claims reproduced at this scale"
