@@ -108,7 +108,7 @@ def _best_values(claim: Claim, d: ReportData) -> dict:
 
 def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg.Prereg:
     """The confirmation's design from the pilot's runs ``d``; ConfigError, one line, when the claim
-    cannot be planned (no spread measured, a kind without a planned test, a seed count over budget)."""
+    cannot be planned (no spread measured, a kind without a planned test, a confirmation over its budget)."""
     if claim.kind not in PLANNED:
         raise ConfigError(
             f"{claim.id}: a {claim.kind} claim is not planned by a paired test", allowed=PLANNED
@@ -187,7 +187,7 @@ def over_budget(claim: Claim, n: int | None, values: dict) -> str:
     reaches the power, or its runs would outlast the budget: power.BUDGET_S seconds at the claim's
     measured cost per run, or without one power.BUDGET_SEEDS seeds per arm."""
     if n is None:
-        return "no seed count up to 1000 reaches 80% power"
+        return "none up to 1000 reaches 80% power"
     runs, seconds = confirmation_cost(claim, n, values)
     if seconds is None:
         return f"over the budget of {power.BUDGET_SEEDS} seeds per arm" if n > power.BUDGET_SEEDS else ""
