@@ -107,6 +107,9 @@ def test_a_pilot_of_another_sweep_does_not_plan_the_claim(tmp_path):
     with pytest.raises(ConfigError, match="ran another sweep than the claim's now"):
         confirming.preregister(claim, registry, family=27)
     assert prereg.read(registry, "tuned") is None
+    v = assess(claim, registry / "tuned", alpha=0.05 / 27, family=27)
+    assert v.word == "inconclusive"
+    assert v.outcome.reason == "its runs are of an earlier sweep: normbench claims run tuned runs its pilot"
 
 
 def confirmation(registry, design, a, b, **kw):
