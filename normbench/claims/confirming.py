@@ -108,13 +108,20 @@ def _best_values(claim: Claim, d: ReportData) -> dict:
 
 def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg.Prereg:
     """The confirmation's design from the pilot's runs ``d``; ConfigError, one line, when the claim
-    cannot be planned (no spread measured, a kind without a planned test, a confirmation over its budget)."""
+    cannot be planned."""
+    planned = plan(claim, d, family, commit)
+    if isinstance(planned, str):
+        raise ConfigError(f"{claim.id}: {planned}")
+    return planned
+
+
+def plan(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg.Prereg | str:
+    """The confirmation's design from the pilot's runs ``d``, or why the claim cannot be planned (no
+    spread measured, a kind without a planned test, a confirmation over its budget)."""
     if claim.kind not in PLANNED:
-        raise ConfigError(
-            f"{claim.id}: a {claim.kind} claim is not planned by a paired test", allowed=PLANNED
-        )
+        return f"a {claim.kind} claim is not planned by a paired test; allowed: {', '.join(PLANNED)}"
     if why := engagement.not_engaged(claim, d):
-        raise ConfigError(f"{claim.id}: {NOT_TESTABLE}: {why}")
+        return f"{NOT_TESTABLE}: {why}"
     # The pilot is read for its estimate and spread, not decided: min_seeds gates a verdict, not a plan
     # (three seeds of a stable_lr pilot measure the edges a confirmation of more is planned from).
     outcome = judge(dataclasses.replace(claim, min_seeds=2), d, ALPHA)
@@ -122,7 +129,7 @@ def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg
     n_pilot = min(outcome.n_a, outcome.n_b)
     far = distance(claim, outcome) if math.isfinite(outcome.estimate) else math.nan
     if not math.isfinite(outcome.spread) or not math.isfinite(far) or n_pilot < 2:
-        raise ConfigError(f"{claim.id}: the pilot measures no spread to plan from ({outcome.reason})")
+        return f"the pilot measures no spread to plan from ({outcome.reason})"
     step = log2_step(pd.concat([arm(d.runs, claim.a), arm(d.runs, claim.b)]), claim.tune)
     if claim.kind == "stable_lr" and outcome.spread <= step / math.sqrt(6) + 1e-12:
         n, planned_sd = power.resolution_seeds(far, step, level), outcome.spread  # the grid's floor alone
@@ -133,8 +140,8 @@ def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg
     n = None if n is None else max(n, claim.min_seeds)
     if over := over_budget(claim, n, values):
         need = "no seed count" if n is None else f"{n} seeds per arm"
-        raise ConfigError(
-            f"{claim.id}: {need} at level {level:.3g} for the pilot's distance {far:.3g} at spread "
+        return (
+            f"{need} at level {level:.3g} for the pilot's distance {far:.3g} at spread "
             f"{planned_sd:.3g} (its upper {power.PLAN_CONFIDENCE:.0%} bound): {over}"
         )
     bound, direction = bound_and_direction(claim)

@@ -26,7 +26,6 @@ from normbench.claims.predicates import Outcome
 from normbench.claims.running import recorded_overrides, sweep_changed
 from normbench.claims.schema import Claim
 from normbench.claims.smallsample import ALPHA
-from normbench.core.errors import ConfigError
 from normbench.core.provenance import NUMERICS, describe, provenance_of
 from normbench.core.runs import RunDir
 from normbench.report.load import NUMERICS as NUMERICS_COLUMN
@@ -152,10 +151,9 @@ def _plan(claim: Claim, d, family: int, folder: Path) -> str:
     or why none is (over the budget, a pilot of another sweep)."""
     if sweep_changed(claim, folder):
         return f"its runs are of an earlier sweep: normbench claims run {claim.id} runs its pilot"
-    try:
-        planned = confirming.design(claim, d, family)
-    except ConfigError as err:
-        return str(err).removeprefix(f"{claim.id}: ")
+    planned = confirming.plan(claim, d, family)
+    if isinstance(planned, str):
+        return planned
     runs, seconds = confirming.confirmation_cost(claim, planned.planned_n, planned.values)
     cost = f"{runs} runs" + (f", about {seconds / 60:.0f} min" if seconds is not None else "")
     return (
