@@ -202,7 +202,7 @@ def over_budget(claim: Claim, n: int | None, values: dict) -> str:
         return ""
     return (
         f"{runs} runs, about {seconds / 60:.0f} min of a 2-core CPU at its measured "
-        f"{claim.cost_s / claim.runs():.3g} s a run: over the budget of {power.BUDGET_S / 60:.0f} min"
+        f"{seconds / runs:.3g} s a run: over the budget of {power.BUDGET_S / 60:.0f} min"
     )
 
 
