@@ -1,18 +1,19 @@
-"""What a checkpoint costs the training thread: written in the loop (synchronously) or beside it.
+"""What a checkpoint costs a run: written in the loop (synchronously) or beside it.
 
 Builds a run as ``normbench train`` does (by default GPT-2 small, 124M parameters, at a short
 context so that a CPU step takes seconds), trains a step so AdamW's moments exist, then measures:
 
-- synchronous: the training thread gathers the state, hashes, serializes, writes and syncs it
+- synchronous: the training thread copies, serializes, writes and syncs the state
   (``checkpoint.save`` on the live state): all of it is blocked time;
-- beside training: ``CheckpointWriter.submit`` copies the state to CPU memory
-  (``checkpoint.snapshot``, into the last checkpoint's buffers) and hands the copy to its thread;
-  the blocked time is the copy and hand-over, while the thread writes it as training steps go on;
-- the wall time of ``--steps`` training steps with three checkpoints written beside them (the
-  last one waited for, as a run's end does) against the same steps without: what three
-  checkpoints cost a run, the writer's competition for the CPU included.
+- beside training: ``--steps`` steps with one checkpoint submitted before them (the copy into the
+  last checkpoint's buffers, the thread writing it as the steps go on, waited for after them)
+  against the same steps without, in alternating rounds (the order flipped each round: a shared
+  machine's drift falls on both alike). A round's difference is what the checkpoint cost the run,
+  the writer's competition for the CPU included; the median over rounds is reported;
+- the end of a run: a checkpoint submitted one step before the run ends, then discarded as a
+  completed run does (``CheckpointWriter.discard``): what a checkpoint in flight costs the end.
 
-    python benchmarks/checkpoint_blocking.py [--rounds 2] [--steps 12] [OVERRIDES...]
+    python benchmarks/checkpoint_blocking.py [--rounds 3] [--steps 13] [OVERRIDES...]
 """
 
 from __future__ import annotations
@@ -46,26 +47,39 @@ def state_of(run, state: Run, step: int) -> dict:
     }
 
 
-def steps(state: Run, n: int, every: int | None = None, writer: CheckpointWriter | None = None, run=None):
-    """Seconds for ``n`` steps, a checkpoint submitted to ``writer`` after every ``every``-th, the last
-    waited for; and the training thread's blocked time per checkpoint."""
-    blocked = []
+def steps(state: Run, n: int) -> float:
     start = time.perf_counter()
-    for i in range(1, n + 1):
+    for _ in range(n):
         state.train_step()
-        if every and i % every == 0:
-            t = time.perf_counter()
-            writer.submit(i, state_of(run, state, i))
-            blocked.append(time.perf_counter() - t)
-    if writer is not None:
-        writer.wait()
-    return time.perf_counter() - start, blocked
+    return time.perf_counter() - start
+
+
+def beside(run, state: Run, writer: CheckpointWriter, n: int) -> tuple[float, float, float]:
+    """Seconds for ``n`` steps after a checkpoint is submitted, its write waited for after them; the
+    training thread's blocked time at the submit; and the wait after the steps."""
+    start = time.perf_counter()
+    writer.submit(n, state_of(run, state, n))
+    blocked = time.perf_counter() - start
+    steps(state, n)
+    waited = time.perf_counter()
+    writer.wait()
+    return time.perf_counter() - start, blocked, time.perf_counter() - waited
+
+
+def ending(run, state: Run, writer: CheckpointWriter) -> float:
+    """Seconds a checkpoint submitted one step before the end adds to that step: the submit, then the
+    discard a completed run makes."""
+    start = time.perf_counter()
+    writer.submit(0, state_of(run, state, 0))
+    state.train_step()
+    writer.discard()
+    return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="synchronous checkpoints timed")
-    parser.add_argument("--steps", type=int, default=12, help="steps, with and without three checkpoints")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each measurement")
+    parser.add_argument("--steps", type=int, default=13, help="steps after a checkpoint, and without one")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     run = parse_config(compose([*DEFAULT, *args.overrides]))
@@ -78,26 +92,45 @@ def main() -> None:
             checkpoint.save(Path(tmp), state_of(run, state, round_))
             sync_s.append(time.perf_counter() - start)
         size = (Path(tmp) / checkpoint.CHECKPOINT).stat().st_size
-        bare_s, _ = steps(state, args.steps)
         writer = CheckpointWriter(Path(tmp), warn=print)
-        with_s, blocked = steps(state, args.steps, args.steps // 3, writer, run)
-        assert checkpoint.load(Path(tmp), warn=print)["step"] == args.steps // 3 * 3
+        writer.submit(0, state_of(run, state, 0))  # the buffers every later snapshot copies into
+        writer.wait()
+        bare, with_, blocked, waited = [], [], [], []
+        for round_ in range(args.rounds):
+            for kind in ("bare", "with") if round_ % 2 == 0 else ("with", "bare"):
+                if kind == "bare":
+                    bare.append(steps(state, args.steps))
+                else:
+                    took, held, tail = beside(run, state, writer, args.steps)
+                    with_.append(took)
+                    blocked.append(held)
+                    waited.append(tail)
+        step_s = statistics.median(bare) / args.steps
+        end_s = [ending(run, state, writer) - step_s for _ in range(args.rounds)]
+        assert checkpoint.load(Path(tmp), warn=print)["step"] in (0, args.steps)  # the last discarded or not
+    cost = [w - b for w, b in zip(with_, bare)]
     print(
         f"model: {state.model.num_params():,} parameters, batch {run.train.batch_size} x "
         f"{run.model.block_size}, torch threads {torch.get_num_threads()}; checkpoint {size / 2**20:,.0f} MiB"
     )
+    print(f"synchronous: blocked {statistics.median(sync_s):.2f} s  (each: {_each(sync_s)})")
     print(
-        f"blocked per checkpoint, synchronous    {statistics.median(sync_s):.2f} s  (rounds: "
-        f"{', '.join(f'{s:.2f}' for s in sync_s)})"
+        f"beside training: blocked {statistics.median(blocked):.2f} s at the submit; {args.steps} steps "
+        f"{statistics.median(bare):.1f} s without (each: {_each(bare)}), with one checkpoint "
+        f"{statistics.median(with_):.1f} s (each: {_each(with_)})"
     )
     print(
-        f"blocked per checkpoint, beside training {statistics.median(blocked):.2f} s  (each: "
-        f"{', '.join(f'{s:.2f}' for s in blocked)})"
+        f"a checkpoint costs the run {statistics.median(cost):+.2f} s  (each round: {_each(cost)}; the write "
+        f"still going after the steps, waited for: {_each(waited)} s)"
     )
     print(
-        f"{args.steps} steps: {bare_s:.1f} s; with three checkpoints beside them {with_s:.1f} s: "
-        f"{with_s - bare_s:+.1f} s for three checkpoints"
+        f"a checkpoint in flight at the run's end costs it {statistics.median(end_s):+.2f} s  "
+        f"(each: {_each(end_s)})"
     )
+
+
+def _each(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
 
 
 if __name__ == "__main__":

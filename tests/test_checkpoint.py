@@ -47,13 +47,15 @@ def summary(run_dir: Path) -> dict:
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
-    """Bit for bit the reference's losses, every record once, and no checkpoint left behind."""
+    """Bit for bit the reference's losses, every record once, and no checkpoint (nor a write's temporary
+    file) left behind."""
     got, want = curve(run_dir), curve(reference)
     assert got == want
     keys = [(r["kind"], r["step"]) for r in got]
     assert len(keys) == len(set(keys)), "a record appears twice"
     assert {k: summary(run_dir)[k] for k in LOSSES} == {k: summary(reference)[k] for k in LOSSES}
     assert not (run_dir / "checkpoint.pt").exists() and not (run_dir / "checkpoint.prev.pt").exists()
+    assert not list(run_dir.glob(".checkpoint*")), "a temporary checkpoint file was left behind"
 
 
 def signal_at(monkeypatch, step: int, sig=signal.SIGTERM) -> None:

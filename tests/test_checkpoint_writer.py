@@ -1,7 +1,12 @@
 """Checkpoints written beside training: what is written is the state at the snapshot, a write that
-fails is reported and costs nothing else, and a write cut short never replaces a complete checkpoint."""
+fails is reported and costs nothing else, a write cut short or given up never replaces a complete
+checkpoint, and the writer yields the CPU to training."""
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 import pytest
 import torch
@@ -53,3 +58,74 @@ def test_a_write_cut_short_leaves_the_complete_file_and_no_temporary(tmp_path):
         f.write(b"half of the new")
         raise RuntimeError("killed mid-write")
     assert path.read_bytes() == b"complete" and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+class HeldPickle:
+    """Pickles only once released, recording the thread that pickles it: a write held mid-serialization."""
+
+    def __init__(self):
+        self.started, self.release = threading.Event(), threading.Event()
+        self.policy = None
+
+    def __reduce__(self):
+        self.policy = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+        self.started.set()
+        assert self.release.wait(30)
+        return (int, (0,))
+
+
+def test_a_discarded_write_is_given_up_and_leaves_the_complete_checkpoint_alone(tmp_path):
+    writer = CheckpointWriter(tmp_path, warn=pytest.fail)
+    writer.submit(10, {"step": 10, "w": torch.ones(100)})
+    writer.wait()
+    held = HeldPickle()
+    writer.submit(20, {"step": 20, "w": torch.zeros(100), "held": held})
+    assert held.started.wait(30)  # serializing step 20 now
+    discarding = threading.Thread(target=writer.discard)
+    discarding.start()
+    while discarding.is_alive() and not writer._discarding.is_set():
+        time.sleep(0.001)
+    held.release.set()
+    discarding.join(30)
+    assert writer.written == 10 and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    assert checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 10
+    writer.submit(30, {"step": 30})  # discarding was for that write only
+    writer.wait()
+    assert writer.written == 30 and checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 30
+
+
+def test_save_gives_up_before_the_sync_when_no_longer_wanted(tmp_path):
+    checkpoint.save(tmp_path, {"step": 1})
+    asked = iter([True, False])  # wanted before serializing, not before syncing
+    with pytest.raises(checkpoint.Discarded):
+        checkpoint.save(tmp_path, {"step": 2}, wanted=lambda: next(asked))
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    assert checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_writer_runs_at_idle_priority_and_training_keeps_its_own(tmp_path):
+    before = os.sched_getscheduler(0)
+    held = HeldPickle()
+    held.release.set()
+    writer = CheckpointWriter(tmp_path, warn=pytest.fail)
+    writer.submit(1, {"step": 1, "held": held})
+    writer.wait()
+    assert held.policy == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) == before != os.SCHED_IDLE
+
+
+def test_a_tied_weight_is_copied_and_written_once(tmp_path):
+    embedding = torch.randn(4096, 64)
+    state = {"model": {"tok_emb.weight": embedding.detach(), "head.weight": embedding.detach()}, "step": 1}
+    first = checkpoint.snapshot(state)
+    again = checkpoint.snapshot(state, reuse=first)
+    for copy in (first, again):
+        tok, head = copy["model"]["tok_emb.weight"], copy["model"]["head.weight"]
+        assert tok is head and torch.equal(tok, embedding) and tok.data_ptr() != embedding.data_ptr()
+    untied = checkpoint.snapshot({"a": embedding, "b": embedding.clone()})
+    assert untied["a"].data_ptr() != untied["b"].data_ptr()
+    size = checkpoint.save(tmp_path, again)
+    assert embedding.numel() * 4 <= size < 1.5 * embedding.numel() * 4  # one copy in the file, not two
+    loaded = checkpoint.load(tmp_path, warn=pytest.fail)["model"]
+    assert torch.equal(loaded["head.weight"], embedding)

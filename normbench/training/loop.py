@@ -460,6 +460,11 @@ class Loop:
         if self.writer is not None:
             self.writer.wait()
 
+    def discard_checkpoint(self) -> None:
+        """The run's result is written next: the checkpoint being written is given up, not finished."""
+        if self.writer is not None:
+            self.writer.discard()
+
     def _save_checkpoint(self, done: int) -> None:
         loop = {
             "val_losses": self.val_losses,

@@ -176,7 +176,7 @@ def save_result(loop, summary: dict) -> dict:
                 # before summary.json, which MLflow copies; a tracker that fails is a warning, never the run
                 summary = loop.sinks.finish(summary)
             summary["time_s"] = loop.phases.seconds
-            loop.wait_for_checkpoint()  # the last one on disk (or failed) before the summary replaces it
+            loop.discard_checkpoint()  # the summary replaces them: one still being written is not finished
             state.dir.write_summary(summary)
         except DiskFull as err:
             err.resume_step = loop.saved_step
