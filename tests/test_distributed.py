@@ -231,6 +231,7 @@ def test_two_ranks_stopped_by_sigterm_resume_exactly(tmp_path):
         *CORPUS,
         "train.threads=1",
         *run,
+        "train.checkpoint_every=10",  # one mid-run, the signal sent once it is on disk
         f"hydra.run.dir={run_dir}",
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -448,8 +448,8 @@ class Loop:
         self.timer.resume()
 
     def final_checkpoint(self, done: int) -> None:
-        """Under the wall-time cadence, one more at the last step: the end-of-run checks and the summary
-        that follow it are then never a reason to train again."""
+        """Under the wall-time cadence, one more at the last step, written during the end-of-run checks:
+        once it is on disk, a run killed in them or in its summary does not train again."""
         if self.tcfg.checkpoint_every is None and done > self.checkpointed:
             self.timer.settle()
             with self.phases("checkpoints"):
