@@ -3,7 +3,7 @@
 Builds a run as ``normbench train`` does (by default GPT-2 small, 124M parameters, at a short
 context so that a CPU step takes seconds), trains a step so AdamW's moments exist, then measures:
 
-- synchronous: the training thread copies, serializes, writes and syncs the state
+- synchronous: the training thread serializes, writes and syncs the state
   (``checkpoint.save`` on the live state): all of it is blocked time;
 - beside training: ``--steps`` steps with one checkpoint submitted before them (the copy into the
   last checkpoint's buffers, the thread writing it as the steps go on, waited for after them)
