@@ -4,7 +4,9 @@ Builds a run as ``normbench train`` does (by default GPT-2 small, 124M parameter
 context so that a CPU step takes seconds), trains a step so AdamW's moments exist, then measures:
 
 - synchronous: the training thread serializes, writes and syncs the state
-  (``checkpoint.save`` on the live state): all of it is blocked time;
+  (``checkpoint.save`` on the live state): all of it is blocked time; the CPU time of it (the
+  rest is waiting for the disk) is what a checkpoint written beside training takes from a machine
+  whose every core trains;
 - beside training: ``--steps`` steps with one checkpoint submitted before them (the copy into the
   last checkpoint's buffers, the thread writing it as the steps go on, waited for after them)
   against the same steps without, in alternating rounds (the order flipped each round: a shared
@@ -86,11 +88,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         state = Run(run, Path(tmp))
         state.train_step()  # AdamW's moments exist from the first step on
-        sync_s = []
+        sync_s, sync_cpu = [], []
         for round_ in range(args.rounds):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             checkpoint.save(Path(tmp), state_of(run, state, round_))
             sync_s.append(time.perf_counter() - start)
+            sync_cpu.append(time.process_time() - cpu)
         size = (Path(tmp) / checkpoint.CHECKPOINT).stat().st_size
         writer = CheckpointWriter(Path(tmp), warn=print)
         writer.submit(0, state_of(run, state, 0))  # the buffers every later snapshot copies into
@@ -113,7 +116,11 @@ def main() -> None:
         f"model: {state.model.num_params():,} parameters, batch {run.train.batch_size} x "
         f"{run.model.block_size}, torch threads {torch.get_num_threads()}; checkpoint {size / 2**20:,.0f} MiB"
     )
-    print(f"synchronous: blocked {statistics.median(sync_s):.2f} s  (each: {_each(sync_s)})")
+    print(
+        f"synchronous: blocked {statistics.median(sync_s):.2f} s  (each: {_each(sync_s)}), of which CPU "
+        f"{statistics.median(sync_cpu):.2f} s  (each: {_each(sync_cpu)}): what one takes from a machine "
+        "with no core to spare"
+    )
     print(
         f"beside training: blocked {statistics.median(blocked):.2f} s at the submit; {args.steps} steps "
         f"{statistics.median(bare):.1f} s without (each: {_each(bare)}), with one checkpoint "

@@ -280,6 +280,12 @@ def _wait_for(predicate, proc, timeout=120):
     pytest.fail("timed out")
 
 
+def _saved_step(run_dir: Path) -> int | None:
+    """The step of the newest complete checkpoint (written beside training, it may land steps after)."""
+    saved = checkpoint.load(run_dir, warn=lambda message: None)
+    return None if saved is None else saved["step"]
+
+
 def _last_step(run_dir: Path) -> int:
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -300,7 +306,7 @@ def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp
     # kill -9 right after the first checkpoint, then mid-way between two, at a random step each time.
     stops = [
         lambda: (run_dir / "checkpoint.pt").exists(),
-        lambda: _last_step(run_dir) >= 20 + rng.randrange(1, 9),
+        lambda: _last_step(run_dir) >= 20 + rng.randrange(1, 9) and _saved_step(run_dir) == 20,
     ]
     for ready in stops:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

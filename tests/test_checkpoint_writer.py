@@ -94,13 +94,30 @@ def test_a_discarded_write_is_given_up_and_leaves_the_complete_checkpoint_alone(
     assert writer.written == 30 and checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 30
 
 
-def test_save_gives_up_before_the_sync_when_no_longer_wanted(tmp_path):
+def test_save_stops_writing_at_the_record_under_way_when_no_longer_wanted(tmp_path):
     checkpoint.save(tmp_path, {"step": 1})
-    asked = iter([True, False])  # wanted before serializing, not before syncing
+    asked = 0
+
+    def wanted():  # given up once the first few writes are done: the rest are never made
+        nonlocal asked
+        asked += 1
+        return asked <= 3
+
+    state = {"step": 2, **{f"w{i}": torch.full((65536,), float(i)) for i in range(32)}}
     with pytest.raises(checkpoint.Discarded):
-        checkpoint.save(tmp_path, {"step": 2}, wanted=lambda: next(asked))
+        checkpoint.save(tmp_path, state, wanted=wanted)
+    assert asked < 10  # written to the end, each of the 32 records would have asked at least once
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
     assert checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 1
+
+
+def test_a_checkpoint_written_in_synced_chunks_is_the_state_it_was_given(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint._Stream, "SYNC_BYTES", 100_000)  # a sync every few records
+    state = {"step": 3, **{f"w{i}": torch.randn(50_000) for i in range(8)}}
+    size = checkpoint.save(tmp_path, state)
+    assert size == (tmp_path / "checkpoint.pt").stat().st_size
+    saved = checkpoint.load(tmp_path, warn=pytest.fail)
+    assert all(torch.equal(saved[key], value) for key, value in state.items() if key != "step")
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")

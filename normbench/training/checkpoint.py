@@ -74,8 +74,8 @@ def save(run_dir: Path, state: dict, wanted: Callable[[], bool] = lambda: True) 
     The file is written and synced under a temporary name first; only then is the last checkpoint
     moved to checkpoint.prev.pt and the new one renamed into place. A kill anywhere leaves the last
     complete checkpoint (or the one before it) for load(), never a torn checkpoint.pt.
-    ``wanted()`` is asked before serializing and before syncing (the longest part); False raises
-    Discarded, the temporary file removed and the checkpoints on disk as they were.
+    ``wanted()`` is asked before each write (``_Stream``); False raises Discarded, the temporary file
+    removed and the checkpoints on disk as they were.
     """
     path = Path(run_dir) / CHECKPOINT
 
@@ -83,13 +83,50 @@ def save(run_dir: Path, state: dict, wanted: Callable[[], bool] = lambda: True) 
         if path.exists():
             os.replace(path, Path(run_dir) / PREVIOUS)
 
-    if not wanted():
-        raise Discarded
     with atomic_file(path, keep_previous) as f:
-        torch.save({**state, "format": FORMAT}, f)
-        if not wanted():
+        stream = _Stream(f, wanted)
+        try:
+            torch.save({**state, "format": FORMAT}, stream)
+        except Exception:
+            if stream.given_up:  # torch.save may report the refused write as an error of its own
+                raise Discarded from None
+            raise
+        return stream.written  # atomic_file syncs what is left and renames the file into place
+
+
+class _Stream:
+    """The file torch.save writes a checkpoint through. ``wanted()`` is asked before each write (one
+    record's bytes at most: 147 MiB at 124M parameters), and every SYNC_BYTES the file is synced and
+    its pages dropped from the page cache. So a checkpoint given up stops within one record and one
+    chunk's write-back, not after 1.4 GiB and its sync; the closing sync has little left; and the
+    pages written are recycled rather than 1.4 GiB of fresh page cache allocated per checkpoint
+    (evicting the token shards training reads): at 124M on a 2-core VM that is 0.7 s of CPU per
+    checkpoint instead of 2.8 s."""
+
+    SYNC_BYTES = 64 * 2**20
+
+    def __init__(self, f, wanted: Callable[[], bool]):
+        self.f, self.wanted = f, wanted
+        self.written = self.unsynced = 0
+        self.given_up = False  # wanted() said no: what torch.save raises then is a discard
+
+    def write(self, data) -> int:
+        if not self.wanted():
+            self.given_up = True
             raise Discarded
-        return f.tell()
+        count = self.f.write(data)
+        self.written += count
+        self.unsynced += count
+        if self.unsynced >= self.SYNC_BYTES:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            if hasattr(os, "posix_fadvise"):  # the synced pages leave the page cache
+                os.posix_fadvise(self.f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            self.unsynced = 0
+        return count
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def save_weights(run_dir: Path, model: torch.nn.Module) -> int:
