@@ -4,6 +4,7 @@ checkpoint, and the writer yields the CPU to training."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -11,6 +12,7 @@ import time
 import pytest
 import torch
 
+from normbench.core.errors import DiskFull
 from normbench.core.fileio import atomic_file
 from normbench.training import checkpoint
 from normbench.training.checkpoint_writer import CheckpointWriter
@@ -107,6 +109,26 @@ def test_save_stops_writing_at_the_record_under_way_when_no_longer_wanted(tmp_pa
     with pytest.raises(checkpoint.Discarded):
         checkpoint.save(tmp_path, state, wanted=wanted)
     assert asked < 10  # written to the end, each of the 32 records would have asked at least once
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    assert checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 1
+
+
+@pytest.mark.parametrize("full_at", [1, 2, 3, 6])
+def test_a_disk_filling_at_any_write_of_a_checkpoint_is_a_full_disk_and_the_last_stands(tmp_path, full_at):
+    checkpoint.save(tmp_path, {"step": 1})
+    writes = 0
+
+    def wanted():  # asked before each write: the disk fills at write number full_at
+        nonlocal writes
+        writes += 1
+        if writes >= full_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return True
+
+    # torch.save, a write failing early in its archive, raises an error of its own in place of the
+    # OSError: the user is told of a full disk all the same
+    with pytest.raises(DiskFull):
+        checkpoint.save(tmp_path, {"step": 2, "w": torch.zeros(1000)}, wanted=wanted)
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
     assert checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 1
 
