@@ -100,8 +100,8 @@ class _Stream:
     its pages dropped from the page cache. So a checkpoint given up stops within one record and one
     chunk's write-back, not after 1.4 GiB and its sync; the closing sync has little left; and the
     pages written are recycled rather than 1.4 GiB of fresh page cache allocated per checkpoint
-    (evicting the token shards training reads): at 124M on a 2-core VM, writing the file takes 0.7 s
-    of CPU instead of 2.8 s."""
+    (evicting the token shards training reads): at 124M on a 2-core VM a checkpoint takes 1.6 s of
+    CPU instead of 2.6 s (docs/benchmarks.md)."""
 
     SYNC_BYTES = 64 * 2**20
 
