@@ -125,12 +125,31 @@ def test_a_disk_filling_at_any_write_of_a_checkpoint_is_a_full_disk_and_the_last
             raise OSError(errno.ENOSPC, "No space left on device")
         return True
 
-    # torch.save, a write failing early in its archive, raises an error of its own in place of the
-    # OSError: the user is told of a full disk all the same
+    # wherever in torch.save's archive the write fails, the user is told of a full disk
     with pytest.raises(DiskFull):
         checkpoint.save(tmp_path, {"step": 2, "w": torch.zeros(1000)}, wanted=wanted)
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
     assert checkpoint.load(tmp_path, warn=pytest.fail)["step"] == 1
+
+
+def test_a_checkpoint_given_up_frees_its_state_without_the_garbage_collector(tmp_path):
+    """A run's next run measures its own peak memory: the copy of a discarded checkpoint must not
+    stay alive in a reference cycle (the error's traceback and a frame holding the error)."""
+    import gc
+    import weakref
+
+    asked = iter([True, False])
+    state = {"step": 1, "w": torch.zeros(10_000)}
+    copy = weakref.ref(state["w"])
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(checkpoint.Discarded):
+            checkpoint.save(tmp_path, state, wanted=lambda: next(asked, False))
+        del state
+        assert copy() is None
+    finally:
+        gc.enable()
 
 
 def test_a_checkpoint_written_in_synced_chunks_is_the_state_it_was_given(tmp_path, monkeypatch):

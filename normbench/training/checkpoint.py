@@ -85,51 +85,61 @@ def save(run_dir: Path, state: dict, wanted: Callable[[], bool] = lambda: True) 
 
     with atomic_file(path, keep_previous) as f:
         stream = _Stream(f, wanted)
-        try:
-            torch.save({**state, "format": FORMAT}, stream)
-        except Exception:
-            if stream.error is not None:  # torch.save may report a failed write as an error of its own
-                raise stream.error from None
-            raise
+        torch.save({**state, "format": FORMAT}, stream)
+        error, stream.error = stream.error, None
+        if error is not None:
+            try:
+                raise error  # Discarded, or the disk's OSError (DiskFull from atomic_file)
+            finally:  # no frame keeps the error whose traceback holds it: the state is freed at once
+                error = None
         return stream.written  # atomic_file syncs what is left and renames the file into place
 
 
 class _Stream:
     """The file torch.save writes a checkpoint through. ``wanted()`` is asked before each write (one
     record's bytes at most: 147 MiB at 124M parameters), and every SYNC_BYTES the file is synced and
-    its pages dropped from the page cache. So a checkpoint given up stops within one record and one
-    chunk's write-back, not after 1.4 GiB and its sync; the closing sync has little left; and the
-    pages written are recycled rather than 1.4 GiB of fresh page cache allocated per checkpoint
+    its pages dropped from the page cache. So a checkpoint given up stops writing within one record
+    and one chunk's write-back, not after 1.4 GiB and its sync; the closing sync has little left; and
+    the pages written are recycled rather than 1.4 GiB of fresh page cache allocated per checkpoint
     (evicting the token shards training reads): at 124M on a 2-core VM a checkpoint takes 1.6 s of
-    CPU instead of 2.6 s (docs/benchmarks.md)."""
+    CPU instead of 2.6 s (docs/benchmarks.md).
+
+    A write given up or failed is kept in ``error`` and every later write dropped: torch.save runs
+    to its end (the rest costs its CRC-32s, no disk), and ``save`` raises the error. Raised into
+    torch.save's C++ writer instead, an error would come back as one of the archive's own, and keep
+    the state being saved alive for good."""
 
     SYNC_BYTES = 64 * 2**20
 
     def __init__(self, f, wanted: Callable[[], bool]):
         self.f, self.wanted = f, wanted
         self.written = self.unsynced = 0
-        self.error: Exception | None = None  # the first write's failure: Discarded, or a full disk's
+        self.error: Exception | None = None
 
     def write(self, data) -> int:
-        try:
-            if not self.wanted():
-                raise Discarded
-            count = self.f.write(data)
-            self.written += count
-            self.unsynced += count
-            if self.unsynced >= self.SYNC_BYTES:
-                self.f.flush()
-                os.fsync(self.f.fileno())
-                if hasattr(os, "posix_fadvise"):  # the synced pages leave the page cache
-                    os.posix_fadvise(self.f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-                self.unsynced = 0
-            return count
-        except (Discarded, OSError) as err:
-            self.error = self.error or err
-            raise
+        size = memoryview(data).nbytes
+        if self.error is None:
+            try:
+                self._write(data)
+            except (Discarded, OSError) as err:
+                self.error = err.with_traceback(None)
+        return size
+
+    def _write(self, data) -> None:
+        if not self.wanted():
+            raise Discarded
+        self.written += self.f.write(data)
+        self.unsynced += memoryview(data).nbytes
+        if self.unsynced >= self.SYNC_BYTES:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            if hasattr(os, "posix_fadvise"):  # the synced pages leave the page cache
+                os.posix_fadvise(self.f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            self.unsynced = 0
 
     def flush(self) -> None:
-        self.f.flush()
+        if self.error is None:
+            self.f.flush()
 
 
 def save_weights(run_dir: Path, model: torch.nn.Module) -> int:
