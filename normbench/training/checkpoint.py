@@ -92,7 +92,7 @@ def save(run_dir: Path, state: dict, wanted: Callable[[], bool] = lambda: True) 
                 raise error  # Discarded, or the disk's OSError (DiskFull from atomic_file)
             finally:  # no frame keeps the error whose traceback holds it: the state is freed at once
                 error = None
-        return stream.written  # atomic_file syncs what is left and renames the file into place
+        return f.tell()  # atomic_file syncs what is left and renames the file into place
 
 
 class _Stream:
@@ -113,29 +113,27 @@ class _Stream:
 
     def __init__(self, f, wanted: Callable[[], bool]):
         self.f, self.wanted = f, wanted
-        self.written = self.unsynced = 0
+        self.synced = 0  # the file's length at its last sync
         self.error: Exception | None = None
 
     def write(self, data) -> int:
-        size = memoryview(data).nbytes
         if self.error is None:
             try:
                 self._write(data)
             except (Discarded, OSError) as err:
                 self.error = err.with_traceback(None)
-        return size
+        return memoryview(data).nbytes
 
     def _write(self, data) -> None:
         if not self.wanted():
             raise Discarded
-        self.written += self.f.write(data)
-        self.unsynced += memoryview(data).nbytes
-        if self.unsynced >= self.SYNC_BYTES:
+        self.f.write(data)
+        if self.f.tell() - self.synced >= self.SYNC_BYTES:
             self.f.flush()
             os.fsync(self.f.fileno())
             if hasattr(os, "posix_fadvise"):  # the synced pages leave the page cache
                 os.posix_fadvise(self.f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            self.unsynced = 0
+            self.synced = self.f.tell()
 
     def flush(self) -> None:
         if self.error is None:
