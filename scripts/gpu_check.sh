@@ -8,10 +8,11 @@
 #   6. gpt2: GPT-2 small (124M, context 1024), bf16, compiled, 64 sequences per update in micro-batches
 #      of 16: benchmarks/gpt2_bare.py (nanoGPT's loop) and normbench train model=gpt2 train=gpt2 with
 #      its default evals and checkpoints, on random GPT-2 token shards: tokens/s in steps and over the
-#      wall clock, MFU. Goal: normbench >= 0.95x the bare loop's step tokens/s, >= 0.9x in wall clock.
+#      wall clock, MFU. Goal: normbench >= 0.95x the bare loop's step tokens/s, >= 0.9x in wall clock;
+#      then a statistics step's peak memory against a plain compiled step's at 16 x 1024 (goal <= 1.1x).
 # Each stage has its own time limit, so one that hangs costs its limit and the next one runs.
 # STAGES="gpt2" (names separated by spaces) runs only those; the default runs all but gpt2, which
-# alone takes about 4 minutes: STAGES="tests bench train batched table gpt2" runs everything.
+# alone takes about 6 minutes: STAGES="tests bench train batched table gpt2" runs everything.
 # Logs, CSV and run directories go to ${OUT:-/tmp/gpu_check}. Exit code 1 if any stage failed.
 #
 #   scripts/gpu_check.sh                            # python3 from PATH
@@ -134,6 +135,8 @@ stage gpt2_bare 150 "$PY" benchmarks/gpt2_bare.py --micro 16 --accum 4 --steps 3
 stage gpt2_normbench 240 "$PY" -m normbench train model=gpt2 train=gpt2 "${GPT2_DATA[@]}" train.device=cuda \
     train.batch_size=64 train.micro_batch_size=16 train.steps=60 train.warmup_steps=10 train.eval_every=30 \
     train.log_every=10 train.progress=false train.resume=never "hydra.run.dir=$LOGS/runs/gpt2"
+stage gpt2_memory 200 "$PY" benchmarks/statistics_memory.py model.block_size=1024 train.batch_size=16 \
+    train.device=cuda train.precision=bf16
 stage gpt2_table 15 "$PY" - "$LOGS" <<'EOF'
 """GPT-2 small: the bare nanoGPT-style loop against normbench, in steps and over the wall clock."""
 import json
@@ -161,7 +164,7 @@ if bare and nb:
           f"{bare['peak_flops'] / 1e12:.4g} TFLOP/s ({bare['peak_flops_source']})")
     print("normbench time_s:", ", ".join(f"{k} {v:.1f}" for k, v in nb["time_s"].items()))
 EOF
-[[ $STAGES == *" gpt2 "* ]] && cat "$LOGS/gpt2_table.log"
+[[ $STAGES == *" gpt2 "* ]] && cat "$LOGS/gpt2_table.log" "$LOGS/gpt2_memory.log"
 
 if [ ${#FAILED[@]} -gt 0 ]; then
     echo "gpu_check: FAILED: ${FAILED[*]}"

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from conftest import compose_cfg, read_metrics, stats_step, tiny, train_tiny
 
 from normbench.core.fileio import leaves
+from normbench.training import loop as loop_module
 from normbench.training import summary as summary_module
 from normbench.training.config import parse_config
 from normbench.training.diagnostics import PARTS, LayerStats, layer_skip_losses
@@ -348,6 +349,44 @@ def test_a_compiled_run_records_the_statistics_an_eager_run_records(tmp_path):
             assert record[key] == (pytest.approx(value, rel=1e-4) if number else value), key
     for key in ("max_attn_logit", "max_log_z", "layer_skip_loss"):
         assert eager[key] is not None and compiled[key] == pytest.approx(eager[key], rel=1e-4), key
+
+
+def held_for_backward(state: Run, stats: LayerStats | None) -> tuple[int, int]:
+    """(how many tensors one training step keeps for its backward, their bytes)."""
+    sizes = []
+
+    def pack(tensor):
+        sizes.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        state.train_step(stats)
+    return len(sizes), sum(sizes)
+
+
+@pytest.mark.slow  # torch.compile: inductor builds its C++ kernels
+def test_a_compiled_runs_statistics_step_trains_compiled_holding_no_more_than_its_other_steps(
+    tmp_path, monkeypatch
+):
+    """A batch that trains compiled must not fail at the first statistics step: that step trains through
+    the compiled graph (an eager one keeps more activations), and the trial compile ran the micro-batch
+    every forward runs, not the whole batch."""
+    trials = []
+    compile_model = loop_module.compile_model
+    monkeypatch.setattr(
+        loop_module, "compile_model", lambda *args: trials.append(args[2].shape) or compile_model(*args)
+    )
+    shape = ("model=micro", "train.micro_batch_size=4")
+    state = Run(parse_config(compose_cfg(tiny(*shape, "train.compile=true"))), tmp_path / "run")
+    if not state.compiled:
+        pytest.skip("torch.compile is not usable on this machine")
+    assert [batch[0] for batch in trials] == [4]
+    stats = LayerStats(state.model)
+    plain, statistics = held_for_backward(state, None), held_for_backward(state, stats)
+    eager = Run(parse_config(compose_cfg(tiny(*shape))), tmp_path / "eager")
+    assert held_for_backward(eager, None) != plain  # eager keeps other tensors: the count tells them apart
+    assert statistics == plain
+    assert stats.record(1, torch.tensor(1.0), 0.0)["layers"][0]["resid_rms"] > 0  # the hooks still read
 
 
 def test_a_gradient_spike_is_measured_against_the_runs_own_running_median():

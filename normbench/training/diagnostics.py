@@ -25,7 +25,8 @@ q and k (``CausalSelfAttention.heads``): one extra q·kᵀ per layer, on that st
 ``STATS_SEQUENCES`` sequences of the batch, as are the output logits' statistics: the B·H·T² attention
 logits and the B·T·V logits in float32 of a whole batch would take more memory than the step itself.
 With micro-batches (train.micro_batch_size) the activations are read on the first one; the gradient,
-weight and update norms are always the whole batch's.
+weight and update norms are always the whole batch's. A compiled step never calls the hooks: there the
+loop runs the first micro-batch once more, eagerly and without gradients, for them to read.
 """
 
 from __future__ import annotations

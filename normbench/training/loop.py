@@ -150,19 +150,19 @@ class Run:
         return model, norms.implementations(model, self.device)  # norm.impl=fused that can't: fails here
 
     def wrap(self) -> tuple[nn.Module, nn.Module, str | None]:
-        """(the module each step trains: DDP under torchrun, compiled under train.compile; the
-        statistics steps' eager module; why compiling failed, or None)."""
+        """(the module each step trains: DDP under torchrun, compiled under train.compile; that module
+        uncompiled, whose DDP skips the all-reduce on all micro-batches but the last; why compiling
+        failed, or None)."""
         step_model = distributed.wrap(self.model, self.device)  # DDP under torchrun, else self.model
-        # The statistics steps' module: their forward hooks are registered per step, which a compiled
-        # graph never calls, so those steps run eagerly, on the very parameters the compiled module trains.
         eager_model, compile_error = step_model, None
         if self.tcfg.compiles_on(self.device):
-            # Compiled on the batch the first step trains on (drawn from a copy of the stream, which
-            # stays where it is): this rank's share, the shapes every step has, so training never
-            # recompiles for a shape the trial alone had.
+            # Compiled on the first micro-batch the first step trains on (drawn from a copy of the
+            # stream, which stays where it is): this rank's share, the shape every forward has, so
+            # training never recompiles for a shape the trial alone had, and the trial needs no more
+            # memory than a step.
             first = torch.Generator().set_state(self.batch_gen.get_state())
             step_model, compile_error = compile_model(
-                step_model, self.model, *self.train_batch(first), self.autocast
+                step_model, self.model, *self.micro_batches(*self.train_batch(first))[0], self.autocast
             )
             if compile_error and self.tcfg.compile is True:
                 raise ConfigError(
@@ -215,14 +215,21 @@ class Run:
         read on the first micro-batch (``LayerStats``)."""
         x, y = self.train_batch(self.batch_gen)
         micro = self.micro_batches(x, y)
-        model = self.eager_model if stats else self.step_model
         if stats:
             stats.begin()
+            if self.compiled:
+                # A compiled graph never calls the hooks, and an eager training step would hold eager's
+                # activations, more than the compiled step's: a forward of their own reads them, without
+                # gradients or a loss, on the parameters the step trains (dropout's draws and BatchNorm's
+                # running statistics left as they were), and the step stays compiled.
+                with torch.no_grad(), leaves_no_trace(self.model), self.autocast:
+                    self.model(micro[0][0])
+                stats.end_forward()
         losses, z_terms = [], []
         for i, (xm, ym) in enumerate(micro):
             with distributed.gradients_kept_local(self.eager_model, i < len(micro) - 1):
                 with self.autocast:
-                    logits, loss = model(xm, ym)
+                    logits, loss = self.step_model(xm, ym)
                 if stats and i == 0:
                     stats.end_forward()
                 # train_loss stays the cross-entropy; the z term is kept apart for its own log entry.
