@@ -69,7 +69,9 @@ class GPT2(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--micro", type=int, default=16, help="sequences per forward+backward")
     parser.add_argument("--accum", type=int, default=4, help="micro-batches per optimizer step")
     parser.add_argument("--block", type=int, default=1024)

@@ -67,7 +67,9 @@ def measure(overrides: list[str], rounds: int) -> tuple[Run, dict[str, list[dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=2, help="plain and statistics steps measured, in turn")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
