@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import REPO, TINY, compose_cfg, read_metrics, run_cli, train_tiny
+from torch.nn.parallel import DistributedDataParallel
 
 from normbench.core.errors import ConfigError
 from normbench.model.norms import build_norm
@@ -147,6 +149,49 @@ def test_two_ranks_train_the_same_curve_as_one(tmp_path, norm):
     assert two["causal_leak"]["eval"] < 1e-4
     if norm == "bn":  # every rank probes the same tokens, so the synchronized statistics are one rank's
         assert two["causal_leak"]["train"] == pytest.approx(one["causal_leak"]["train"], rel=1e-2)
+
+
+@pytest.mark.slow  # torchrun
+def test_two_ranks_in_micro_batches_train_the_same_curve_as_one_with_the_whole_batch(tmp_path):
+    """train.micro_batch_size under DDP: each rank's half of the batch in micro-batches of 2, the
+    gradients all-reduced once per step, trains what one process trains on the whole batch."""
+    exact = ("model.dropout=0.0", "train.stats_every=5")
+    one = train_tiny(tmp_path / "one", *CORPUS, *exact)
+    _, cwd = torchrun(tmp_path, *exact, "train.micro_batch_size=2")
+    two_dir = next((cwd / "results" / "runs").iterdir())
+    assert json.loads((two_dir / "summary.json").read_text())["world_size"] == 2
+    for kind, key in (("train", "train_loss"), ("eval", "val_loss"), ("stats", "grad_norm")):
+        want = curve(tmp_path / "one", kind, key)
+        assert len(want) >= 2 and curve(two_dir, kind, key) == pytest.approx(want, rel=1e-4), kind
+    assert one["status"] == "completed"
+
+
+def test_micro_steps_keep_their_gradients_local_until_the_last_all_reduces_the_sum():
+    """Under DDP every micro-step but the last skips the all-reduce (no_sync): one reduction per
+    update, of the gradients summed over the micro-steps (a comm hook counts the reductions)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(torch.nn.Linear(4, 2))
+        reduced = []
+
+        def count(state, bucket):
+            reduced.append(bucket.index())
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+
+        model.register_comm_hook(None, count)
+        x = torch.randn(3, 4)
+        for i in range(3):
+            with distributed.gradients_kept_local(model, i < 2):
+                model(x[i : i + 1]).sum().backward()
+            assert len(reduced) == (0 if i < 2 else 1), i
+        # d/dW of sum(W x + b) over the three inputs: each output row's gradient is the inputs' sum
+        assert torch.allclose(model.module.weight.grad, x.sum(0).expand(2, 4))
+        assert torch.allclose(model.module.bias.grad, torch.full((2,), 3.0))
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.slow  # torchrun
