@@ -22,7 +22,7 @@ from normbench.core.errors import ConfigError
 from normbench.core.runs import read_index
 from normbench.model.gpt import GPT
 from normbench.sweeps.sweep import run_sweep
-from normbench.training import checkpoint
+from normbench.training import checkpoint, preemption
 from normbench.training.config import parse_config
 from normbench.training.preemption import StopSignals
 from normbench.training.sinks import MetricSinks
@@ -153,6 +153,23 @@ def test_a_second_ctrl_c_stops_at_once_and_the_handlers_are_given_back(ctrl_c_re
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_ctrl_c_before_the_loop_watches_stops_the_run_at_its_first_step(tmp_path, ctrl_c_reaches_us):
+    """A job notes Ctrl-C from its start (a sweep's workers from theirs): one that comes while the run is
+    set up is not raised into whatever import or build is under way, where it can be lost."""
+    with preemption.noting_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)  # as if during the set-up: noted, nothing raised
+        assert preemption.noted() == signal.SIGINT
+        out = train_tiny(tmp_path, *RUN)
+        assert out["status"] == "interrupted" and out["steps"] == 0 and out["signal"] == signal.SIGINT
+        assert preemption.noted() is None  # the run stopped for it: the next one trains
+        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):  # a second before the loop stops at once
+            os.kill(os.getpid(), signal.SIGINT)
+        assert preemption.noted() is None
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert train_tiny(tmp_path, *RUN)["resumed_at"] == [0]
 
 
 def test_ctrl_c_stays_ignored_where_the_process_started_ignoring_it():

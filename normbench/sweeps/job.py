@@ -308,7 +308,7 @@ def warm_worker(launcher: dict) -> None:
 
 def task(cfg: DictConfig) -> None:
     """One job, as Hydra calls it: a run, or one run of a sweep."""
-    from normbench.training import distributed
+    from normbench.training import distributed, preemption
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
@@ -319,8 +319,11 @@ def task(cfg: DictConfig) -> None:
             "once per configuration; see 'Scaling out' (docs/scaling-out.md)"
         )
         sys.exit(2)
+    if multirun and preemption.noted():  # Ctrl-C reached this worker before its job began: it does not begin
+        sys.exit(preemption.exit_code(preemption.noted()))
     try:
-        run_job(cfg, hc.runtime.output_dir, multirun=multirun)
+        with preemption.noting_ctrl_c():
+            run_job(cfg, hc.runtime.output_dir, multirun=multirun)
     except BaseException as err:
         code = err.code if isinstance(err, SystemExit) else 1
         # A failure under torchrun (an exit with 1 or 2, or an exception): this rank's peers may wait

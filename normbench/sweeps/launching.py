@@ -54,9 +54,15 @@ class WarmPool:
             initializer=_init_worker,
             initargs=(hydra_context, task_function, launcher),
         )
-        # One task per worker starts every worker now (the executor starts them as tasks arrive).
-        for _ in range(self.workers):
-            self.executor.submit(os.getpid)
+        # One task per worker starts every worker now (the executor starts them as tasks arrive), each
+        # with Ctrl-C held back until its initializer notes it: one that comes while a worker imports
+        # waits for it instead of being lost there (normbench.training.preemption).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for _ in range(self.workers):
+                self.executor.submit(os.getpid)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def run(
         self, master: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
@@ -119,7 +125,10 @@ class WarmPool:
 
 def _init_worker(hydra_context: HydraContext, task_function: TaskFunction, launcher: dict) -> None:
     from normbench.sweeps.job import warm_worker
+    from normbench.training import preemption
 
+    preemption.note_ctrl_c()  # for the worker's life: a Ctrl-C before or between jobs stops its next one
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one held back since the start is noted now
     setup_globals()  # Hydra's resolvers (${now:...}, ${hydra:...})
     atexit.register(_exit_at_once)
     _worker.update(hydra_context=hydra_context, task_function=task_function)

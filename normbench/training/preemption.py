@@ -12,12 +12,19 @@ end of the step, a second one raises KeyboardInterrupt at once, as Python does b
 (a process started with SIGINT ignored, a shell's background job say, keeps ignoring it).
 A run stopped this way exits with 128 + the signal's number (130 for Ctrl-C), the shell's
 convention for a process ended by a signal; a sweep counts such a run as interrupted.
+Before the loop watches, a job notes a first Ctrl-C the same way (``noting_ctrl_c``; a sweep's
+workers from their start, ``note_ctrl_c``): a KeyboardInterrupt raised while a process imports or
+builds can be lost inside a library (seen: one during torch._dynamo's first import surfaced as a
+RecursionError, the interrupt gone), and the job would have trained on to its end unseen. A noted
+Ctrl-C stops the loop at its first step; a job that has not begun does not begin.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 
 import torch
 
@@ -25,6 +32,7 @@ from normbench.training import distributed
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
 NAMES = {signal.SIGINT: "Ctrl-C"}  # how a person knows the signal, where it is not its own name
+_noted: list[int] = []  # a first Ctrl-C this process noted before a training loop watched for it
 
 
 def exit_code(signum: int) -> int:
@@ -34,6 +42,38 @@ def exit_code(signum: int) -> int:
 def describe(signum: int) -> str:
     """``Ctrl-C`` for SIGINT, else the signal's name (``SIGTERM``)."""
     return NAMES.get(signum) or signal.Signals(signum).name
+
+
+def note_ctrl_c() -> None:
+    """From now on a first Ctrl-C in this process is noted (``noted``), not raised; a second raises
+    KeyboardInterrupt. Not where SIGINT is ignored, nor off the main thread, which signals never reach."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _note_early)
+
+
+@contextlib.contextmanager
+def noting_ctrl_c() -> Iterator[None]:
+    """``note_ctrl_c`` for one job; SIGINT's handler as it was afterwards."""
+    previous = signal.getsignal(signal.SIGINT)
+    note_ctrl_c()
+    try:
+        yield
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
+
+
+def noted() -> int | None:
+    """SIGINT if a Ctrl-C was noted and no training loop has stopped for it yet, else None."""
+    return _noted[0] if _noted else None
+
+
+def _note_early(signum, frame) -> None:
+    if _noted:  # the second Ctrl-C: stop now, the interrupt in place of the note
+        _noted.clear()
+        raise KeyboardInterrupt
+    _noted.append(signum)
 
 
 class StopSignals:
@@ -49,6 +89,8 @@ class StopSignals:
                 self.previous[sig] = signal.signal(sig, self._note)
             if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
                 self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._note)
+        if _noted:  # a Ctrl-C came before the loop: it stops at its first step, and answers for it
+            self.received = _noted.pop()
         return self
 
     def __exit__(self, *exc) -> None:
