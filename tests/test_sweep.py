@@ -3,6 +3,7 @@ launchers; resume, index, dry-run, Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -142,6 +143,31 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _where_they_wait(proc: subprocess.Popen, tmp_path: Path) -> str:
+    """What a sweep that hangs is doing: each of its processes' state, then every thread's stack (under
+    PYTHONFAULTHANDLER, SIGABRT dumps them into the child's output, which sweep.log holds) and the run
+    directories' files."""
+    lines = []
+    pids = [proc.pid, *sweep_children(proc.pid)]
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+            lines.append(f"{pid} {state} {cmd}")
+        except OSError:
+            continue
+    for pid in pids[1:]:  # one at a time: their stacks do not interleave in the log
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGABRT)
+        time.sleep(1)
+    for path in sorted(tmp_path.glob("results/sweeps/**/*")):
+        if path.is_file():
+            lines.append(f"{path.relative_to(tmp_path)} {path.stat().st_size}")
+    for log in tmp_path.glob("results/sweeps/*/sweep.log"):
+        lines.append(log.read_text(errors="replace")[-20000:])
+    return "\n".join(lines)
+
+
 def _wait_until_training(tmp_path: Path, proc: subprocess.Popen, finished: int) -> None:
     """Until `finished` runs have their summary and another run is training."""
     deadline = time.time() + 180
@@ -216,6 +242,7 @@ def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path, presse
     proc = subprocess.Popen(
         [sys.executable, "-m", "normbench", *args],
         cwd=tmp_path,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a hang below is reported with every thread's stack
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -229,7 +256,10 @@ def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path, presse
         if presses == 2:
             time.sleep(0.5)
             proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=180 if presses == 1 else 30)  # a loaded machine is slow
+        try:
+            out, err = proc.communicate(timeout=180 if presses == 1 else 30)  # a loaded machine is slow
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the sweep did not end after Ctrl-C:\n{_where_they_wait(proc, tmp_path)}")
     finally:
         if proc.poll() is None:
             proc.kill()

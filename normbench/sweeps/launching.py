@@ -88,22 +88,24 @@ class WarmPool:
                 cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{idx}", idx
             running[self.executor.submit(_execute, cfg)] = idx
 
-        def stopped(signum, frame) -> None:  # SIGTERM (preemption) reached the group: no new job
+        def stopped(signum, frame) -> None:  # Ctrl-C or SIGTERM reached the group: no new job
             nonlocal stop
             stop = stop or SystemExit(128 + signum)
 
+        # Noted, never raised: a KeyboardInterrupt here could land inside the executor's own locking
+        # (its futures' conditions, the wait's event) and leave the jobs' results undeliverable.
+        stops = [
+            *STOP_SIGNALS,
+            *([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else []),
+        ]
         previous = {}
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            previous = {sig: signal.signal(sig, stopped) for sig in STOP_SIGNALS}
+            previous = {sig: signal.signal(sig, stopped) for sig in stops}
         try:
             for _ in range(self.workers):
                 submit_next()
             while running:
-                try:
-                    done, _ = wait(running, return_when=FIRST_COMPLETED)
-                except KeyboardInterrupt as err:  # Ctrl-C: the running jobs got it too and are stopping
-                    stop = stop or err
-                    continue
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
                     idx = running.pop(future)
                     try:
