@@ -136,11 +136,16 @@ def sweep_children(parent: int) -> list[int]:
     return pids
 
 
-def alive(pid: int) -> bool:
+def process_state(pid: int) -> str | None:
+    """A process's state letter from /proc (R running, S sleeping, Z zombie...), None once it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] not in "ZX"
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def alive(pid: int) -> bool:
+    return process_state(pid) not in (None, "Z", "X")
 
 
 def _where_they_wait(proc: subprocess.Popen, tmp_path: Path) -> str:
@@ -150,12 +155,9 @@ def _where_they_wait(proc: subprocess.Popen, tmp_path: Path) -> str:
     lines = []
     pids = [proc.pid, *sweep_children(proc.pid)]
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
-            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-            lines.append(f"{pid} {state} {cmd}")
-        except OSError:
-            continue
+            lines.append(f"{pid} {process_state(pid)} {cmd}")
     for pid in pids[1:]:  # one at a time: their stacks do not interleave in the log
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGABRT)

@@ -94,10 +94,8 @@ class WarmPool:
 
         # Noted, never raised: a KeyboardInterrupt here could land inside the executor's own locking
         # (its futures' conditions, the wait's event) and leave the jobs' results undeliverable.
-        stops = [
-            *STOP_SIGNALS,
-            *([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else []),
-        ]
+        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a process started ignoring Ctrl-C
+        stops = STOP_SIGNALS if ignored else (*STOP_SIGNALS, signal.SIGINT)
         previous = {}
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             previous = {sig: signal.signal(sig, stopped) for sig in stops}
