@@ -1,4 +1,4 @@
-"""The corpora: the synthetic process's exact floor, text files, and the shakespeare cache."""
+"""The corpora: the synthetic process's exact floor, text files, and the shipped tiny-shakespeare."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from conftest import SHARED_DATA, train_tiny
 from normbench.core.errors import ConfigError
 from normbench.data.corpus import (
     build_dataset,
-    fetch_shakespeare,
     sample_synthetic,
+    shakespeare_path,
     synthetic_transitions,
 )
 from normbench.training.config import load_group
@@ -117,86 +117,22 @@ def test_bad_text_files(tmp_path, content, message):
         build_dataset(load_group("data", "text", path=str(path)), 8, 4)
 
 
-def test_shakespeare_downloads_verifies_and_reuses_cache(tmp_path):
-    source = tmp_path / "input.txt"
-    source.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 30)
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()
-    cfg = load_group(
-        "data", "shakespeare", url=source.as_uri(), sha256=digest, cache_dir=str(tmp_path / "cache")
+def test_shakespeare_trains_on_the_shipped_copy_offline():
+    """data=shakespeare reads the copy shipped in the package, whose SHA-256 is the published one
+    (hashed here independently of the loader), and splits it at 65 characters, nanoGPT's vocabulary."""
+    cfg = load_group("data", "shakespeare")
+    path = shakespeare_path(cfg)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == (
+        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
     )
-    cached = fetch_shakespeare(cfg)
-    assert cached.read_bytes() == source.read_bytes()
-    source.unlink()  # the second call must not touch the "network"
-    assert fetch_shakespeare(cfg) == cached
-    data = build_dataset(cfg, 16, 4)
-    assert data.vocab_size == len(set(cached.read_text()))
+    data = build_dataset(cfg, 64, 4)
+    assert data.vocab_size == 65
 
 
-def test_parallel_first_downloads_do_not_race(tmp_path, monkeypatch):
-    """The jobs of a sweep downloading at once: each writes its own file, every one of them succeeds.
-
-    A barrier in os.replace holds every download until all have written their temporary file,
-    the interleaving under which downloads sharing one temporary name lose it to each other.
-    """
-    import os
-    import threading
-
-    source = tmp_path / "input.txt"
-    source.write_text("Before we proceed any further, hear me speak.\n" * 100)
-    cfg = load_group(
-        "data",
-        "shakespeare",
-        url=source.as_uri(),
-        sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
-        cache_dir=str(tmp_path / "cache"),
-    )
-    jobs = 4
-    barrier = threading.Barrier(jobs, timeout=30)
-    real_replace = os.replace
-
-    def replace_together(src, dst, *args, **kwargs):
-        if str(dst).startswith(cfg.cache_dir):
-            barrier.wait()
-        return real_replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", replace_together)
-    results, errors = [], []
-
-    def job():
-        try:
-            results.append(fetch_shakespeare(cfg))
-        except Exception as err:
-            errors.append(err)
-
-    threads = [threading.Thread(target=job) for _ in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    assert len(results) == jobs and all(r.read_bytes() == source.read_bytes() for r in results)
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["tinyshakespeare.txt"], (
-        "temporary files left behind"
-    )
-
-
-def test_shakespeare_checksum_mismatch_is_refused(tmp_path):
-    source = tmp_path / "input.txt"
-    source.write_text("tampered")
-    cfg = load_group(
-        "data", "shakespeare", url=source.as_uri(), sha256="0" * 64, cache_dir=str(tmp_path / "cache")
-    )
-    with pytest.raises(ConfigError, match="SHA-256"):
-        fetch_shakespeare(cfg)
-    assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
-
-
-def test_shakespeare_offline_names_the_local_alternative(tmp_path):
-    cfg = load_group(
-        "data", "shakespeare", url=(tmp_path / "missing.txt").as_uri(), cache_dir=str(tmp_path / "cache")
-    )
-    with pytest.raises(ConfigError, match=r"data=text data.path="):
-        fetch_shakespeare(cfg)
+def test_shakespeare_with_another_checksum_is_refused():
+    cfg = load_group("data", "shakespeare", sha256="0" * 64)
+    with pytest.raises(ConfigError, match="SHA-256.*not training on a changed copy"):
+        build_dataset(cfg, 64, 4)
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "tinyshakespeare.txt").exists(), reason="../shared/data not present")

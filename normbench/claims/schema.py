@@ -28,6 +28,9 @@
     scale:
       model: mini                       # the conf/model option every run of the sweep composes
       why: the smallest size where ...  # one sentence: why the claim can show at this size
+      larger: midi                      # or null: a second size the claim is also decided at, its own
+                                        # row ID@midi (the same sweep with model=midi; at least 3x the
+                                        # parameters), the two rows' estimates read together (a trend)
     min_seeds: 3                        # fewer completed seeds per arm: inconclusive, no interval
     scale_dependent: null               # or the source's setting the verdict may not transfer to
     cost_s: null                        # the default sweep's measured seconds on a 2-core CPU
@@ -147,6 +150,7 @@ class PredicateFile:
 class ScaleFile:
     model: Annotated[str, "a conf/model option"]
     why: Annotated[str, "one sentence of text"]
+    larger: Annotated[str | None, "null or a conf/model option"] = None
 
 
 @dataclass
@@ -190,12 +194,13 @@ class Claim:
     log: bool
     predicate: dict
     min_seeds: int
-    scale: dict  # model: the conf/model option the sweep runs at; why: one sentence
+    scale: dict  # model: the conf/model option the sweep runs at; why: one sentence; larger: or None
     scale_dependent: str | None
     cost_s: float | None
     path: Path = field(compare=False)
     note: str | None = None  # what changed in its verdict since an earlier publication, and why
     engages: dict | None = None  # what one arm must reach for the treatment to act (claims.engagement)
+    size_of: str | None = None  # the claim whose larger size this row is (ID@SIZE), None for its own
 
     @property
     def kind(self) -> str:
@@ -401,6 +406,10 @@ def parse_claim(path: Path) -> Claim:
     models = sorted({*group_options("model"), *_user_options(path, "model")})
     if scale.model not in models:
         _fail(path, "scale.model", f"{scale.model!r} is not a model size", allowed=models)
+    if scale.larger is not None and scale.larger not in models:
+        _fail(path, "scale.larger", f"{scale.larger!r} is not a model size", allowed=models)
+    if scale.larger is not None and f"model={scale.model}" not in sweep.overrides:
+        _fail(path, "scale.larger", f"a second size replaces the sweep's model={scale.model}: give it")
     if file.min_seeds < 2:
         _fail(path, "min_seeds", f"must be {MIN_SEEDS}, not {file.min_seeds!r}")
     if predicate.kind in EXACT and file.min_seeds < EXACT_SEEDS:
@@ -430,7 +439,7 @@ def parse_claim(path: Path) -> Claim:
         log=compare.log,
         predicate=given,
         min_seeds=file.min_seeds,
-        scale={"model": scale.model, "why": " ".join(scale.why.split())},
+        scale={"model": scale.model, "why": " ".join(scale.why.split()), "larger": scale.larger},
         scale_dependent=file.scale_dependent,
         cost_s=file.cost_s,
         path=path,
@@ -478,8 +487,21 @@ def claim_folders(config_dir: Path | None) -> list[Path]:
     return folders
 
 
+def at_larger_size(claim: Claim) -> Claim:
+    """The claim's row at its larger size, ID@SIZE: the same sweep and rule with model=SIZE."""
+    size, at = claim.scale["larger"], f"model={claim.scale['model']}"
+    return dataclasses.replace(
+        claim,
+        id=f"{claim.id}@{size}",
+        overrides=tuple(f"model={size}" if o == at else o for o in claim.overrides),
+        scale={**claim.scale, "model": size, "larger": None},
+        size_of=claim.id,
+    )
+
+
 def load_registry(config_dir: Path | None = None) -> list[Claim]:
-    """Every claim, normbench's then the user's, each checked; an id given twice is a mistake."""
+    """Every claim, normbench's then the user's, each checked, each followed by its row at a larger size
+    where it has one; an id given twice is a mistake."""
     claims: dict[str, Claim] = {}
     for folder in claim_folders(config_dir):
         for path in sorted(folder.glob("*.yaml")):
@@ -487,6 +509,9 @@ def load_registry(config_dir: Path | None = None) -> list[Claim]:
             if claim.id in claims:
                 raise ConfigError(f"{path}: id: '{claim.id}' is already a claim ({claims[claim.id].path})")
             claims[claim.id] = claim
+            if claim.scale["larger"]:
+                larger = at_larger_size(claim)
+                claims[larger.id] = larger
     return list(claims.values())
 
 

@@ -16,14 +16,12 @@ import copy
 import dataclasses
 import hashlib
 import os
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from normbench.core.errors import ConfigError
-from normbench.core.fileio import write_atomic
 from normbench.data.tokens import TokensData, build_tokens
 
 
@@ -49,9 +47,7 @@ class TextData:
 @dataclass
 class ShakespeareData:
     name: str
-    url: str
     sha256: str
-    cache_dir: str
     val_fraction: float
 
 
@@ -222,31 +218,22 @@ def char_tokens(text: str) -> tuple[torch.Tensor, list[str]]:
     return torch.tensor([index[c] for c in text], dtype=torch.long), chars
 
 
-def fetch_shakespeare(cfg: ShakespeareData) -> Path:
-    """Download tiny-shakespeare once into the cache, verify its SHA-256, reuse it after.
+SHAKESPEARE = Path(__file__).with_name("tinyshakespeare.txt")  # shipped in the package
 
-    The file is written atomically (a temporary file of a unique name, then a rename), so the
-    jobs of a sweep fetching it at the same time never write into one another's file.
-    """
-    cache = Path(os.path.expanduser(cfg.cache_dir)) / "tinyshakespeare.txt"
-    if cache.is_file() and hashlib.sha256(cache.read_bytes()).hexdigest() == cfg.sha256:
-        return cache
+
+def shakespeare_path(cfg: ShakespeareData) -> Path:
+    """The shipped tiny-shakespeare, once its SHA-256 is the config's: a changed copy is never trained on."""
     try:
-        with urllib.request.urlopen(cfg.url, timeout=30) as response:
-            payload = response.read()
+        digest = hashlib.sha256(SHAKESPEARE.read_bytes()).hexdigest()
     except OSError as err:
         raise ConfigError(
-            f"could not download tiny-shakespeare from {cfg.url} ({err}); "
-            "offline, point normbench at a local copy instead: data=text data.path=/path/to/input.txt"
+            f"tiny-shakespeare is missing from the install: {SHAKESPEARE} ({err.strerror})"
         ) from None
-    digest = hashlib.sha256(payload).hexdigest()
     if digest != cfg.sha256:
         raise ConfigError(
-            f"downloaded file from {cfg.url} has SHA-256 {digest}, expected {cfg.sha256}; not using it"
+            f"{SHAKESPEARE} has SHA-256 {digest}, data.sha256 is {cfg.sha256}; not training on a changed copy"
         )
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(cache, payload)
-    return cache
+    return SHAKESPEARE
 
 
 _corpus: tuple[tuple, SyntheticDataset] | None = None  # the last synthetic corpus drawn, by its config
@@ -294,7 +281,7 @@ def build_dataset(cfg: DataConfig, block_size: int, eval_sequences: int):
     if cfg.name in ("text", "shakespeare"):
         if cfg.name == "text" and not cfg.path:
             raise ConfigError("data=text needs a file: data.path=/path/to/file.txt")
-        path = fetch_shakespeare(cfg) if cfg.name == "shakespeare" else Path(os.path.expanduser(cfg.path))
+        path = shakespeare_path(cfg) if cfg.name == "shakespeare" else Path(os.path.expanduser(cfg.path))
         tokens, chars = char_tokens(_decode_utf8(path))
         if len(chars) < 2:
             raise ConfigError(f"data.path: {path} has a single distinct character; nothing to learn")
