@@ -5,6 +5,7 @@ the user names replaces the claim's value of it: train.steps=3 shortens every ru
 ``hydra.sweep.dir=DIR/<id>``. So running the same claim again resumes it: finished runs are kept,
 interrupted ones continue from their checkpoints (normbench.sweeps.sweep.run_sweep). The claim's
 YAML is copied beside its runs (claim.yaml), the definition its verdict was measured against, and
+the rule its pilot runs under with the commits that fixed and ran it (rule.yaml, normbench.claims.rules), and
 every set of the user's own overrides it was run with is recorded (overrides.yaml), so a verdict
 from runs that differ from the registry's sweep says how. Before any claim runs, each one's sweep is
 composed with the user's overrides and checked (normbench.claims.checking): a mistyped key or an arm
@@ -19,6 +20,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
+from normbench.claims import rules
 from normbench.claims.checking import claim_args, override_key
 from normbench.claims.schema import Claim
 from normbench.core.errors import ConfigError
@@ -97,6 +99,7 @@ def run_claims(
             folder = out / claim.id
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(claim.path, folder / "claim.yaml")
+            rules.record(folder, claim.path)
             record_overrides(folder, overrides)
         code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console)
         if code == 130:
