@@ -88,8 +88,10 @@ def test_an_equivalence_inside_its_margin_needs_the_spread_its_seeds_allow():
 
 
 def test_check_refuses_an_exact_design_that_cannot_reach_its_family_level(tmp_path):
-    """A stable-rate claim on 6 seeds joins the registry's family (28 claims): its exact test cannot
-    give a p below 1/64, above 0.05 / 28; check says so in one line, exit 2; 10 seeds pass."""
+    """A stable-rate claim on 6 seeds among a user's 8 claims (their own family, not the registry's): its
+    exact test cannot give a p below 1/64, above 0.05 / 8; check says so in one line, exit 2; 8 seeds pass."""
+    for other in range(7):
+        write_claim(tmp_path, f"other_{other}", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
     path = write_claim(
         tmp_path, "stable", kind="stable_lr", a={"norm": "rms"}, b={"norm": "ln"}, tune="train.lr", factor=1.0
     )
@@ -100,8 +102,8 @@ def test_check_refuses_an_exact_design_that_cannot_reach_its_family_level(tmp_pa
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert "Traceback" not in result.output
-    assert "cannot decide at level 0.00179 (Holm across 28): an exact test on 6 pairs" in said
-    assert "it needs 10 pairs" in said
-    body["min_seeds"] = 10
+    assert "cannot decide at level 0.00625 (Holm across 8): an exact test on 6 pairs" in said
+    assert "it needs 8 pairs" in said
+    body["min_seeds"] = 8
     path.write_text(yaml.safe_dump(body))
     assert CliRunner().invoke(app, ["claims", "check", str(path)]).exit_code == 0

@@ -151,7 +151,7 @@ def test_a_users_claim_is_listed_and_reported(tmp_path, monkeypatch):
     assert "| claim | verdict | scale | measure |" in page and "| mini, 0.001M parameters |" in page
     assert frame.set_index("id").loc["rms_matches_ln_quality", "verdict"] == "not run"
     assert "my_claim" in done.output and "reproduced" in done.output
-    assert "claims reproduced at this scale" in (tmp_path / "claims" / "claims.md").read_text()
+    assert "rows (claims x sizes) reproduced at this scale" in (tmp_path / "claims" / "claims.md").read_text()
     assert "my_claim" in (tmp_path / "claims" / "claims.html").read_text()
 
 
@@ -194,10 +194,11 @@ def test_a_malformed_claim_gets_one_line_naming_the_field(tmp_path, edit, field)
 
 def test_check_accepts_every_shipped_claim():
     """Each claim's sweep composes, job by job, and holds both its arms, its tuned key and its scale."""
-    for c in load_registry():
+    for c in (c for c in load_registry() if c.size_of is None):
         result = cli("claims", "check", str(c.path))
         assert result.exit_code == 0 and result.output.startswith(f"ok: {c.id}"), result.output
-        assert f"{c.runs()} runs in its default sweep, at model={c.scale['model']}" in result.output
+        sizes = f"model={c.scale['model']}" + (f" and model={c.scale['larger']}" if c.scale["larger"] else "")
+        assert f"{c.runs()} runs in its default sweep, at {sizes}" in result.output
 
 
 def refused(tmp_path, edit, **claim):
@@ -251,7 +252,7 @@ def test_check_refuses_a_scale_other_than_the_model_the_sweep_runs(tmp_path):
     assert "scale.model: 'micro', but the sweep runs model=mini" in message
     assert "scale: missing" in refused(tmp_path, lambda b: b.pop("scale"))
     huge = refused(tmp_path, lambda b: b["scale"].update(model="huge"))
-    assert "scale.model: 'huge' is not a model size; allowed: gpt2, micro, mini, small, tiny" in huge
+    assert "scale.model: 'huge' is not a model size; allowed: gpt2, micro, midi, mini, small, tiny" in huge
 
 
 def test_claims_run_refuses_a_broken_claim_before_launching_any(tmp_path):
@@ -274,7 +275,7 @@ def test_the_articles_claims_run_at_mini_or_larger():
     """At micro (2 x 64) even normalization against none is inconclusive: the founding articles' claims
     run where a norm's effect shows."""
     articles = [c for c in load_registry() if c.source["kind"] == "article"]
-    assert articles and all(c.scale["model"] in ("mini", "small") for c in articles), [
+    assert articles and all(c.scale["model"] in ("mini", "midi", "small") for c in articles), [
         (c.id, c.scale["model"]) for c in articles
     ]
 
@@ -388,7 +389,7 @@ def test_a_users_report_keeps_the_published_verdicts_of_claims_they_did_not_run(
     # here: the headline counts the two apart instead of calling all of them corrected across one family.
     page = Path("results/claims-local/claims.md").read_text()
     assert (
-        "Holm-corrected across the 1 run; 1 more as published (1 reproduced, corrected with the published "
+        "Holm-corrected across all 38 rows; 1 more as published (1 reproduced, corrected with the published "
         "registry)" in page
     )
 
@@ -418,6 +419,7 @@ def test_the_published_verdicts_recompute_from_their_committed_records(monkeypat
     stored = output.read_csv(published / "claims.csv")
     fresh = output.read_csv(io.StringIO(fresh.to_csv(index=False)))
     assert list(fresh["id"]) == list(stored["id"])
+    assert (published / "README.md").read_text() == output.readme(stored)  # written from the CSV alone
     for column in output.COLUMNS:
         a, b = fresh[column], stored[column]
         if pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b):
@@ -506,6 +508,8 @@ def test_a_claims_sweep_is_its_own_then_the_users_overrides_into_its_folder(tmp_
     args = sweep_args(claim, ["train.steps=3", "placement=post"], tmp_path, config_dir=tmp_path)
     assert args == [
         "experiment=lr_sensitivity",
+        "data=shakespeare",
+        "model=mini",
         "norm=ln,rms",
         "train.steps=3",
         "placement=post",  # the user's value replaces the claim's

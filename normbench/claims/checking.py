@@ -165,15 +165,17 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
 
 
 def check_design(claim: Claim, registry: Path) -> None:
-    """Refuse, in one line, a design that cannot decide at the level the registry's family gives the
-    claim (Holm's first level across the registry, the claim counted in it): an exact test whose
+    """Refuse, in one line, a design that cannot decide at the level its family gives the claim (Holm's
+    first level across the registry's rows, or across a user's own claims, the claim counted in it): an exact test whose
     smallest p at its seeds is above the level, an equivalence margin the pilot's spread cannot meet.
     The seeds are the claim's pre-registered count where it has one (normbench.claims.prereg), else
     its min_seeds."""
     from normbench.claims import power, prereg
     from normbench.claims.schema import load_registry
 
-    ids = {c.id for c in load_registry(claim_config_dir(claim.path))}
+    # its family: normbench's registry, or the claims of the user's own config folder (never both)
+    folder = claim_config_dir(claim.path)
+    ids = {c.id for c in load_registry(folder) if claim_config_dir(c.path) == folder}
     family = len(ids | {claim.id})
     level = power.family_level(family)
     design = prereg.read(registry, claim.id)

@@ -195,7 +195,8 @@ def report(
     if reports:
         _claim_reports(verdicts, console)
     target = out or (paths[0] if paths else LOCAL)
-    frame = output.write(verdicts, target, PUBLISHED / "claims.csv")
+    published = target.resolve() == PUBLISHED.resolve()  # the registry's own folder: its README too
+    frame = output.write(verdicts, target, PUBLISHED / "claims.csv", with_readme=published)
     output.show(frame, console)
     console.print(f"wrote {target / 'claims.csv'}, claims.md, claims.html", highlight=False)
 
@@ -262,13 +263,25 @@ def check(path: Path = typer.Argument(..., help="A claim YAML (CONFIG_DIR/claim/
     """Validate a claim: its YAML, then its sweep composed (every job) with its arms, tuned key and scale
     found in it, then whether its design can decide at the level the registry's family gives it. One
     line naming what is wrong, exit 2; or what it claims."""
+    from normbench.claims import rules
     from normbench.claims.checking import check_claim, check_design
-    from normbench.claims.schema import parse_claim
+    from normbench.claims.schema import at_larger_size, parse_claim
+    from normbench.core.errors import ConfigError
 
     claim = parse_claim(path)
     checked = check_claim(claim)
     check_design(claim, PUBLISHED)
+    # a verdict whose rule moved after its pilot began decides nothing
+    for row in (claim.id, f"{claim.id}@{claim.scale['larger']}"):
+        if rules.changed(PUBLISHED / row, claim.path):
+            raise ConfigError(
+                f"{path}: its rule changed after the pilot of {row} began ({PUBLISHED / row / rules.FILE}): "
+                "that verdict cannot be published; pilot it again on fresh seeds"
+            )
+    sizes = f"model={claim.scale['model']}"
+    if claim.scale["larger"]:  # its row at the larger size: the same sweep composed at that size
+        check_claim(at_larger_size(claim))
+        sizes += f" and model={claim.scale['larger']}"
     typer.echo(
-        f"ok: {claim.id} ({claim.cites}): {claim.kind}, {checked.jobs} runs in its default sweep, "
-        f"at model={claim.scale['model']}"
+        f"ok: {claim.id} ({claim.cites}): {claim.kind}, {checked.jobs} runs in its default sweep, at {sizes}"
     )

@@ -12,6 +12,7 @@ import html
 import math
 import os
 from pathlib import Path
+from statistics import NormalDist
 
 import pandas as pd
 from rich.console import Console
@@ -26,6 +27,10 @@ from normbench.report.render import to_markdown
 COLUMNS = (
     "id",
     "verdict",
+    "size",
+    "params",
+    "data",
+    "trend",
     "scale",
     "scale_note",
     "estimate",
@@ -50,6 +55,9 @@ COLUMNS = (
     "changed",
     "planned_n",
     "pilot",
+    "rule_commit",
+    "pilot_commit",
+    "confirm_commit",
 )
 MARGINS = ("equivalent", "not_worse")  # the predicates whose verdict is a margin δ
 LATER = (
@@ -58,6 +66,13 @@ LATER = (
     "note",
     "planned_n",
     "pilot",
+    "size",
+    "params",
+    "data",
+    "trend",
+    "rule_commit",
+    "pilot_commit",
+    "confirm_commit",
 )  # columns a claims.csv written by an earlier normbench lacks: read as empty
 # Columns an earlier claims.csv lacks, left out of its pages (which stay as that normbench wrote them).
 SHOWN_IF_WRITTEN = ("scale",)
@@ -87,14 +102,21 @@ def scale(v: Verdict) -> str:
 
 
 def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
-    """claims.csv: one row per claim."""
+    """claims.csv: one row per claim and size."""
     records = []
+    by_id = {v.claim.id: v for v in verdicts}
     for v in verdicts:
         o, c = v.outcome, v.claim
+        rule = v.rule or {}
+        pair = [by_id.get(c.size_of), v] if c.size_of else [v, by_id.get(f"{c.id}@{c.scale.get('larger')}")]
         records.append(
             {
                 "id": c.id,
                 "verdict": v.word,
+                "size": c.scale["model"],
+                "params": round(v.params) if math.isfinite(v.params) else math.nan,
+                "data": v.data or _data(c),
+                "trend": trend(*pair) if None not in pair else "",
                 "scale": scale(v),
                 "scale_note": v.scale_note,
                 "estimate": o.estimate,
@@ -109,7 +131,7 @@ def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
                 "reason": o.reason,
                 "delta": c.predicate.get("delta", math.nan),
                 "spread": o.spread,
-                "corrected": f"Holm, alpha {v.alpha:.3g}" if v.corrected else "no",
+                "corrected": _corrected(v),
                 "predicate": c.kind,
                 "source": c.cites,
                 "claim": c.claim,
@@ -119,9 +141,75 @@ def rows(verdicts: list[Verdict], out: Path) -> pd.DataFrame:
                 "changed": c.note or "",
                 "planned_n": v.design.planned_n if v.design else math.nan,
                 "pilot": v.design.pilot_text() if v.design else "",
+                "rule_commit": rule.get("rule_commit") or "",
+                "pilot_commit": rule.get("pilot_commit") or "",
+                "confirm_commit": v.confirm_commit,
             }
         )
-    return pd.DataFrame(records, columns=list(COLUMNS))
+    frame = pd.DataFrame(records, columns=list(COLUMNS))
+    frame["params"] = frame["params"].astype("Int64")  # a count: written without a decimal point
+    return frame
+
+
+def _corrected(v: Verdict) -> str:
+    """'Holm across 38, alpha 0.00132': the family and the level the row was judged at (none without a p)."""
+    if not v.corrected:
+        return "no"
+    tested = math.isfinite(v.outcome.p) and v.word != "not run"
+    return f"Holm across {v.family}" + (f", alpha {v.alpha:.3g}" if tested else "")
+
+
+def _data(claim) -> str:
+    """The corpus a claim's sweep names (data=NAME), for a claim not run."""
+    return next((o.partition("=")[2] for o in claim.overrides if o.startswith("data=")), "")
+
+
+def _log_scale(v: Verdict) -> bool:
+    """Whether the estimate is a ratio (compared in logs, 1 the null) rather than a difference or slope."""
+    return "ratio" in v.outcome.unit
+
+
+def _standard_error(v: Verdict) -> float:
+    """The estimate's standard error read back from its interval and level ('97.5%', '99.8% one-sided'):
+    the half-width over the normal quantile of that level (a one-sided level's interval is two-sided at
+    twice its tail)."""
+    o = v.outcome
+    try:
+        level = float(o.level.split("%")[0]) / 100
+    except ValueError:
+        return math.nan
+    tail = (1 - level) if "one-sided" in o.level else (1 - level) / 2
+    low, high = (math.log(o.low), math.log(o.high)) if _log_scale(v) else (o.low, o.high)
+    return (high - low) / 2 / NormalDist().inv_cdf(1 - tail)
+
+
+def trend(small: Verdict, large: Verdict) -> str:
+    """What a claim's two sizes show together: the larger size's estimate minus the smaller's (in logs for a
+    ratio), with its 95% interval from the two estimates' standard errors, read as one of: the effect flips
+    (each size's interval excludes the null, on opposite sides), grows or shrinks (the difference's interval
+    excludes zero; in size, away from the null), or holds within its interval."""
+    if not all(
+        math.isfinite(x) for v in (small, large) for x in (v.outcome.estimate, v.outcome.low, v.outcome.high)
+    ):
+        return ""
+    log = _log_scale(small)
+    at = [math.log(v.outcome.estimate) if log else v.outcome.estimate for v in (small, large)]
+    se = math.hypot(_standard_error(small), _standard_error(large))
+    if not math.isfinite(se):
+        return ""
+    diff, half = at[1] - at[0], 1.96 * se
+    sides = [
+        (v.outcome.low > (1 if log else 0)) - (v.outcome.high < (1 if log else 0)) for v in (small, large)
+    ]
+    if sides[0] * sides[1] < 0:
+        word = "flips"
+    elif abs(diff) > half:
+        word = "grows" if abs(at[1]) > abs(at[0]) else "shrinks"
+    else:
+        word = "holds within its interval"
+    unit = "log ratio" if log else "difference"
+    sizes = f"{large.claim.scale['model']} - {small.claim.scale['model']}"
+    return f"{word}: {sizes} {unit} {diff:+.3g} [{diff - half:+.3g}, {diff + half:+.3g}]"
 
 
 def _num(value) -> str:
@@ -167,12 +255,22 @@ def display(frame: pd.DataFrame) -> pd.DataFrame:
         {
             "claim": frame["id"],
             "verdict": frame["verdict"],
+            **(
+                {"data": frame["data"].map(_text)}
+                if frame.get("data", pd.Series(dtype=str)).map(_text).ne("").any()
+                else {}
+            ),
             **({"scale": frame["scale"].map(_text)} if "scale" in frame else {}),
             "estimate": frame["estimate"].map(_num),
             "interval": [_interval(r) for _, r in frame.iterrows()],
             "n (a / b)": [_n(r) for _, r in frame.iterrows()],
             "source": frame["source"],
             "note": [_note(r) for _, r in frame.iterrows()],
+            **(
+                {"trend": frame["trend"].map(_text)}
+                if frame.get("trend", pd.Series(dtype=str)).map(_text).ne("").any()
+                else {}
+            ),
         }
     )
 
@@ -196,21 +294,38 @@ def _words(frame: pd.DataFrame, words=WORDS) -> str:
 
 def _counts(frame: pd.DataFrame) -> str:
     rest = _words(frame, WORDS[1:])
+    sizes = frame["size"].map(_text) if "size" in frame else pd.Series("", index=frame.index)
+    unit = "rows (claims x sizes)" if sizes.ne("").any() else "claims"
     run = int(frame["verdict"].ne("not run").sum())
-    corrected = frame["corrected"].astype(str).ne("no").any() if "corrected" in frame else False
-    multiplicity = f"Holm-corrected across the {run} run" if corrected else "not corrected for multiplicity"
+    corrected = frame["corrected"].astype(str) if "corrected" in frame else pd.Series(dtype=str)
+    across = corrected.str.extract(r"across (\d+)")[0].dropna()
+    if len(across):  # one fixed family: every row of the registry
+        multiplicity = f"one family, Holm-corrected across all {across.iloc[0]} rows"
+    elif corrected.ne("no").any():
+        multiplicity = f"Holm-corrected across the {run} run"
+    else:
+        multiplicity = "not corrected for multiplicity"
     planned = pd.to_numeric(frame.get("planned_n", pd.Series(dtype=float)), errors="coerce").notna()
-    if planned.any():  # the family is the claims a test decided (a p); seed counts were fixed before they ran
+    if planned.any():  # seed counts fixed by pre-registration before their confirmations ran
         has_p = pd.to_numeric(frame["p"], errors="coerce").notna()
         waiting = int((planned & ~has_p).sum())  # pre-registered, their confirmations not yet run
+        tested = "" if len(across) else f" across the {int(has_p.sum())} claims tested"
         multiplicity = (
-            f"one family, Holm-corrected across the {int(has_p.sum())} claims tested; the seed counts of "
-            f"{int((planned & has_p).sum())} confirmations fixed by pre-registration before they ran"
-            + (f", {waiting} more pre-registered" if waiting else "")
+            (f"{multiplicity}; " if len(across) else "one family, Holm-corrected" + tested + "; ")
+            + f"the seed counts of {int((planned & has_p).sum())} confirmations fixed by pre-registration "
+            "before they ran" + (f", {waiting} more pre-registered" if waiting else "")
+        )
+    by_size = ""
+    if sizes.ne("").any() and sizes.nunique() > 1:
+        by_size = "; " + "; ".join(
+            f"{size}: {int(part['verdict'].eq('reproduced').sum())} reproduced, "
+            f"{int(part['verdict'].eq('not reproduced').sum())} not reproduced of {len(part)}"
+            for size, part in frame.groupby(sizes, sort=False)
         )
     return (
-        f"{int(frame['verdict'].eq('reproduced').sum())} of {len(frame)} claims reproduced at this scale"
+        f"{int(frame['verdict'].eq('reproduced').sum())} of {len(frame)} {unit} reproduced at this scale"
         + (f" ({rest})" if rest else "")
+        + by_size
         + f", {multiplicity}"
     )
 
@@ -243,7 +358,8 @@ def headline_table(frame: pd.DataFrame) -> str:
 def _correction(frame: pd.DataFrame) -> str:
     corrected = frame["corrected"].astype(str).ne("no").any()
     return (
-        "Intervals and verdicts are Holm-corrected across the claims tested; 'not reproduced' means "
+        "Intervals and verdicts are Holm-corrected across every row of the registry (each claim at each "
+        "size, run or not); 'not reproduced' means "
         "refuted at this scale (significant the other way, or equivalent within a margin smaller than the "
         "source's effect). A pre-registered claim (planned_n, pilot in claims.csv) is decided by its "
         "confirmation alone. Not testable at this scale: its treatment never engages in its runs."
@@ -345,15 +461,77 @@ def with_published(frame: pd.DataFrame, published: Path | None, out: Path) -> pd
     return frame
 
 
-def write(verdicts: list[Verdict], out: Path, published: Path | None = None) -> pd.DataFrame:
+def _sizes(frame: pd.DataFrame) -> str:
+    """'mini (0.81M parameters), midi (3.2M parameters)': each size the rows ran at, by its runs' mean."""
+    params = pd.to_numeric(frame["params"], errors="coerce")
+    said = []
+    for size in dict.fromkeys(frame["size"].map(_text)):
+        mean = params[frame["size"].map(_text).eq(size)].mean()
+        said.append(f"{size} ({mean / 1e6:.2g}M parameters)" if math.isfinite(mean) else size)
+    return ", ".join(said)
+
+
+def readme(frame: pd.DataFrame) -> str:
+    """The published registry's README.md, from its claims.csv alone: what the rows are, how each was
+    decided, and how to recompute them."""
+    commits = frame[["rule_commit", "pilot_commit", "confirm_commit"]].map(_text)
+    trends = frame[frame["trend"].map(_text).ne("") & frame["id"].str.contains("@")]
+    corpora = ", ".join(sorted({_text(d) for d in frame["data"] if _text(d)})) or "none"
+    lines = [
+        "# The claims registry, published",
+        "",
+        f"`claims.csv` holds one row per claim and size: {len(frame)} rows, on {corpora} (character-level "
+        "tiny-shakespeare, shipped with normbench and checked by its SHA-256), at "
+        f"{_sizes(frame)}. A claim's second size doubles the width at the claim's own depth and keeps its "
+        "steps, batch and context: the two rows of a claim differ in parameters alone, at equal tokens. "
+        "This file, `claims.md` and `claims.html` are written by `normbench claims report` from the records "
+        "beside them.",
+        "",
+        f"**{headline(frame)}.**",
+        "",
+        "How a row is decided: its rule (sweep, arms, metric, predicate, margin, engagement rule, fewest "
+        "seeds) is committed first (`rule_commit`); its pilot runs at a later clean commit (`pilot_commit`, "
+        "recorded in `ID/rule.yaml` when it starts) and fixes only each arm's tuned value and the "
+        "confirmation's seed count (`confirmations/ID/prereg.yaml`, committed before the confirmation); the "
+        "confirmation runs fresh seeds at a later clean commit that holds it (`confirm_commit`) and alone "
+        "decides. A row whose rule changed after its pilot began decides nothing. Holm corrects across every "
+        f"row, run or not (`corrected`). Rows with a pilot: {int(commits['pilot_commit'].ne('').sum())}; "
+        f"with a confirmation: {int(commits['confirm_commit'].ne('').sum())}.",
+        "",
+    ]
+    if len(trends):
+        lines += ["What the two sizes show together (`trend`):", ""]
+        lines += [f"- `{r['id'].split('@')[0]}`: {r['trend']}" for _, r in trends.iterrows()]
+        lines.append("")
+    lines += [
+        "Each row's records: `ID/` (every run's `config.yaml`, `summary.json` and `metrics.jsonl`, the "
+        "claim's YAML as run, `rule.yaml`) and `confirmations/ID/`. Anyone can recompute every verdict from "
+        "them, offline, and nothing changes:",
+        "",
+        "    normbench claims report results/claims   # rewrites claims.csv, .md, .html and README.md",
+        "    git status --short results/claims        # nothing",
+        "",
+        "To run the registry again: `./scripts/publish_claims.sh` (each claim in a clean worktree of HEAD, "
+        "resumable). The earlier registry, on a 64-symbol synthetic Markov chain, is kept apart in "
+        "`results/claims-synthetic/`, retired.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(
+    verdicts: list[Verdict], out: Path, published: Path | None = None, with_readme: bool = False
+) -> pd.DataFrame:
     """claims.csv, claims.md and claims.html in ``out`` (claims not run: from ``published``, see
-    with_published); returns the CSV's frame."""
+    with_published), and the registry's README.md ``with_readme``; returns the CSV's frame."""
     out.mkdir(parents=True, exist_ok=True)
     frame = with_published(rows(verdicts, out), published, out)
     write_atomic(out / "claims.csv", frame.to_csv(index=False))
     frame = read_csv(out / "claims.csv")  # the pages from the CSV as stored, as `claims markdown` reads it
     write_atomic(out / "claims.md", markdown(frame))
     write_atomic(out / "claims.html", page(frame))
+    if with_readme:
+        write_atomic(out / "README.md", readme(frame))
     return frame
 
 

@@ -5,10 +5,11 @@ the folders given; a claim without one is ``not run``. Each verdict carries its 
 arm, the estimate, its interval, the test) and where the runs come from: the provenance blocks of
 their summary.json files (normbench.core.provenance.provenance_of; runs stored before provenance
 say so), and the date of their summaries. A claim that may depend on scale says at what size
-it was measured beside its word. ``holm=True`` corrects across the claims that were run: Holm's
-step-down order by each claim's p-value, each judged at its level alpha / (m - rank), its
-interval at that level; a claim after the first one that fails its level reads neither reproduced
-nor not reproduced: each claim's p is that of the test deciding its word, either way.
+it was measured beside its word. ``holm=True`` corrects across every row of the registry (m, each
+claim at each size, run or not): Holm's step-down order by each claim's p-value, each judged at its
+level alpha / (m - rank), its interval at that level; a claim after the first one that fails its
+level reads neither reproduced nor not reproduced: each claim's p is that of the test deciding its
+word, either way. A row without a p (not run, not testable) is never rejected and moves no level.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from normbench.claims import confirming, prereg
+from normbench.claims import confirming, prereg, rules
 from normbench.claims.predicates import Outcome
 from normbench.claims.running import recorded_overrides, sweep_changed
 from normbench.claims.schema import Claim
@@ -49,9 +50,13 @@ class Verdict:
     params: float = math.nan  # the mean parameter count of the runs judged
     provenance: str = ""
     corrected: bool = False
+    family: int = 0  # the rows Holm corrects across, when corrected
     alpha: float = ALPHA
     stale: int = 0  # runs in the folder of other numerics, left out of the verdict
     design: prereg.Prereg | None = None  # the claim's pre-registration, None without one
+    rule: dict | None = None  # the rule its pilot ran under and the commits (normbench.claims.rules)
+    confirm_commit: str = ""  # the commit(s) its confirmation's runs were trained at
+    data: str = ""  # the corpus its runs trained on (data.name)
 
     @property
     def word(self) -> str:
@@ -109,6 +114,13 @@ def assess(
     none is planned."""
     if folder is None:
         return Verdict(claim, Outcome("not run", reason=f"no runs: normbench claims run {claim.id}"), None)
+    rule = rules.read(folder)
+    if rules.changed(folder, claim.path):
+        reason = (
+            f"its rule changed after its pilot began ({folder / rules.FILE}): it decides nothing; "
+            "pilot it again on fresh seeds"
+        )
+        return Verdict(claim, Outcome("inconclusive", reason=reason), folder, rule=rule)
     design = prereg.read(folder.parent, claim.id)
     confirmation = prereg.folder(folder.parent, claim.id)
     confirmed = design is not None and confirmation.is_dir() and bool(find_inputs([confirmation])[0])
@@ -141,9 +153,29 @@ def assess(
     used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
     params = pd.to_numeric(used["params"], errors="coerce").mean() if "params" in used else math.nan
     provenance = ", ".join(p for p in (describe_provenance(outcome.runs), _changed(claim, folder)) if p)
+    data = "/".join(sorted(map(str, used["data.name"].dropna().unique()))) if "data.name" in used else ""
     return Verdict(
-        claim, outcome, folder, params, provenance, alpha=alpha, stale=int(stale.sum()), design=design
+        claim,
+        outcome,
+        folder,
+        params,
+        provenance,
+        alpha=alpha,
+        stale=int(stale.sum()),
+        design=design,
+        rule=rule,
+        confirm_commit=_commits(outcome.runs) if confirmed else "",
+        data=data,
     )
+
+
+def _commits(run_dirs: list[str]) -> str:
+    """The commits runs were trained at, as their provenance names them ('a1b2c3d', or several joined)."""
+    commits = {
+        str(provenance_of(RunDir(Path(r)).read_summary() or {}).get("commit") or "")
+        for r in dict.fromkeys(run_dirs)
+    }
+    return "/".join(sorted(c for c in commits if c))
 
 
 def _plan(claim: Claim, d, family: int, folder: Path) -> str:
@@ -177,7 +209,10 @@ def _changed(claim: Claim, folder: Path) -> str:
 def assess_all(
     claims: list[Claim], folders: list[Path], holm: bool = False, warn=lambda m: None
 ) -> list[Verdict]:
-    """Every claim's verdict, in registry order; with ``holm``, Holm-corrected across the claims run."""
+    """Every claim's verdict, in registry order; with ``holm``, Holm-corrected across every row of the
+    registry (each claim at each of its sizes, run or not, testable or not): a fixed family, so running,
+    re-running or pre-registering one claim moves no other claim's level. A user's claims (their
+    --config-dir) are a family of their own."""
     found = {c.id: claim_folder(c, folders) for c in claims}
     for folder in folders:  # claims run from another config folder: their runs would go unread
         for stored in sorted(folder.glob("*/claim.yaml")):
@@ -186,16 +221,39 @@ def assess_all(
                     f"{stored.parent} holds the runs of claim '{stored.parent.name}', not in the registry "
                     "(its YAML is in another --config-dir?)"
                 )
-    verdicts = [assess(c, found[c.id], ALPHA, warn, len(claims)) for c in claims]
+    families = _families(claims)
+    verdicts = [assess(c, found[c.id], ALPHA, warn, len(families[_family_of(c)])) for c in claims]
     if not holm:
         return verdicts
-    judged = [i for i, v in enumerate(verdicts) if v.word != "not run" and math.isfinite(v.outcome.p)]
+    for members in families.values():
+        _holm(members, claims, verdicts, found, warn)
+    return verdicts
+
+
+def _family_of(claim: Claim) -> Path | None:
+    """The family a claim is corrected in: normbench's registry (None), or the user's config folder its
+    YAML is in (their claims are their own family, and never move the registry's levels)."""
+    from normbench.claims.checking import claim_config_dir
+
+    return claim_config_dir(claim.path)
+
+
+def _families(claims: list[Claim]) -> dict[Path | None, list[int]]:
+    families: dict[Path | None, list[int]] = {}
+    for i, claim in enumerate(claims):
+        families.setdefault(_family_of(claim), []).append(i)
+    return families
+
+
+def _holm(members: list[int], claims: list[Claim], verdicts: list[Verdict], found: dict, warn) -> None:
+    """Holm's step-down across one family (``members``, indices into ``claims``), in place."""
+    family = len(members)
+    judged = [i for i in members if verdicts[i].word != "not run" and math.isfinite(verdicts[i].outcome.p)]
     order = sorted(judged, key=lambda i: verdicts[i].outcome.p)
     stopped = False
     for rank, i in enumerate(order):
-        level = ALPHA / (len(order) - rank)
-        v = assess(claims[i], found[claims[i].id], level, warn, len(claims))
-        v.corrected = True
+        level = ALPHA / (family - rank)
+        v = assess(claims[i], found[claims[i].id], level, warn, family)
         if stopped and v.word in ("reproduced", "not reproduced"):  # Holm stops every rejection after
             v.outcome = dataclasses.replace(
                 v.outcome,
@@ -204,7 +262,5 @@ def assess_all(
             )
         stopped = stopped or v.outcome.p >= level
         verdicts[i] = v
-    for i, v in enumerate(verdicts):
-        if i not in judged:
-            v.corrected = holm
-    return verdicts
+    for i in members:
+        verdicts[i].corrected, verdicts[i].family = True, family
