@@ -192,6 +192,18 @@ def test_a_malformed_claim_gets_one_line_naming_the_field(tmp_path, edit, field)
     assert listed.exit_code == 2 and f": {field}:" in listed.output
 
 
+def test_check_refuses_a_sweep_whose_jobs_cannot_train(tmp_path):
+    """An experiment's key that the chosen corpus lacks (the batch_size experiment's synthetic validation
+    size on tiny-shakespeare) composes, but no job of it could train: check says which job, before a run."""
+    path = write_claim(tmp_path, "on_text", kind="worse", a={"norm": "bn"}, b={"norm": "ln"})
+    body = yaml.safe_load(path.read_text())
+    body["sweep"] = {"experiment": "batch_size", "overrides": ["data=shakespeare", "norm=bn,ln"]}
+    path.write_text(yaml.safe_dump(body))
+    result = cli("claims", "check", str(path))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "sweep: the job" in result.output and "unknown key data.val_sequences" in result.output
+
+
 def test_check_accepts_every_shipped_claim():
     """Each claim's sweep composes, job by job, and holds both its arms, its tuned key and its scale."""
     for c in (c for c in load_registry() if c.size_of is None):

@@ -141,11 +141,16 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
     jobs; ConfigError, one line naming the claim's field, on the first mistake."""
     from normbench.model import extensions
     from normbench.sweeps.planning import job_configs
+    from normbench.training.config import checked
 
     extensions.install()  # installed packages' norms and placements are config options too
     config_dir = config_dir if config_dir is not None else claim_config_dir(claim.path)
     with about(f"{claim.path}: sweep"):
         configs = job_configs(claim_args(claim, list(overrides), config_dir))
+    for job_overrides, cfg in configs:  # each job as training would check it: no run can fail its config
+        _, why = checked(cfg)
+        if why:
+            raise ConfigError(f"{claim.path}: sweep: the job {' '.join(job_overrides)}: {why}")
     jobs = pd.DataFrame([job_row(cfg) for _, cfg in configs])
     for field, spec in (("compare.a", claim.a), ("compare.b", claim.b)):
         if spec:
@@ -166,8 +171,9 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
 
 def check_design(claim: Claim, registry: Path) -> None:
     """Refuse, in one line, a design that cannot decide at the level its family gives the claim (Holm's
-    first level across the registry's rows, or across a user's own claims, the claim counted in it): an exact test whose
-    smallest p at its seeds is above the level, an equivalence margin the pilot's spread cannot meet.
+    first level across the registry's rows, or across a user's own claims, the claim counted in it): an
+    exact test whose smallest p at its seeds is above the level, an equivalence margin the pilot's spread
+    cannot meet.
     The seeds are the claim's pre-registered count where it has one (normbench.claims.prereg), else
     its min_seeds."""
     from normbench.claims import power, prereg
