@@ -290,19 +290,32 @@ def test_trend_of_the_gap_is_the_slope_per_doubling(tmp_path, gaps, word):
     assert out.low < slope < out.high
 
 
-def test_a_trend_whose_sizes_do_not_lie_on_a_line_is_inconclusive(tmp_path):
-    """Gaps zigzag 0, 0.3, 0, 0.3 over four depths, each size's seeds within 0.01: the sizes scatter
-    about the fitted line far beyond their seeds' spread (the chi-square of the residuals, by hand), so
-    its slope, positive as it is, is not read as a trend."""
+def test_a_gap_that_does_not_grow_at_every_step_is_not_read_as_growing(tmp_path):
+    """Gaps zigzag 0, 0.3, 0, 0.3 over four depths, each size's seeds within 0.01: the least-squares slope is
+    positive, but from 4 to 8 layers the gap falls by 0.3 (a Welch t test of one size against the next, by
+    hand), so "grows with depth" is not read off the slope."""
     gaps = {2: 0.0, 4: 0.3, 8: 0.0, 16: 0.3}
     plant_depths(tmp_path / "runs", gaps)
     out = verdict_of(tmp_path, post_gap_grows_with_depth(tmp_path), tmp_path / "runs")
     t, g = np.log2(list(gaps)), np.array(list(gaps.values()))
-    slope, intercept = np.polyfit(t, g, 1)
-    se = np.std([0.0, 0.01, -0.01], ddof=1) / math.sqrt(3)
-    p = stats.chi2.sf(np.sum(((g - intercept - slope * t) / se) ** 2), len(g) - 2)
-    assert out.verdict == "inconclusive" and f"lack-of-fit p {p:.2g}" in out.reason
-    assert out.estimate == pytest.approx(slope)
+    slope = np.polyfit(t, g, 1)[0]
+    assert slope > 0 and out.estimate == pytest.approx(slope)
+    assert out.verdict == "inconclusive"
+    assert "it is not increasing at every step: from model.n_layer=4 to 8 it moves -0.3" in out.reason
+
+
+def test_a_gap_that_grows_at_every_step_but_not_along_a_line_is_reproduced(tmp_path):
+    """Gaps 0.01, 0.02, 0.20 (growing faster than a line in log2 depth, each size's seeds within 0.01): every
+    step between adjacent depths rises beyond its seeds' noise, the largest step p of the two (hand-computed
+    Welch t tests) is the verdict's p."""
+    gaps = {2: 0.01, 4: 0.05, 8: 0.30}
+    plant_depths(tmp_path / "runs", gaps)
+    out = verdict_of(tmp_path, post_gap_grows_with_depth(tmp_path), tmp_path / "runs")
+    se = np.std([0.0, 0.01, -0.01], ddof=1) / math.sqrt(3)  # each size's gap: 3 seeds, a - b paired
+    steps = np.diff(list(gaps.values()))
+    assert out.verdict == "reproduced", out.reason
+    # Welch's degrees of freedom for two sizes of equal SE on 2 each: (2 se^2)^2 / (2 se^4 / 2) = 4
+    assert out.p == pytest.approx(max(2 * stats.t.sf(step / math.hypot(se, se), 4) for step in steps))
 
 
 def test_a_trend_needs_two_sizes_with_min_seeds(tmp_path):

@@ -43,6 +43,7 @@ t intervals at that level.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -205,7 +206,8 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
 
 
 def _slope(claim: Claim, d: ReportData, runs_a: pd.DataFrame, runs_b: pd.DataFrame, alpha: float):
-    """(the least-squares fit over the sizes, its Comparison, sizes used, sizes in all, min seeds, edge)."""
+    """(the least-squares fit over the sizes, its Comparison, sizes used, sizes in all, min seeds, edge,
+    each size's (size, value, standard error, degrees of freedom))."""
     p, axis = claim.predicate, claim.predicate["axis"]
     sizes = sorted(pd.to_numeric(pd.concat([runs_a[axis], runs_b[axis]])).dropna().unique())
     x, gap, se, df, ns, edges = [], [], [], [], [], []
@@ -232,13 +234,30 @@ def _slope(claim: Claim, d: ReportData, runs_a: pd.DataFrame, runs_b: pd.DataFra
             _, e = at_best(sa_runs, claim.tune, "the arm")
             edges += [f"at {axis}={size:g} {e}"] if e else []
         x.append(size), gap.append(gap_i), se.append(se_i), df.append(df_i), ns.append(n_i)
+    points = list(zip(x, gap, se, df))
     if len(x) < 2:
-        return None, None, len(x), len(sizes), min(ns, default=0), _join(*edges)
+        return None, None, len(x), len(sizes), min(ns, default=0), _join(*edges), points
     fit = fit_trend(x, gap, se, df)
     t95 = stats.t.ppf(1 - ALPHA / 2, fit.df)
     slope_se = (fit.high - fit.slope) / t95 if fit.high > fit.slope else 0.0
     c = Comparison(fit.slope, None, math.nan, paired=False, se=slope_se, df=fit.df)
-    return fit, c, len(x), len(sizes), min(ns), _join(*edges)
+    return fit, c, len(x), len(sizes), min(ns), _join(*edges), points
+
+
+def _every_step(points: list, want: int, alpha: float, axis: str) -> tuple[float, str]:
+    """Whether the value moves ``want`` (+1 up, -1 down) at every step between adjacent sizes: an
+    intersection-union test, its p the largest of the steps' (each a Welch t test of one size against the
+    next), which needs no correction across the steps. (p, the first step that does not, in words)."""
+    worst, said = 0.0, ""
+    for (x0, g0, s0, d0), (x1, g1, s1, d1) in itertools.pairwise(points):
+        step, se = g1 - g0, math.hypot(s0, s1)
+        dof = se**4 / (s0**4 / d0 + s1**4 / d1) if s0 > 0 and s1 > 0 else max(min(d0, d1), 1.0)
+        p = t_p(step, se, dof) if want * step > 0 else 1.0
+        if p > worst:
+            worst = p
+        if p >= alpha and not said:
+            said = f"from {axis}={x0:g} to {x1:g} it moves {step:+.3g} (p {p:.2g})"
+    return worst, said
 
 
 def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
@@ -250,7 +269,7 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     if reason := _several(d, {"a": runs_a, "b": runs_b}, [axis, claim.tune]):
         return _inconclusive(reason)
     gap = p["of"] == "gap"
-    fit, c, used, total, n, edge = _slope(claim, d, runs_a, runs_b if gap else runs_a.iloc[:0], alpha)
+    fit, c, used, total, n, edge, points = _slope(claim, d, runs_a, runs_b if gap else runs_a.iloc[:0], alpha)
     unit = "slope of " + ("a - b" if gap else f"log2 best {claim.tune}") + f" per doubling of {axis}"
     base = dict(unit=unit, n_a=n, n_b=n if gap else 0, runs=[*runs_a["run_dir"], *runs_b["run_dir"]])
     if fit is None:
@@ -263,7 +282,8 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     base.update(estimate=fit.slope, test=f"least squares over {used} sizes ({fit.method}){floor}, t interval")
     if not c.se > 0:
         return _inconclusive("the sizes show no spread at all: no interval; more seeds or sizes", **base)
-    if fit.lack_of_fit_p < alpha:  # a slope summarizes the sizes only where they lie along a line
+    flat = p["direction"] == "flat"
+    if flat and fit.lack_of_fit_p < alpha:  # flat across sizes only where they lie along a line
         low, high = interval(c, alpha)
         base.update(low=low, high=high, p=t_p(fit.slope, c.se, fit.df), level=f"{100 * (1 - alpha):.3g}%")
         return _inconclusive(
@@ -298,15 +318,22 @@ def _trend(claim: Claim, d: ReportData, alpha: float) -> Outcome:
                 )
             return Outcome("reproduced", reason=f"{said} moves", **base)
         return Outcome("reproduced", **base)
+    # A direction ("grows", "shrinks") holds where the value moves that way at every step between adjacent
+    # sizes, whatever their shape; it is refuted where the slope across them is significant the other way.
     want = 1 if p["direction"] == "increasing" else -1
     low, high = interval(c, alpha)
     base.update(low=low, high=high, p=t_p(fit.slope, c.se, fit.df))
     base["level"] = f"{100 * (1 - alpha):.3g}%"
+    base["test"] += f"; {p['direction']} at every step between adjacent sizes (intersection-union t tests)"
     if want * low < 0 and want * high < 0:
         return _settled("not reproduced", "the slope is significant the other way", edge, **base)
-    if want * low > 0 and want * high > 0 and not edge:
+    steps_p, stuck = _every_step(points, want, alpha, axis)
+    if not stuck and not edge:
+        base["p"] = steps_p
         return Outcome("reproduced", **base)
-    return _inconclusive(_join(edge, "the slope's interval includes 0: more seeds or sizes"), **base)
+    return _inconclusive(
+        _join(edge, f"it is not {p['direction']} at every step: {stuck}" if stuck else ""), **base
+    )
 
 
 def _rate(claim: Claim, d: ReportData, alpha: float) -> Outcome:
