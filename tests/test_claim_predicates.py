@@ -451,6 +451,7 @@ def test_a_run_that_never_reaches_the_target_is_censored(tmp_path):
     )
     out = verdict_of(tmp_path, claim, runs)
     assert out.verdict == "inconclusive" and "3 run(s) of a never reached it" in out.reason
+    assert out.unit.endswith("censored: at least this (a lower bound)")  # the ratio is not an estimate
 
 
 def test_a_difference_the_other_way_at_the_grids_edge_is_inconclusive(tmp_path):

@@ -434,6 +434,13 @@ def _steps(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         for s, k in censored.items()
         if k
     ]
+    # a measure some runs never reached is censored: the ratio is a bound, said where it is reported
+    if censored["a"] and not censored["b"]:
+        base["unit"] += ", censored: at least this (a lower bound)"
+    elif censored["b"] and not censored["a"]:
+        base["unit"] += ", censored: at most this (an upper bound)"
+    elif censored["a"] and censored["b"]:
+        base["unit"] += ", censored in both arms: neither an estimate nor a bound"
     edge = _join(edge_a, edge_b)
     # a's censored steps are lower bounds (its ratio is higher still): it cannot read "below"; b's
     # censored steps make the ratio an upper bound: it cannot read "above"
