@@ -501,3 +501,45 @@ def test_an_estimate_beyond_the_margin_says_how_many_seeds_would_show_it_beyond(
 def test_equivalence_beyond_its_margin_but_noisy_is_inconclusive_with_a_seed_count(tmp_path):
     out = judged_pair(tmp_path, [0.05, 0.00, 0.10], "equivalent")
     assert out.verdict == "inconclusive" and "seeds per arm would settle it" in out.reason
+
+
+def test_lr_sensitivity_is_wortsmans_per_seed_and_a_diverged_run_counts_as_its_init(tmp_path):
+    """Each seed's LR sensitivity (Wortsman et al. 2023, §2.2), by hand: the mean over the grid of
+    min(final loss, loss at init 4.0) minus its smallest value, a diverged run read at init. The treated
+    arm learns at every rate; the baseline diverges at the two highest: it is the more sensitive."""
+    runs = tmp_path / "runs"
+    grid = (0.01, 0.03, 0.1, 0.3)
+    sensitivity = {"rms": [], "ln": []}
+    for seed in range(3):
+        treated = {0.01: 2.6, 0.03: 2.4, 0.1: 2.5, 0.3: 2.9 + 0.03 * seed}
+        baseline = {0.01: 2.6, 0.03: 2.45 - 0.01 * seed, 0.1: None, 0.3: None}  # None: diverged
+        for lr in grid:
+            plant(runs, f"rms_{lr}_s{seed}", seed=seed, norm="rms", lr=lr, final=treated[lr])
+            loss = baseline[lr]
+            status = "completed" if loss is not None else "diverged"
+            plant(runs, f"ln_{lr}_s{seed}", seed=seed, norm="ln", lr=lr, final=loss or 9.9, status=status)
+        capped = [min(v, 4.0) if v is not None else 4.0 for v in baseline.values()]
+        sensitivity["rms"].append(np.mean(list(treated.values())) - min(treated.values()))
+        sensitivity["ln"].append(np.mean(capped) - min(capped))
+    claim = write_claim(
+        tmp_path,
+        "calm",
+        kind="better",
+        a={"norm": "rms"},
+        b={"norm": "ln"},
+        tune="train.lr",
+        metric="lr_sensitivity",
+    )
+    out = verdict_of(tmp_path, claim, runs)
+    diffs = np.subtract(sensitivity["rms"], sensitivity["ln"])
+    assert out.estimate == pytest.approx(diffs.mean())
+    assert out.verdict == "reproduced" and out.unit == "lr_sensitivity: a - b"
+    assert "sensitivity over its train.lr grid" in out.test
+
+
+def test_lr_sensitivity_needs_the_grid_it_is_read_over(tmp_path):
+    path = write_claim(
+        tmp_path, "calm", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, metric="lr_sensitivity"
+    )
+    with pytest.raises(ConfigError, match="compare.tune: lr_sensitivity is read over the grid"):
+        parse_claim(path)

@@ -130,17 +130,47 @@ def _several(d: ReportData, arms: dict, by: list) -> str | None:
 # ----------------------------------------------------------------------------- the predicates
 
 
+def lr_sensitivity(runs: pd.DataFrame, key: str) -> dict:
+    """Each seed's learning-rate sensitivity over the grid of ``key`` (Wortsman et al. 2023, §2.2): the mean
+    over the grid of min(final loss, loss at init) minus its smallest value, a diverged run counting as its
+    loss at init (it learned nothing). A seed with a failed run, a value of the grid missing, or no loss
+    at init has none: a crash says nothing of stability."""
+    grid = sorted(pd.to_numeric(runs[key], errors="coerce").dropna().unique())
+    init = pd.to_numeric(runs["init_val_loss"], errors="coerce")
+    final = pd.to_numeric(runs["final_val_loss"], errors="coerce").where(runs["status"].eq("completed"), init)
+    capped = final.clip(upper=init)
+    out = {}
+    for seed, group in runs.assign(_v=pd.to_numeric(runs[key], errors="coerce"), _c=capped).groupby("seed"):
+        per_value = group.groupby("_v")["_c"].mean()
+        if group["status"].eq("failed").any() or len(per_value) < len(grid) or per_value.isna().any():
+            continue
+        out[seed] = float((per_value - per_value.min()).mean())
+    return out
+
+
 def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
-    a, edge_a = at_best(arm(d.runs, claim.a), claim.tune, "a")
-    b, edge_b = at_best(arm(d.runs, claim.b), claim.tune, "b")
-    sa, sb = samples(a, claim.metric, claim.log), samples(b, claim.metric, claim.log)
+    if claim.metric == "lr_sensitivity":  # a property of each seed's whole grid: no value is chosen
+        a, b, edge_a, edge_b = arm(d.runs, claim.a), arm(d.runs, claim.b), "", ""
+        sa, sb = lr_sensitivity(a, claim.tune), lr_sensitivity(b, claim.tune)
+        by = [claim.tune]
+    else:
+        a, edge_a = at_best(arm(d.runs, claim.a), claim.tune, "a")
+        b, edge_b = at_best(arm(d.runs, claim.b), claim.tune, "b")
+        sa, sb = samples(a, claim.metric, claim.log), samples(b, claim.metric, claim.log)
+        by = []
     measure = f"log {claim.metric}" if claim.log else claim.metric
     base = dict(n_a=len(sa), n_b=len(sb), unit=f"{measure}: a - b", runs=[*a["run_dir"], *b["run_dir"]])
-    if reason := _several(d, {"a": a, "b": b}, []) or _too_few(claim, len(sa), len(sb)):
+    if reason := _several(d, {"a": a, "b": b}, by) or _too_few(claim, len(sa), len(sb)):
         return _inconclusive(reason, **base)
     c = compare(sa, sb)
     n, delta = min(len(sa), len(sb)), claim.predicate.get("delta")
-    chosen = "each seed at the value chosen on the arm's other seeds, " if grid(a, claim.tune) else ""
+    chosen = (
+        f"each seed's sensitivity over its {claim.tune} grid, "
+        if by
+        else "each seed at the value chosen on the arm's other seeds, "
+        if grid(a, claim.tune)
+        else ""
+    )
     base.update(estimate=c.diff, test=f"difference of means, {chosen}{c.method}", spread=seed_sd(c, n))
     edge = _join(edge_a, edge_b)
     want = 1 if (claim.kind == "worse") != (claim.metric in HIGHER_IS_BETTER) else -1

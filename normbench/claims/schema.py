@@ -65,6 +65,7 @@ from normbench.core.configtree import conf_dir, group_options
 from normbench.core.errors import ConfigError, did_you_mean, first_line
 from normbench.report.metrics import METRICS
 
+DIFFERENCES = ("better", "worse", "not_worse", "equivalent")  # a - b of one number per seed
 KINDS = ("better", "worse", "not_worse", "equivalent", "trend", "rate", "steps_to_target", "stable_lr")
 SOURCE_KINDS = ("paper", "article")
 TREND_OF = ("gap", "best_value")
@@ -97,6 +98,7 @@ METRIC_NAMES = (
     "causal_leak.eval",
     "params",
     "flops_per_token",
+    "lr_sensitivity",  # each seed's over the tuned key's grid (normbench.claims.predicates.lr_sensitivity)
 )
 ARXIV = re.compile(r"\d{4}\.\d{4,5}")
 ID = re.compile(r"[a-z][a-z0-9_]*")
@@ -403,6 +405,10 @@ def parse_claim(path: Path) -> Claim:
     if unknown := [k for k in body["predicate"] if k not in allowed]:
         _fail(path, f"predicate.{unknown[0]}", "unknown field", allowed=allowed)
     _check_predicate(path, predicate, b, compare.tune)
+    if compare.metric == "lr_sensitivity" and not compare.tune:
+        _fail(path, "compare.tune", "lr_sensitivity is read over the grid of a tuned key, by seed: give it")
+    if compare.metric == "lr_sensitivity" and predicate.kind not in DIFFERENCES:
+        _fail(path, "predicate.kind", f"lr_sensitivity compares two arms: not {predicate.kind}", DIFFERENCES)
     models = sorted({*group_options("model"), *_user_options(path, "model")})
     if scale.model not in models:
         _fail(path, "scale.model", f"{scale.model!r} is not a model size", allowed=models)
