@@ -69,6 +69,7 @@ from normbench.report.load import ReportData
 from normbench.report.metrics import HIGHER_IS_BETTER
 from normbench.report.stats import Comparison, compare, fit_trend
 from normbench.report.tables import varying_keys
+from normbench.report.tuning import failed_note
 
 STABLE_FRACTION = 0.9  # a stable run ends at most at this share of its own initial loss
 
@@ -130,8 +131,8 @@ def _several(d: ReportData, arms: dict, by: list) -> str | None:
 
 
 def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
-    a, edge_a = at_best(arm(d.runs, claim.a), claim.tune, "a")
-    b, edge_b = at_best(arm(d.runs, claim.b), claim.tune, "b")
+    arm_a, arm_b = arm(d.runs, claim.a), arm(d.runs, claim.b)
+    (a, edge_a), (b, edge_b) = at_best(arm_a, claim.tune, "a"), at_best(arm_b, claim.tune, "b")
     sa, sb = samples(a, claim.metric, claim.log), samples(b, claim.metric, claim.log)
     measure = f"log {claim.metric}" if claim.log else claim.metric
     base = dict(n_a=len(sa), n_b=len(sb), unit=f"{measure}: a - b", runs=[*a["run_dir"], *b["run_dir"]])
@@ -139,7 +140,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         return _inconclusive(reason, **base)
     c = compare(sa, sb)
     n, delta = min(len(sa), len(sb)), claim.predicate.get("delta")
-    chosen = "each seed at the value chosen on the arm's other seeds, " if grid(a, claim.tune) else ""
+    chosen = "each arm at its best value over its seeds, " if len(grid(arm_a, claim.tune)) > 1 else ""
     base.update(estimate=c.diff, test=f"difference of means, {chosen}{c.method}", spread=seed_sd(c, n))
     edge = _join(edge_a, edge_b)
     want = 1 if (claim.kind == "worse") != (claim.metric in HIGHER_IS_BETTER) else -1
@@ -201,7 +202,21 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
             f"the claimed effect {effect:g}" if effect is not None else "an effect the source does not size"
         )
         return _inconclusive(f"{within}, but a margin not smaller than {claimed} cannot refute it", **base)
-    return _inconclusive(_join(edge, seeds_needed(seed_sd(c, n), abs(c.diff), alpha)), **base)
+    needed = seeds_needed(seed_sd(c, n), abs(c.diff), alpha)
+    return _inconclusive(_join(edge, _as_the_report_reads(c, low, high, alpha), needed), **base)
+
+
+def _as_the_report_reads(c: Comparison, low: float, high: float, alpha: float) -> str:
+    """Why a claim inconclusive at its level differs from ``normbench report`` on the same runs (the
+    same arms' values and seeds, a 95% interval): where the report's interval excludes 0 and the
+    claim's, at a stricter level, does not. Empty where they agree."""
+    if c.ci is None or c.tied or alpha >= ALPHA or not low <= 0.0 <= high:
+        return ""
+    return (
+        f"normbench report reads a difference in these runs (its 95% interval of a - b, "
+        f"[{c.ci.low:+.3g}, {c.ci.high:+.3g}], excludes 0); at this claim's level, "
+        f"{100 * (1 - alpha):.3g}% (its family's), the interval [{low:+.3g}, {high:+.3g}] includes 0"
+    )
 
 
 def _slope(claim: Claim, d: ReportData, runs_a: pd.DataFrame, runs_b: pd.DataFrame, alpha: float):
@@ -530,5 +545,12 @@ PREDICATES = {
 
 
 def judge(claim: Claim, d: ReportData, alpha: float = ALPHA) -> Outcome:
-    """The claim's verdict from its runs ``d`` at family level ``alpha``."""
-    return PREDICATES[claim.kind](claim, d, alpha)
+    """The claim's verdict from its runs ``d`` at family level ``alpha``; a failed run of its arms (an
+    error, not a result: read by no predicate) is named in its reason."""
+    outcome = PREDICATES[claim.kind](claim, d, alpha)
+    if claim.kind == "stable_lr":  # it names its failed runs itself, with the seeds whose limit they hide
+        return outcome
+    arms = pd.concat([arm(d.runs, spec) for spec in (claim.a, claim.b) if spec is not None])
+    failed = failed_note(arms, f"normbench claims run {claim.id} --retry-failed")
+    outcome.reason = _join(outcome.reason, failed)
+    return outcome

@@ -103,11 +103,12 @@ def render_html(
     if tuned is not None:
         parts += [
             f"<h2>Each configuration at its best {e(tune_key)}</h2>",
-            f"<p>Best value: {m.best_word} mean {e(m.label)} over every seed, a diverged or failed one "
-            "at its loss at init (choosing on the survivors of a mostly diverged value would choose on a "
-            "censored sample). LR sensitivity: "
-            "Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) minus the best loss "
-            "(diverged = loss at init), for a loss only. Written to <code>tuned.csv</code>.</p>",
+            f"<p>Best value: {m.best_word} mean {e(m.label)} over every seed, a diverged one ranked "
+            "with its configuration's worst completed run (choosing on the survivors of a mostly "
+            "diverged value would choose on a censored sample); a failed run is not counted. LR "
+            "sensitivity: Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) "
+            "minus the best loss (diverged = loss at init), for a loss only. Written to "
+            "<code>tuned.csv</code>.</p>",
             tuned.to_html(index=False, escape=True),
         ]
     if table is not None:

@@ -22,7 +22,9 @@ from normbench.report.metrics import Metric, metric
 from normbench.report.scale import NEEDS_SIZES, Scale, _x_words
 from normbench.report.stats import NEEDS_SEEDS, compare
 from normbench.report.tables import _fmt_value, config_label, fmt_ci, short_key
-from normbench.report.tuning import at_best, tuned_configs
+from normbench.report.tuning import at_best, failed_note, tuned_configs
+
+RERUN = "the same normbench sweep command and --retry-failed"
 
 
 def _p(p: float) -> str:
@@ -63,7 +65,11 @@ def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
     seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()} to {n.max()}"
     out.append(
         f"{len(d.runs)} runs, {len(table)} configurations, {seeds} completed seed(s) per configuration"
-        + (f" at its best {d.tune} (a diverged seed counted at its loss at init)." if d.tune else ".")
+        + (
+            f" at its best {d.tune} (a diverged seed ranked with its configuration's worst completed run)."
+            if d.tune
+            else "."
+        )
     )
     if n.max() < 2:
         out.append(
@@ -160,6 +166,8 @@ def _failures(d: ReportData) -> list[str]:
         out.append(f"Diverged (seeds per value): {_list(diverged)}.")
     if failed:
         out.append(f"Failed (see the error column of summary.csv): {_list(failed)}.")
+    if note := failed_note(d.runs, RERUN):
+        out.append(f"{note}.")
     return out
 
 

@@ -283,12 +283,13 @@ def chart_tuning(d: ReportData):
 
 
 def _tuning_points(group: pd.DataFrame, mean_ci) -> list[tuple]:
-    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds not
-    completed)."""
+    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds that
+    diverged; a failed run is not drawn)."""
     points = []
     for value, at in group.groupby("_value"):
         done = at.loc[at["status"].eq("completed"), "final_val_loss"].dropna()
-        points.append((value, done.mean() if len(done) else math.nan, mean_ci(done), len(at) - len(done)))
+        diverged = int(at["status"].eq("diverged").sum())
+        points.append((value, done.mean() if len(done) else math.nan, mean_ci(done), diverged))
     return points
 
 
@@ -314,7 +315,7 @@ def _tuning_curve(ax, row, points: list[tuple], style: dict, place: tuple[int, i
 
 
 def _tuning_marks(ax, row, points: list[tuple], style: dict) -> None:
-    # diverged or failed seeds: an x at the loss at init, where the sensitivity counts them
+    # diverged seeds: an x at the loss at init, where the sensitivity counts them
     bad = [p[0] for p in points if p[3]]
     if bad and math.isfinite(row.loss_init):
         ax.plot(
@@ -324,7 +325,7 @@ def _tuning_marks(ax, row, points: list[tuple], style: dict) -> None:
             color=style["color"],
             markersize=9,
             markeredgewidth=2,
-            label="diverged or failed seeds (at loss at init)",
+            label="diverged seeds (at loss at init)",
         )
     if pd.notna(row.best_value):
         ax.plot(

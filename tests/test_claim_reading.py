@@ -1,0 +1,132 @@
+"""A claim and ``normbench report`` read the same runs one way: each arm at one best value chosen by
+one rule, a seed that diverged there ranked worst, a failed run left out and named, and a verdict
+that differs from the report's reading says why. Every expected number is computed here by hand
+from the planted losses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from planted import plant, t_interval, verdict_of, write_claim
+from test_report import only_charts, report
+
+from normbench.claims.predicates import judge
+from normbench.claims.schema import parse_claim
+from normbench.report.load import find_inputs, load_runs
+
+RATES = (0.003, 0.01, 0.03, 0.1)
+LN = {0.003: [2.30] * 4, 0.01: [2.00, 2.01, 1.99, 2.02], 0.03: [2.20] * 4, 0.1: [2.50] * 4}
+DIVERGED = None  # a seed that diverged (planted at a loss at init of 4.0)
+
+
+def plant_arms(root, rms: dict, ln: dict = LN, failed=()) -> None:
+    """rms (the user's norm, a) and ln (b) at every rate and seed; ``None`` losses diverged; (rate,
+    seed) in ``failed`` crashed."""
+    for arm, losses in (("rms", rms), ("ln", ln)):
+        for lr, per_seed in losses.items():
+            for seed, final in enumerate(per_seed):
+                status = "diverged" if final is None else "completed"
+                if (arm, lr, seed) in failed:
+                    status = "failed"
+                loss = 4.0 if final is None else final
+                plant(root, f"{arm}_{lr:g}_s{seed}", seed=seed, final=loss, norm=arm, lr=lr, status=status)
+
+
+def better_claim(tmp_path):
+    return write_claim(
+        tmp_path / "conf", "mine", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, tune="train.lr"
+    )
+
+
+def tuned(tmp_path, monkeypatch, runs) -> pd.DataFrame:
+    only_charts(monkeypatch)
+    out, _ = report([runs], out=tmp_path / "report")
+    return pd.read_csv(out / "tuned.csv").set_index("norm")
+
+
+def test_a_seed_diverged_where_its_arms_other_seeds_did_best_leaves_a_consistent_effect_decided(
+    tmp_path, monkeypatch
+):
+    """rms is worse than ln at every seed and rate; its seed 0 diverged at 0.01, where its other seeds
+    did best. Every seed counting (the diverged one at its loss at init, 4.0), rms's best rate is 0.03
+    (mean 2.5025 against (4.0 + 2.30 + 2.31 + 2.29) / 4 = 2.725), every seed is read there, and the
+    difference to ln at its 0.01 excludes 0: rms is worse, as the report reads it too."""
+    runs = tmp_path / "runs"
+    rms = {0.003: [2.8] * 4, 0.01: [DIVERGED, 2.30, 2.31, 2.29], 0.03: [2.50, 2.52, 2.48, 2.51]}
+    rms[0.1] = [2.9] * 4
+    plant_arms(runs, rms)
+    out = verdict_of(tmp_path, better_claim(tmp_path), runs)
+    d = np.subtract(rms[0.03], LN[0.01])
+    low, high = t_interval(d)
+    assert out.estimate == pytest.approx(d.mean()) and (out.low, out.high) == pytest.approx((low, high))
+    assert low > 0 and out.verdict == "not reproduced" and (out.n_a, out.n_b) == (4, 4)
+    t = tuned(tmp_path, monkeypatch, runs)
+    assert (t.at["rms", "best_value"], t.at["ln", "best_value"]) == pytest.approx((0.03, 0.01))
+    assert t.at["rms", "vs_best"] == "worse"
+    assert t.at["rms", "diff_vs_best"] == pytest.approx(d.mean())
+
+
+def test_a_seed_diverged_at_its_arms_value_is_ranked_with_the_arms_worst_seed_there(tmp_path, monkeypatch):
+    """rms's best rate is 0.01 even with seed 0 diverged there ((4.0 + 2.30 + 2.31 + 2.29) / 4 = 2.725
+    against 2.9 elsewhere). Seed 0 is read as rms's worst completed seed at 0.01, 2.31: evidence rms is
+    worse, never a loss at init whose spread would make the effect inconclusive. The report reads the
+    seeds there the same way."""
+    runs = tmp_path / "runs"
+    rms = {0.003: [2.9] * 4, 0.01: [DIVERGED, 2.30, 2.31, 2.29], 0.03: [2.9] * 4, 0.1: [3.0] * 4}
+    plant_arms(runs, rms)
+    out = verdict_of(tmp_path, better_claim(tmp_path), runs)
+    d = np.subtract([2.31, 2.30, 2.31, 2.29], LN[0.01])
+    low, high = t_interval(d)
+    assert out.estimate == pytest.approx(d.mean()) and (out.low, out.high) == pytest.approx((low, high))
+    assert low > 0 and out.verdict == "not reproduced" and out.n_a == 4
+    t = tuned(tmp_path, monkeypatch, runs)
+    assert t.at["rms", "best_value"] == pytest.approx(0.01)
+    assert t.at["rms", "diff_vs_best"] == pytest.approx(d.mean())
+    assert t.at["rms", "diff_ci_low"] == pytest.approx(low)
+
+
+def test_a_failed_run_is_left_out_of_every_mean_and_choice_and_named(tmp_path, monkeypatch):
+    """rms's seed 0 crashed at 0.01: an error, not a loss. Left out, rms's best rate is 0.01 (mean of
+    2.30, 2.31, 2.29 against 2.40 at 0.03), read on its three other seeds; the claim and the report say
+    the run failed and how to run it again."""
+    runs = tmp_path / "runs"
+    rms = {0.003: [2.9] * 4, 0.01: [2.30] * 4, 0.03: [2.40] * 4, 0.1: [3.0] * 4}
+    rms[0.01] = [2.30, 2.30, 2.31, 2.29]
+    plant_arms(runs, rms, failed={("rms", 0.01, 0)})
+    out = verdict_of(tmp_path, better_claim(tmp_path), runs)
+    assert out.estimate == pytest.approx(np.mean([2.30, 2.31, 2.29]) - np.mean(LN[0.01]))
+    assert (out.n_a, out.n_b) == (3, 4)
+    rerun = "normbench claims run mine --retry-failed"
+    assert f"1 run failed (not counted): re-run them with {rerun}" in out.reason
+    only_charts(monkeypatch)
+    out_dir, _ = report([runs], out=tmp_path / "report")
+    t = pd.read_csv(out_dir / "tuned.csv").set_index("norm")
+    assert t.at["rms", "best_value"] == pytest.approx(0.01) and t.at["rms", "n_seeds"] == 3
+    summary = " ".join((out_dir / "summary.md").read_text().split())
+    rerun = "the same normbench sweep command and --retry-failed"
+    assert f"1 run failed (not counted): re-run them with {rerun}" in summary
+
+
+def test_a_verdict_stricter_than_the_reports_reading_says_why(tmp_path):
+    """At its family's level (Holm across 27 claims: 0.05 / 27) the claim's interval of a - b includes
+    0 where the report's 95% interval of the same differences excludes it: the verdict says both."""
+    runs = tmp_path / "runs"
+    a, b = [2.10, 2.08, 2.13], [2.00, 2.01, 2.02]
+    for seed, (la, lb) in enumerate(zip(a, b)):
+        plant(runs, f"rms_s{seed}", seed=seed, final=la, norm="rms")
+        plant(runs, f"ln_s{seed}", seed=seed, final=lb, norm="ln")
+    path = write_claim(tmp_path / "conf", "mine", kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    claim = parse_claim(path)
+    d = np.subtract(a, b)
+    low95, high95 = t_interval(d)
+    strict = t_interval(d, 1 - 0.05 / 27)
+    assert low95 > 0 and strict[0] < 0  # the hand computation: the two levels read differently
+    data = load_runs(find_inputs([runs])[0], lambda m: None)
+    out = judge(claim, data, 0.05 / 27)
+    assert out.verdict == "inconclusive"
+    assert (
+        f"normbench report reads a difference in these runs (its 95% interval of a - b, "
+        f"[{low95:+.3g}, {high95:+.3g}], excludes 0); at this claim's level, 99.8% (its family's), "
+        f"the interval [{strict[0]:+.3g}, {strict[1]:+.3g}] includes 0"
+    ) in out.reason
