@@ -175,13 +175,15 @@ def _changed(claim: Claim, folder: Path) -> str:
 
 
 def assess_all(
-    claims: list[Claim], folders: list[Path], holm: bool = False, warn=lambda m: None
+    claims: list[Claim], folders: list[Path], holm: bool = False, warn=lambda m: None, others=()
 ) -> list[Verdict]:
-    """Every claim's verdict, in registry order; with ``holm``, Holm-corrected across the claims run."""
+    """Every claim's verdict, in registry order; with ``holm``, Holm-corrected across the claims run.
+    ``others``: claims of another family, judged apart (normbench.claims.families): known, not judged."""
     found = {c.id: claim_folder(c, folders) for c in claims}
+    known = {*found, *(c.id for c in others)}
     for folder in folders:  # claims run from another config folder: their runs would go unread
         for stored in sorted(folder.glob("*/claim.yaml")):
-            if stored.parent.name not in found:
+            if stored.parent.name not in known:
                 warn(
                     f"{stored.parent} holds the runs of claim '{stored.parent.name}', not in the registry "
                     "(its YAML is in another --config-dir?)"

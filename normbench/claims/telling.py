@@ -1,0 +1,69 @@
+"""A claim's verdict in words, one line at the end of every verb that runs or plans it, and what its
+confirmation needs after a pilot.
+
+The line names the word, the estimate with its interval, the interval's level and the seeds it rests
+on (an interval from two seeds is said to be fragile: its width rests on one difference of two
+numbers), and the reason. After ``claims run``, a claim not yet pre-registered is told what its
+confirmation needs: the seeds for 80% power at its family's level, the runs and their estimated time,
+and the commands that plan and run it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from normbench.claims import confirming
+from normbench.claims.families import command, is_users
+from normbench.claims.running import estimate, seconds_per_run
+from normbench.claims.verdicts import Verdict
+from normbench.core.errors import ConfigError
+
+FEW_SEEDS = 2  # an interval from this many seeds a side or fewer comes with a warning
+
+
+def interval_text(v: Verdict) -> str:
+    """'a - b +0.5 [+0.48, +0.52] (95%, n = 4 and 4 seeds)', with a warning from two seeds; empty
+    without an estimate."""
+    o = v.outcome
+    if not math.isfinite(o.estimate):
+        return ""
+    said = f"{o.unit} {o.estimate:+.3g}" if o.unit else f"{o.estimate:+.3g}"
+    if math.isfinite(o.low) and math.isfinite(o.high):
+        said += f" [{o.low:+.3g}, {o.high:+.3g}] ({o.level}, n = {o.n_a} and {o.n_b} seeds)"
+        if min(o.n_a, o.n_b) <= FEW_SEEDS:
+            said += "; warning: an interval from 2 seeds rests on one spread of two numbers: run more seeds"
+    return said
+
+
+def verdict_line(v: Verdict) -> str:
+    """'ID: WORD: a - b +0.5 [...] (95%, n = 4 and 4 seeds); REASON'."""
+    detail = "; ".join(p for p in (interval_text(v), v.outcome.reason) if p)
+    return f"{v.claim.id}: {v.word}" + (f": {detail}" if detail else "")
+
+
+def next_step(v: Verdict, folder: Path, family: int) -> str:
+    """What confirms a claim its pilot (its runs in FOLDER/ID/) has read: the confirmation's seeds for
+    80% power at the level of its ``family`` of claims, its runs and their estimated time, and the
+    commands; or why none is planned. Empty for a claim pre-registered already, or not run."""
+    claim = v.claim
+    if v.design is not None or v.folder is None or claim.kind not in confirming.PLANNED:
+        return ""
+    try:
+        planned = confirming.plan(claim, confirming.pilot_runs(claim, folder), family)
+    except ConfigError as err:
+        return f"{claim.id}: no confirmation planned: {err}"
+    if isinstance(planned, str):
+        return f"{claim.id}: no confirmation planned: {planned}"
+    per_run, source = seconds_per_run(claim, folder / claim.id)
+    runs, _ = confirming.confirmation_cost(claim, planned.planned_n, planned.values, per_run)
+    whose = "your claims" if is_users(claim) else "the registry's claims"
+    said = (
+        f"{claim.id}: its confirmation needs {planned.planned_n} seeds per arm for 80% power at level "
+        f"{planned.level:.3g} (Holm across {family}: {whose}), on fresh seeds: "
+        f"{estimate(runs, per_run, source)}; {command('preregister', claim, folder)} fixes it, "
+        f"{command('confirm', claim, folder)} runs it"
+    )
+    if over := confirming.over_budget(claim, planned.planned_n, planned.values, per_run):
+        said += f"; warning: {over}"
+    return said
