@@ -13,6 +13,8 @@ from test_report import only_charts, report
 
 from normbench.claims.predicates import judge
 from normbench.claims.schema import parse_claim
+from normbench.claims.telling import verdict_line
+from normbench.claims.verdicts import assess
 from normbench.report.load import find_inputs, load_runs
 
 RATES = (0.003, 0.01, 0.03, 0.1)
@@ -130,3 +132,82 @@ def test_a_verdict_stricter_than_the_reports_reading_says_why(tmp_path):
         f"[{low95:+.3g}, {high95:+.3g}], excludes 0); at this claim's level, 99.8% (its family's), "
         f"the interval [{strict[0]:+.3g}, {strict[1]:+.3g}] includes 0"
     ) in out.reason
+
+
+def test_a_completed_run_that_learned_nothing_is_flagged_in_the_tables_and_verdicts(tmp_path, monkeypatch):
+    """Post-LN's seed 1 completed at 3.7 from a loss at init of 4.0: 3.7 >= 0.9 x 4.0 = 3.6, it learned
+    nothing; its seeds 0 and 2 (3.5 and 2.4) did. The report's table and verdict, and a claim that
+    reads the run, say so; nothing is flagged for Pre-LN."""
+    runs = tmp_path / "runs"
+    for seed, (pre, post) in enumerate(zip([2.0, 2.1, 2.2], [3.5, 3.7, 2.4])):
+        plant(runs, f"pre_s{seed}", seed=seed, final=pre, placement="pre")
+        plant(runs, f"post_s{seed}", seed=seed, final=post, placement="post")
+    only_charts(monkeypatch)
+    out, _ = report([runs], out=tmp_path / "report")
+    agg = pd.read_csv(out / "aggregate.csv").set_index("placement")
+    assert (agg.at["post", "did_not_learn"], agg.at["pre", "did_not_learn"]) == (1, 0)
+    text = (out / "summary.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| placement | runs |"))
+    assert header.endswith("| diverged | failed | did not learn |")
+    assert (
+        "Did not learn (completed, its final validation loss at or above 90% of its loss at init): "
+        "post (1/3 runs)."
+    ) in " ".join(text.split())
+    path = write_claim(
+        tmp_path / "conf", "post", kind="better", a={"placement": "pre"}, b={"placement": "post"}, min_seeds=3
+    )
+    out = verdict_of(tmp_path, path, runs)
+    assert "1 of its runs did not learn (ended at or above 90% of their loss at init)" in out.reason
+
+
+def test_what_each_arm_ran_with_is_said_in_the_report_and_the_claims_verdict(tmp_path, monkeypatch):
+    """Post-LN ran under BERT's init without a tied head, Pre-LN under GPT-2's with one; the warm-up is
+    the same. The report's verdict and the claim's line name the init and the head, not the warm-up,
+    and the claim's line each arm's tuned value (0.01 for pre, 0.003 for post, by hand: their lowest
+    means)."""
+    runs = tmp_path / "runs"
+    recipes = {"pre": {"model__init": "gpt2", "model__tie_head": True}, "post": {"model__init": "bert"}}
+    recipes["post"]["model__tie_head"] = False
+    losses = {"pre": {0.003: 2.3, 0.01: 2.0, 0.03: 2.2}, "post": {0.001: 2.6, 0.003: 2.4, 0.01: 2.5}}
+    for placement, by_lr in losses.items():
+        for lr, loss in by_lr.items():
+            for seed in range(3):
+                final = loss + 0.01 * seed
+                name = f"{placement}_{lr:g}_s{seed}"
+                plant(runs, name, seed=seed, final=final, placement=placement, lr=lr, **recipes[placement])
+    only_charts(monkeypatch)
+    out, _ = report([runs], out=tmp_path / "report")
+    summary = " ".join((out / "summary.md").read_text().split())
+    assert (
+        "What each configuration ran with beyond its keys: post: train.lr=0.003, init bert, tied head false; "
+        "pre: train.lr=0.01, init gpt2, tied head true."
+    ) in summary
+    path = write_claim(
+        tmp_path / "conf",
+        "mine",
+        kind="better",
+        a={"placement": "pre"},
+        b={"placement": "post"},
+        tune="train.lr",
+    )
+    verdict = assess(parse_claim(path), runs)
+    assert (
+        "arms: a (placement=pre) train.lr=0.01, init gpt2, tied head true; "
+        "b (placement=post) train.lr=0.003, init bert, tied head false"
+    ) in verdict_line(verdict)
+
+
+def test_an_interval_from_two_seeds_comes_with_a_warning(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, (la, lb) in enumerate(zip([2.10, 2.12], [2.00, 2.01])):
+        plant(runs, f"rms_s{seed}", seed=seed, final=la, norm="rms")
+        plant(runs, f"ln_s{seed}", seed=seed, final=lb, norm="ln")
+    path = write_claim(
+        tmp_path / "conf", "mine", kind="better", a={"norm": "rms"}, b={"norm": "ln"}, min_seeds=2
+    )
+    low, high = t_interval([0.10, 0.11])
+    line = verdict_line(assess(parse_claim(path), runs))
+    assert (
+        f"a - b +0.105 [{low:+.3g}, {high:+.3g}] (95%, n = 2 and 2 seeds); warning: an interval from 2 seeds"
+        in line
+    )

@@ -65,13 +65,13 @@ from normbench.claims.smallsample import (
     t_p,
     tost_p,
 )
-from normbench.report.load import ReportData
+from normbench.report.load import LEARNED_FRACTION, ReportData
 from normbench.report.metrics import HIGHER_IS_BETTER
 from normbench.report.stats import Comparison, compare, fit_trend
 from normbench.report.tables import varying_keys
 from normbench.report.tuning import failed_note
 
-STABLE_FRACTION = 0.9  # a stable run ends at most at this share of its own initial loss
+STABLE_FRACTION = LEARNED_FRACTION  # a stable run learned, as the report reads it: below this share of init
 
 
 @dataclass
@@ -546,11 +546,16 @@ PREDICATES = {
 
 def judge(claim: Claim, d: ReportData, alpha: float = ALPHA) -> Outcome:
     """The claim's verdict from its runs ``d`` at family level ``alpha``; a failed run of its arms (an
-    error, not a result: read by no predicate) is named in its reason."""
+    error, not a result: read by no predicate), and a run it read that completed without learning
+    (normbench.report.load.did_not_learn), are named in its reason."""
     outcome = PREDICATES[claim.kind](claim, d, alpha)
     if claim.kind == "stable_lr":  # it names its failed runs itself, with the seeds whose limit they hide
         return outcome
     arms = pd.concat([arm(d.runs, spec) for spec in (claim.a, claim.b) if spec is not None])
     failed = failed_note(arms, f"normbench claims run {claim.id} --retry-failed")
-    outcome.reason = _join(outcome.reason, failed)
+    used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
+    stuck = int(used["did_not_learn"].eq(True).sum()) if "did_not_learn" in used else 0
+    share = f"{LEARNED_FRACTION:.0%}"
+    unlearned = f"{stuck} of its runs did not learn (ended at or above {share} of their loss at init)"
+    outcome.reason = _join(outcome.reason, failed, unlearned if stuck else "")
     return outcome

@@ -3,9 +3,10 @@ confirmation needs after a pilot.
 
 The line names the word, the estimate with its interval, the interval's level and the seeds it rests
 on (an interval from two seeds is said to be fragile: its width rests on one difference of two
-numbers), and the reason. After ``claims run``, a claim not yet pre-registered is told what its
-confirmation needs: the seeds for 80% power at its family's level, the runs and their estimated time,
-and the commands that plan and run it.
+numbers), what each arm ran with (its tuned value, and its init, tied head and warm-up where they
+differ from the other arm's), and the reason. After ``claims run``, a claim not yet pre-registered is
+told what its confirmation needs: the seeds for 80% power at its family's level, the runs and their
+estimated time, and the commands that plan and run it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
+
 from normbench.claims import confirming
+from normbench.claims.arms import arm
 from normbench.claims.families import command, is_users
 from normbench.claims.running import estimate, seconds_per_run
 from normbench.claims.verdicts import Verdict
 from normbench.core.errors import ConfigError
+from normbench.report.load import load_runs
+from normbench.report.recipe import differences
 
 FEW_SEEDS = 2  # an interval from this many seeds a side or fewer comes with a warning
 
@@ -36,9 +42,35 @@ def interval_text(v: Verdict) -> str:
     return said
 
 
+def arms_text(v: Verdict) -> str:
+    """'a (norm=rms) train.lr=0.003, init gpt2; b (norm=ln) train.lr=0.01, init bert': each arm's
+    tuned value among the runs its verdict read, and its recipe where it differs from the other arm's
+    (normbench.report.recipe); empty without runs."""
+    claim = v.claim
+    run_dirs = [Path(r) for r in dict.fromkeys(v.outcome.runs)]
+    if not run_dirs:
+        return ""
+    runs = load_runs(run_dirs, lambda message: None).runs
+    groups = pd.Series("", index=runs.index)
+    also = {}
+    for side, spec in (("a", claim.a), ("b", claim.b)):
+        if spec is None:
+            continue
+        label = f"{side} ({', '.join(f'{k}={value}' for k, value in spec.items())})"
+        chosen = arm(runs, spec)
+        groups[chosen.index] = label
+        if claim.tune and claim.tune in chosen:
+            values = pd.to_numeric(chosen[claim.tune], errors="coerce").dropna().unique()
+            also[label] = f"{claim.tune}=" + "/".join(f"{x:g}" for x in sorted(values))
+    read = groups.ne("")
+    said = differences(runs[read], groups[read], also)
+    return "; ".join(f"{label} {text}" if text else label for label, text in said.items())
+
+
 def verdict_line(v: Verdict) -> str:
-    """'ID: WORD: a - b +0.5 [...] (95%, n = 4 and 4 seeds); REASON'."""
-    detail = "; ".join(p for p in (interval_text(v), v.outcome.reason) if p)
+    """'ID: WORD: a - b +0.5 [...] (95%, n = 4 and 4 seeds); arms: ...; REASON'."""
+    arms = arms_text(v)
+    detail = "; ".join(p for p in (interval_text(v), f"arms: {arms}" if arms else "", v.outcome.reason) if p)
     return f"{v.claim.id}: {v.word}" + (f": {detail}" if detail else "")
 
 

@@ -191,7 +191,8 @@ SECONDARY_COLUMNS = (
 
 
 def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) -> None:
-    quiet = [c for c in ("diverged", "failed", "leaks future") if c in table and set(table[c]) <= {"0", "no"}]
+    flagged = ("diverged", "failed", "did not learn")
+    quiet = [c for c in (*flagged, "leaks future") if c in table and set(table[c]) <= {"0", "no"}]
     table = table.drop(columns=quiet)  # all-zero columns say nothing a person needs to read
     if console.width < 40 + 14 * len(table.columns):
         # a loss column's header carries its unit: "best val loss (nats/token)"
@@ -205,7 +206,7 @@ def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) 
         # Text(), not str: a config value like "[bold]" must not be read as rich markup.
         rich_table.add_row(
             *(
-                Text(v, style="red" if col in ("diverged", "failed") and v != "0" else "")
+                Text(v, style="red" if col in flagged and v != "0" else "")
                 for col, v in zip(table.columns, row)
             )
         )

@@ -17,8 +17,9 @@ import pandas as pd
 
 from normbench.core.provenance import describe
 from normbench.report.cost import implementation_note
-from normbench.report.load import NOT_RECORDED, NUMERICS, ReportData, layer_skip
+from normbench.report.load import LEARNED_FRACTION, NOT_RECORDED, NUMERICS, ReportData, layer_skip
 from normbench.report.metrics import Metric, metric
+from normbench.report.recipe import differences
 from normbench.report.scale import NEEDS_SIZES, Scale, _x_words
 from normbench.report.stats import NEEDS_SEEDS, compare
 from normbench.report.tables import _fmt_value, config_label, fmt_ci, short_key
@@ -146,6 +147,20 @@ def _comparisons(table: pd.DataFrame, m: Metric) -> list[str]:
     return out
 
 
+def _recipes(d: ReportData) -> list[str]:
+    """What each configuration ran with beyond its keys, where that differs between them (its init,
+    tied head, warm-up: normbench.report.recipe), and its tuned value beside it."""
+    groups = tuned_configs(d) if d.tune else d.runs["config"]
+    best = d.tuned.set_index("config")["best_value"] if d.tune else {}
+    also = {c: f"{d.tune}={v:g}" for c, v in dict(best).items() if pd.notna(v)} if d.tune else {}
+    said = differences(d.runs, groups, also)
+    if not any(said.values()) or all(v == also.get(c, "") for c, v in said.items()):
+        return []  # nothing beyond the tuned value, which the comparisons name
+    return [
+        f"What each configuration ran with beyond its keys: {_list([f'{c}: {v}' for c, v in said.items()])}."
+    ]
+
+
 def _failures(d: ReportData) -> list[str]:
     out = []
     if d.tune:
@@ -166,6 +181,16 @@ def _failures(d: ReportData) -> list[str]:
         out.append(f"Diverged (seeds per value): {_list(diverged)}.")
     if failed:
         out.append(f"Failed (see the error column of summary.csv): {_list(failed)}.")
+    stuck = [
+        f"{r.config} ({r.did_not_learn}/{r.runs} runs)"
+        for r in d.agg.itertuples(index=False)
+        if r.did_not_learn
+    ]
+    if stuck:
+        out.append(
+            f"Did not learn (completed, its final validation loss at or above {LEARNED_FRACTION:.0%} of its "
+            f"loss at init): {_list(stuck)}."
+        )
     if note := failed_note(d.runs, RERUN):
         out.append(f"{note}.")
     return out
@@ -513,6 +538,7 @@ def verdict(d: ReportData) -> list[str]:
     return [
         *_evidence(d, table),
         *(size_verdicts(d.scale) if d.scale is not None else _comparisons(table, metric(d.metric))),
+        *_recipes(d),
         *_failures(d),
         *mixed_provenance(d),
         *_sensitivity(d),
