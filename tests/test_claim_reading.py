@@ -211,3 +211,19 @@ def test_an_interval_from_two_seeds_comes_with_a_warning(tmp_path):
         f"a - b +0.105 [{low:+.3g}, {high:+.3g}] (95%, n = 2 and 2 seeds); warning: an interval from 2 seeds"
         in line
     )
+
+
+def test_the_reports_intervals_name_their_level_and_seeds_and_warn_from_two(tmp_path, monkeypatch):
+    """rms 0.1 worse than ln on each of two seeds (2.10, 2.12 against 2.00, 2.01): the difference's
+    interval names 95% and n=2 and 2, with the two-seed warning; so does the best's."""
+    runs = tmp_path / "runs"
+    for seed, (la, lb) in enumerate(zip([2.10, 2.12], [2.00, 2.01])):
+        plant(runs, f"rms_s{seed}", seed=seed, final=la, norm="rms")
+        plant(runs, f"ln_s{seed}", seed=seed, final=lb, norm="ln")
+    only_charts(monkeypatch)
+    out, _ = report([runs], out=tmp_path / "report")
+    summary = " ".join((out / "summary.md").read_text().split())
+    low, high = t_interval([0.10, 0.11])
+    assert f"rms by +0.105 [{low:+.3f}, {high:+.3f}] (95%, n=2 and 2, paired by seed, t, p=" in summary
+    assert "; from 2 seeds: a fragile interval)" in summary
+    assert "n=2; from 2 seeds: a fragile interval)." in summary  # the best's own interval

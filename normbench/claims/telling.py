@@ -24,8 +24,7 @@ from normbench.claims.verdicts import Verdict
 from normbench.core.errors import ConfigError
 from normbench.report.load import load_runs
 from normbench.report.recipe import differences
-
-FEW_SEEDS = 2  # an interval from this many seeds a side or fewer comes with a warning
+from normbench.report.verdict import FEW_SEEDS
 
 
 def interval_text(v: Verdict) -> str:
@@ -38,7 +37,7 @@ def interval_text(v: Verdict) -> str:
     if math.isfinite(o.low) and math.isfinite(o.high):
         said += f" [{o.low:+.3g}, {o.high:+.3g}] ({o.level}, n = {o.n_a} and {o.n_b} seeds)"
         if min(o.n_a, o.n_b) <= FEW_SEEDS:
-            said += "; warning: an interval from 2 seeds rests on one spread of two numbers: run more seeds"
+            said += f"; warning: an interval from {FEW_SEEDS} seeds is fragile: run more seeds"
     return said
 
 

@@ -34,11 +34,20 @@ def _p(p: float) -> str:
     return ", p<0.001" if p < 1e-3 else f", p={p:.2g}"
 
 
-def _diff(row, m: Metric) -> str:
-    """'+0.310 [+0.290, +0.330] (paired by seed, t, p<0.001)'"""
+FEW_SEEDS = 2  # an interval from this many seeds (a side) comes with a warning
+
+
+def _few(*n) -> str:
+    """'; from 2 seeds: a fragile interval' where an interval rests on FEW_SEEDS seeds (a side)."""
+    return f"; from {FEW_SEEDS} seeds: a fragile interval" if min(n) <= FEW_SEEDS else ""
+
+
+def _diff(row, m: Metric, n_best: int) -> str:
+    """'+0.310 [+0.290, +0.330] (95%, n=3 and 3, paired by seed, t, p<0.001)': the difference to the
+    best, its interval's level and the seeds on each side."""
     return (
         f"{m.diff(row['diff_vs_best'])} {fmt_ci(row, 'diff_ci_low', 'diff_ci_high', '+')} "
-        f"({row['test']}{_p(row['p_value'])})"
+        f"(95%, n={row['n']} and {n_best}, {row['test']}{_p(row['p_value'])}{_few(row['n'], n_best)})"
     )
 
 
@@ -116,14 +125,18 @@ def _comparisons(table: pd.DataFrame, m: Metric) -> list[str]:
         return [f"No completed run reported its {m.label} ({m.name}): nothing to compare."]
     b = best.iloc[0]
     ci = (
-        f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}"
+        f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}{_few(b['n'])}"
         if pd.notna(b["ci_low"])
         else f"n={b['n']}, {NEEDS_SEEDS} for an interval"
     )
     out.append(f"Best: {b['config']}{b['at']}, {m.label} {m.value(b['mean'])} ({ci}).")
-    tied = [f"{r['config']}{r['at']} {_diff(r, m)}" for _, r in table[table["vs_best"].eq("tied")].iterrows()]
+    tied = [
+        f"{r['config']}{r['at']} {_diff(r, m, b['n'])}"
+        for _, r in table[table["vs_best"].eq("tied")].iterrows()
+    ]
     worse = [
-        f"{r['config']}{r['at']} by {_diff(r, m)}" for _, r in table[table["vs_best"].eq("worse")].iterrows()
+        f"{r['config']}{r['at']} by {_diff(r, m, b['n'])}"
+        for _, r in table[table["vs_best"].eq("worse")].iterrows()
     ]
     other = table[~table["vs_best"].isin(["best", "tied", "worse", "no completed run", NEEDS_SEEDS])]
     thin = table[table["vs_best"].eq(NEEDS_SEEDS)]
@@ -133,7 +146,7 @@ def _comparisons(table: pd.DataFrame, m: Metric) -> list[str]:
     if worse:
         out.append(f"Worse than the best (the 95% CI of the difference excludes 0): {_list(worse)}.")
     for _, r in other.iterrows():
-        out.append(f"{r['config']}{r['at']}: {r['vs_best']} than the best, {_diff(r, m)}.")
+        out.append(f"{r['config']}{r['at']}: {r['vs_best']} than the best, {_diff(r, m, b['n'])}.")
     if len(thin) and table["n"].max() >= 2:
         out.append(
             "Not compared ("
