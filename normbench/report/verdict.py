@@ -308,8 +308,9 @@ def _throughput(d: ReportData) -> list[str]:
             call = "faster in these runs" if c.ci.low > 0 else "slower in these runs"
         parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
     return [
-        f"Throughput against {ref} (mean tokens/s over the completed runs of each norm, Welch 95% CI of the "
-        "difference): "
+        f"Throughput against {ref} (training runs' whole steps: the ratio of mean tokens/s over the "
+        "completed runs of each norm, higher is faster; Welch 95% CI of the difference; normbench check "
+        "times the norm's op alone, a ratio of times): "
         f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
         f"well; normbench bench compares the norms' speed under control. "
         # the caveat: which norms' implementations are not at their limit (or that it is unknown)
