@@ -1,11 +1,13 @@
 """A claim's two stages: the pilot that fixes its design, and the confirmation that decides it.
 
-``normbench claims preregister ID`` reads the claim's pilot (its runs in the registry's folder, on
-seeds of their own): each arm's best value of the tuned key over all its pilot seeds, the paired
+``normbench claims preregister ID`` reads the claim's pilot (its runs in the claims' folder, OUT/ID/,
+on seeds of their own): each arm's best value of the tuned key over all its pilot seeds, the paired
 difference's distance from the bound the claim is tested against, and the spread of a seed's
 difference. From them normbench.claims.power fixes the confirmation's seed count at the level the
-registry's family gives a claim (Holm's first level across the registry), and the design is written
-to prereg.yaml (normbench.claims.prereg) before anything of the confirmation runs.
+claim's family gives it (Holm's first level across the registry's claims, or across the user's own:
+normbench.claims.families), and the design is written to prereg.yaml (normbench.claims.prereg)
+before anything of the confirmation runs. A design over the budget is written all the same, with a
+warning that gives its runs and time.
 
 ``normbench claims confirm ID`` runs the pre-registered design: fresh seeds (disjoint from the
 pilot's), each arm at its fixed value, paired by seed. Its verdict (``decide``) uses the
@@ -219,7 +221,7 @@ def confirm(
     dry_run: bool = False,
     console: Console | None = None,
 ) -> int:
-    """Run the claim's pre-registered confirmation into REGISTRY/confirmations/ID/ (resumable), its
+    """Run the claim's pre-registered confirmation into OUT/confirmations/ID/ (resumable), its
     estimated time said before it starts."""
     from normbench.claims.checking import check_claim, claim_args
     from normbench.claims.families import command
