@@ -88,24 +88,20 @@ def test_an_equivalence_inside_its_margin_needs_the_spread_its_seeds_allow():
 
 
 def test_check_refuses_an_exact_design_that_cannot_reach_its_family_level(tmp_path):
-    """A user's four claims are a family of their own (level 0.05 / 4 = 0.0125 for the first), not the
-    registry's with them. On 6 seeds a stable-rate claim's one-sided exact test cannot give a p below 1/64 =
-    0.0156, above 0.0125: check says so in one line, exit 2; 7 seeds (1/128) pass."""
-    for other in ("one", "two", "three"):
-        write_claim(tmp_path, other, kind="better", a={"norm": "rms"}, b={"norm": "ln"})
+    """A stable-rate claim on 6 seeds joins the registry's family (28 claims): its exact test cannot
+    give a p below 1/64, above 0.05 / 28; check says so in one line, exit 2; 10 seeds pass."""
     path = write_claim(
         tmp_path, "stable", kind="stable_lr", a={"norm": "rms"}, b={"norm": "ln"}, tune="train.lr", factor=1.0
     )
     body = yaml.safe_load(path.read_text())
-    body["sweep"]["overrides"] = ["norm=ln,rms", "train.lr=1e-2,2e-2", "seed=0,1,2,3,4,5,6"]
-    body["min_seeds"] = 6
+    body["sweep"]["overrides"] = ["norm=ln,rms", "train.lr=1e-2,2e-2", "seed=0,1,2,3,4,5"]
     path.write_text(yaml.safe_dump(body))
     result = CliRunner().invoke(app, ["claims", "check", str(path)])
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert "Traceback" not in result.output
-    assert "cannot decide at level 0.0125 (Holm across 4): an exact test on 6 pairs" in said
-    assert "it needs 7 pairs" in said
-    body["min_seeds"] = 7
+    assert "cannot decide at level 0.00179 (Holm across 28): an exact test on 6 pairs" in said
+    assert "it needs 10 pairs" in said
+    body["min_seeds"] = 10
     path.write_text(yaml.safe_dump(body))
     assert CliRunner().invoke(app, ["claims", "check", str(path)]).exit_code == 0

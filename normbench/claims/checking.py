@@ -165,17 +165,16 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
 
 
 def check_design(claim: Claim, registry: Path) -> None:
-    """Refuse, in one line, a design that cannot decide at the level its family gives the claim (Holm's
-    first level across the registry's claims for one of them, across the user's own for a user's:
-    normbench.claims.families; the claim counted in it): an exact test whose smallest p at its seeds is
-    above the level, an equivalence margin the pilot's spread cannot meet. The seeds are the claim's
-    pre-registered count where it has one (normbench.claims.prereg), else its min_seeds."""
+    """Refuse, in one line, a design that cannot decide at the level the registry's family gives the
+    claim (Holm's first level across the registry, the claim counted in it): an exact test whose
+    smallest p at its seeds is above the level, an equivalence margin the pilot's spread cannot meet.
+    The seeds are the claim's pre-registered count where it has one (normbench.claims.prereg), else
+    its min_seeds."""
     from normbench.claims import power, prereg
-    from normbench.claims.families import family_of
     from normbench.claims.schema import load_registry
 
-    claims = [c for c in load_registry(claim_config_dir(claim.path)) if c.id != claim.id]
-    family = len(family_of(claim, [*claims, claim]))
+    ids = {c.id for c in load_registry(claim_config_dir(claim.path))}
+    family = len(ids | {claim.id})
     level = power.family_level(family)
     design = prereg.read(registry, claim.id)
     n = design.planned_n if design else claim.min_seeds

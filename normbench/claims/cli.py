@@ -304,8 +304,8 @@ def confirm(
 @app.command()
 def check(path: Path = typer.Argument(..., help="A claim YAML (CONFIG_DIR/claim/ID.yaml).")) -> None:
     """Validate a claim: its YAML, then its sweep composed (every job) with its arms, tuned key and scale
-    found in it, then whether its design can decide at the level its family gives it (the registry's
-    claims, or the user's own). One line naming what is wrong, exit 2; or what it claims."""
+    found in it, then whether its design can decide at the level the registry's family gives it. One
+    line naming what is wrong, exit 2; or what it claims."""
     from normbench.claims.checking import check_claim, check_design
     from normbench.claims.schema import parse_claim
 
