@@ -131,8 +131,8 @@ def _several(d: ReportData, arms: dict, by: list) -> str | None:
 
 
 def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
-    arm_a, arm_b = arm(d.runs, claim.a), arm(d.runs, claim.b)
-    (a, edge_a), (b, edge_b) = at_best(arm_a, claim.tune, "a"), at_best(arm_b, claim.tune, "b")
+    a, edge_a = at_best(arm(d.runs, claim.a), claim.tune, "a")
+    b, edge_b = at_best(arm(d.runs, claim.b), claim.tune, "b")
     sa, sb = samples(a, claim.metric, claim.log), samples(b, claim.metric, claim.log)
     measure = f"log {claim.metric}" if claim.log else claim.metric
     base = dict(n_a=len(sa), n_b=len(sb), unit=f"{measure}: a - b", runs=[*a["run_dir"], *b["run_dir"]])
@@ -140,7 +140,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
         return _inconclusive(reason, **base)
     c = compare(sa, sb)
     n, delta = min(len(sa), len(sb)), claim.predicate.get("delta")
-    chosen = "each arm at its best value over its seeds, " if len(grid(arm_a, claim.tune)) > 1 else ""
+    chosen = "each arm at its best value over its seeds, " if grid(a, claim.tune) else ""
     base.update(estimate=c.diff, test=f"difference of means, {chosen}{c.method}", spread=seed_sd(c, n))
     edge = _join(edge_a, edge_b)
     want = 1 if (claim.kind == "worse") != (claim.metric in HIGHER_IS_BETTER) else -1
