@@ -19,9 +19,8 @@ import pandas as pd
 from normbench.claims import confirming
 from normbench.claims.arms import arm
 from normbench.claims.families import command, is_users
-from normbench.claims.running import estimate, seconds_per_run
+from normbench.claims.running import estimate, seconds_per_run, sweep_changed
 from normbench.claims.verdicts import Verdict
-from normbench.core.errors import ConfigError
 from normbench.report.load import load_runs
 from normbench.report.recipe import differences
 from normbench.report.verdict import FEW_SEEDS
@@ -78,15 +77,15 @@ def next_step(v: Verdict, folder: Path, family: int) -> str:
     80% power at the level of its ``family`` of claims, its runs and their estimated time, and the
     commands; or why none is planned. Empty for a claim pre-registered already, or not run."""
     claim = v.claim
-    if v.design is not None or v.folder is None or claim.kind not in confirming.PLANNED:
+    if v.design is not None or v.word == "not run" or claim.kind not in confirming.PLANNED:
         return ""
-    try:
-        planned = confirming.plan(claim, confirming.pilot_runs(claim, folder), family)
-    except ConfigError as err:
-        return f"{claim.id}: no confirmation planned: {err}"
+    if sweep_changed(claim, v.folder):  # a pilot of another design plans nothing of this one
+        again = command("run", claim, folder)
+        return f"{claim.id}: no confirmation planned: its runs are of an earlier sweep: {again}"
+    planned = confirming.plan(claim, confirming.pilot_runs(claim, v.folder.parent), family)
     if isinstance(planned, str):
         return f"{claim.id}: no confirmation planned: {planned}"
-    per_run, source = seconds_per_run(claim, folder / claim.id)
+    per_run, source = seconds_per_run(claim, v.folder)
     runs, _ = confirming.confirmation_cost(claim, planned.planned_n, planned.values, per_run)
     whose = "your claims" if is_users(claim) else "the registry's claims"
     said = (
