@@ -38,7 +38,7 @@ from normbench.report.metrics import DEFAULT, metric
 from normbench.report.select import same_value
 from normbench.report.stats import NEEDS_SEEDS, compare, fit_trend, mean_ci, trend_word
 from normbench.report.tables import _fmt_value, config_label, default_group_keys, ran, varying_keys
-from normbench.report.tuning import _by_seed, _values, compare_with_best
+from normbench.report.tuning import _by_seed, _values, compare_with_best, readings
 
 # The keys a sweep scales; one of them varying alone is the scale axis without --scale.
 SIZE_KEYS = (
@@ -203,9 +203,12 @@ def _at_each_size(d: ReportData, runs: pd.DataFrame, key: str, m) -> tuple[pd.Da
     for (config, size), group in runs.groupby(["_config", "_size"], sort=False):
         label = group["_tconfig"].iloc[0]
         best = tuned.at[label, "best_value"] if tuned is not None else math.nan
-        sample = samples[(config, size)] = _by_seed(
-            group[group["_value"].eq(best)] if tuned is not None else group, m.source
-        )
+        if tuned is not None:  # its seeds at its best value, read as tuned.csv reads them
+            at = group[group["_value"].eq(best)]
+            sample = _by_seed(at.assign(_read=readings(at, m)), "_read", completed=False)
+        else:
+            sample = _by_seed(group, m.source)
+        samples[(config, size)] = sample
         values = _values(sample)
         ci = mean_ci(values)
         rows.append(
