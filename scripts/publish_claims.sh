@@ -4,7 +4,7 @@
 #   ./scripts/publish_claims.sh --confirm ID...    the pre-registered confirmations of these rows
 # A row's rule is committed before its pilot: a pilot runs at HEAD, which must be clean, and records the
 # rule it ran under (ID/rule.yaml); a confirmation runs at a clean HEAD holding its pre-registration
-# (normbench claims preregister ID, committed first). Each runs in a git worktree of HEAD beside this
+# (normbench claims preregister ID --out results/claims, committed first). Each runs in a git worktree of HEAD beside this
 # checkout, so nothing edited here later can enter its runs. As each row finishes, its records
 # (config.yaml, summary.json, metrics.jsonl, claim.yaml, rule.yaml, prereg.yaml; no checkpoints) are
 # copied into results/claims/, the registry's pages (claims.csv, claims.md, claims.html, README.md),
@@ -37,7 +37,7 @@ for id in "${ids[@]}"; do
     echo "== $id ($(date -u +%H:%M:%S))"
     # the clean checkout's code, configs and plugins: PYTHONPATH puts them before this checkout's install
     if [ "$confirm" = 1 ]; then
-        (cd "$tree" && PYTHONPATH="$tree" "$py" -m normbench claims confirm "$id" --registry "$tree/results/claims" "$jobs")
+        (cd "$tree" && PYTHONPATH="$tree" "$py" -m normbench claims confirm "$id" --out "$tree/results/claims" "$jobs")
         from="$tree/results/claims/confirmations/$id" to="results/claims/confirmations/$id"
     else
         (cd "$tree" && PYTHONPATH="$tree" "$py" -m normbench claims run "$id" --out "$tree/results/publish" "$jobs")

@@ -418,6 +418,7 @@ def test_new_writes_a_norm_and_a_placement_that_pass_their_lines(tmp_path, monke
     assert [line.name for line in lines if not line.ok] == []
     speed = conformance.speed_line("fresh")  # eager ops against LayerNorm's fused op: measured, not flagged
     assert speed.mark == "n/a" and speed.figure.endswith("(no goal for your own norm)"), speed
+    assert speed.name == "norm op alone: fwd+bwd time / LayerNorm's"  # not a training run's tokens/s
     assert re.fullmatch(r"\d+\.\d\dx at 256, \d+\.\d\dx at 1024 \(no goal for your own norm\)", speed.figure)
     with pytest.raises(ConfigError, match="overwrites nothing"):
         scaffold.write("norm", "fresh", tmp_path)

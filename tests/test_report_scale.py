@@ -312,3 +312,34 @@ def test_the_slope_is_least_squares_and_its_interval_covers_a_planted_slope_at_i
         fit = fit_trend(sizes, [c.diff for c in fits], [c.se for c in fits], [c.df for c in fits])
         hits += fit.low <= 0.01 <= fit.high
     assert 0.90 <= hits / draws <= 0.99, hits / draws
+
+
+def test_a_seed_diverged_at_its_best_value_is_read_at_each_size_as_the_tuned_table_reads_it(
+    tmp_path, monkeypatch
+):
+    """rms at width 32: seed 0 diverged at 0.003 (its loss at init 3.0), still its best rate by the
+    mean of every seed ((3.0 + 2.91 + 2.92) / 3 = 2.943 against 3.053 at 0.001). At that size the scale
+    axis reads three seeds, the diverged one tied with the worst completed (2.92), as tuned.csv does."""
+    only_charts(monkeypatch)
+    for i, w in enumerate((16, 32)):
+        for lr in (0.001, 0.003, 0.01):
+            for seed in (0, 1, 2):
+                for norm, offset in (("ln", 0.0), ("rms", 0.1)):
+                    final = 3.0 - 0.2 * i + 0.3 * abs(math.log10(lr / 0.003)) + offset + 0.01 * seed
+                    diverged = norm == "rms" and w == 32 and lr == 0.003 and seed == 0
+                    status, init = ("diverged", 3.0) if diverged else ("completed", 4.0)
+                    scale_run(
+                        tmp_path,
+                        f"{norm}-{w}-{lr:g}-s{seed}",
+                        norm=norm,
+                        d_model=w,
+                        lr=lr,
+                        seed=seed,
+                        final=final,
+                        status=status,
+                        init=init,
+                    )
+    out, _ = report([tmp_path])
+    row = pd.read_csv(out / "scale.csv").set_index(["config", "model.d_model"]).loc[("rms", 32)]
+    assert row["best_value"] == pytest.approx(0.003)
+    assert row["n_seeds"] == 3 and row["final_val_loss_mean"] == pytest.approx((2.92 + 2.91 + 2.92) / 3)

@@ -1,13 +1,17 @@
-"""A claim's arms: the runs each side compares, each seed at its tuning value, read as samples.
+"""A claim's arms: the runs each side compares, each seed at the arm's tuned value, read as samples.
 
-Each arm is the runs whose config matches the claim's ``compare.a`` (``b``). With a
-tuning key (``compare.tune``, the learning rate) each seed is read at the value chosen on the
-arm's *other* seeds (leave one seed out: the lowest mean final validation loss among them, a
-diverged or failed run counting as its loss at initialisation). Choosing on the seeds an arm is
-then compared on flatters the arm whose seeds scatter more; choosing on the others does not. An
-arm whose best value (over all its seeds) is the grid's smallest or largest may do better still
-off the grid: its verdict is inconclusive until the grid is extended. A run that diverged is
-read at its initialisation loss (it learned nothing) where the metric is a loss.
+Each arm is the runs whose config matches the claim's ``compare.a`` (``b``). With a tuning key
+(``compare.tune``, the learning rate) every seed of the arm is read at the arm's one best value: the
+lowest mean final validation loss over all its seeds, scored as ``normbench report`` scores them
+(normbench.report.tuning.scores: a diverged seed at its loss at initialisation) and its seeds read
+there as the report reads them (normbench.report.tuning.readings): the report and a claim read the
+same runs one way. Where the metric is a loss, a seed that diverged at the arm's value is ranked
+worst: it reads the worst loss a completed seed of its arm reached there (a worst-rank score:
+evidence the arm is worse, bounded by what the arm's own seeds reached, so one divergence cannot
+turn an effect every seed shows into a spread that decides nothing). A run that failed (crashed) is
+an error, not a result: it is left out, and the verdict says how many were. An arm whose best value
+is the grid's smallest or largest may do better still off the grid: its verdict is inconclusive
+until the grid is extended.
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 from normbench.report.metrics import metric
-from normbench.report.tuning import at_best_value, scores
+from normbench.report.tuning import at_best_value, readings, scores
 
 TUNED_ON = "final_val_loss"  # what the tuning value is chosen by, whatever the claim's metric
-LOSSES = ("final_val_loss", "best_val_loss")  # metrics a diverged run is read at its init loss for
+LOSSES = ("final_val_loss", "best_val_loss")  # metrics a diverged run is ranked worst for
 
 
 def matches(column: pd.Series, value) -> pd.Series:
@@ -40,8 +44,8 @@ def arm(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
 
 
 def learned(runs: pd.DataFrame) -> pd.Series:
-    """Each run's final validation loss as the report scores it for choosing a best value (a run
-    that diverged or failed at its loss at init): report and claims choose by one rule."""
+    """Each run's final validation loss as the report scores it for choosing a best value (a run that
+    diverged at its loss at init; a failed one NaN): report and claims choose by one rule."""
     return scores(runs, metric(TUNED_ON))
 
 
@@ -53,12 +57,12 @@ def grid(runs: pd.DataFrame, key: str | None) -> list[float]:
 
 
 def at_best(runs: pd.DataFrame, key: str | None, side: str = "a") -> tuple[pd.DataFrame, str | None]:
-    """(the arm's runs, each seed at the value of ``key`` chosen on the arm's other seeds; a note when
-    the arm's best value is at the grid's edge). Every run counts without a key or with one value."""
+    """(the arm's runs at its best value of ``key``, every seed there; a note when that value is at the
+    grid's edge). Every run counts without a key or with one value."""
     values = grid(runs, key)
     if len(values) < 2:
         return runs, None
-    chosen, best = at_best_value(runs, key, learned(runs), held_out=True)
+    chosen, best = at_best_value(runs, key, learned(runs))
     edge = None
     if best in (values[0], values[-1]):
         end = "smallest" if best == values[0] else "largest"
@@ -66,19 +70,20 @@ def at_best(runs: pd.DataFrame, key: str | None, side: str = "a") -> tuple[pd.Da
     return runs.loc[chosen], edge
 
 
-def samples(runs: pd.DataFrame, metric: str, log: bool = False) -> dict:
-    """{seed: metric} (its natural log with ``log``) over the runs with a finite value (and a positive
-    one with ``log``): completed runs, and for a loss also the diverged ones, at their loss at init."""
-    if metric not in runs:
+def samples(runs: pd.DataFrame, name: str, log: bool = False) -> dict:
+    """{seed: metric ``name``} (its natural log with ``log``) over the runs with a finite value (and a
+    positive one with ``log``). For a loss, the runs (an arm at one value) are read as the report reads
+    its seeds (``readings``): completed runs at their value, a diverged one tied with the worst
+    completed; a failed run is left out."""
+    if name not in runs:
         return {}
-    values = pd.to_numeric(runs[metric], errors="coerce")
-    done = runs["status"].eq("completed")
-    if metric in LOSSES:
-        values = values.where(done, pd.to_numeric(runs["init_val_loss"], errors="coerce"))
-        done = done | runs["status"].eq("diverged")
+    if name in LOSSES:
+        values = readings(runs, metric(name))
+    else:
+        values = pd.to_numeric(runs[name], errors="coerce").where(runs["status"].eq("completed"))
     if log:
         values = np.log(values.where(values > 0))
-    kept = runs[done & np.isfinite(values)]
+    kept = runs[np.isfinite(values)]
     return dict(zip(kept["seed"], values[kept.index]))
 
 

@@ -11,9 +11,24 @@ from pathlib import Path
 import typer
 
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
-# The published registry (its run records and verdicts, committed) and a user's own claims runs.
+# The published registry (its run records and verdicts, committed) and every verb's default folder
+# (normbench.claims.families says why one folder serves every verb).
 PUBLISHED = Path("results/claims")
 LOCAL = Path("results/claims-local")
+OUT = typer.Option(
+    LOCAL,
+    "--out",
+    "-o",
+    help="The claims' folder, one for every verb: each claim's runs in OUT/ID/, its pre-registration "
+    f"and confirmation in OUT/confirmations/ID/. {PUBLISHED} is the published registry's (normbench's "
+    "own claims, from a clean commit); your claims never write there.",
+)
+JOIN = typer.Option(
+    False,
+    "--join-registry",
+    help="Correct your claims (--config-dir) in one Holm family with the registry's; by default they "
+    "are a family of their own, and the registry's verdicts are not corrected for them.",
+)
 CONFIG_DIR = typer.Option(
     None,
     "--config-dir",
@@ -87,13 +102,9 @@ claims' verdicts: the rows normbench claims report writes for them.
 def run(
     ctx: typer.Context,
     all_claims: bool = typer.Option(False, "--all", help="Every claim of the registry."),
-    out: Path = typer.Option(
-        LOCAL,
-        "--out",
-        "-o",
-        help=f"Parent folder of the claims' runs ({PUBLISHED}: the published registry, from a clean commit).",
-    ),
+    out: Path = OUT,
     config_dir: Path | None = CONFIG_DIR,
+    join: bool = JOIN,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run again the runs that diverged or failed."
     ),
@@ -106,6 +117,7 @@ def run(
         show_default=False,
     ),
 ) -> None:
+    from normbench.claims.families import check_folder
     from normbench.claims.running import run_claims
     from normbench.claims.schema import load_registry, select
     from normbench.core.errors import ConfigError
@@ -113,8 +125,8 @@ def run(
     flags = [a for a in ctx.args if a.startswith("-")]
     if flags:
         raise ConfigError(
-            f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --retry-failed, "
-            "--dry-run, --batch-seeds/--no-batch-seeds, claim ids and KEY=VALUE"
+            f"unknown option {flags[0]}: claims run takes --all, --out, --config-dir, --join-registry, "
+            "--retry-failed, --dry-run, --batch-seeds/--no-batch-seeds, claim ids and KEY=VALUE"
         )
     ids = [a for a in ctx.args if "=" not in a]
     overrides = [a for a in ctx.args if "=" in a]
@@ -123,23 +135,43 @@ def run(
     if not ids and not all_claims:
         raise ConfigError("name the claims to run (normbench claims lists them), or --all")
     chosen = registry if all_claims else select(registry, ids)
+    check_folder(chosen, out)
     code = run_claims(chosen, overrides, out, config_dir, retry_failed, dry_run, batch_seeds=batch_seeds)
     if not dry_run and code != 130:
-        _show_verdicts(registry, chosen, out)
+        _show_verdicts(registry, chosen, out, join, pilot=True)
     raise typer.Exit(code)
 
 
-def _show_verdicts(registry: list, chosen: list, folder: Path) -> None:
-    """The verdicts of the claims just run, as claims report judges them from ``folder`` (Holm-corrected
-    across the registry's claims run there), its rows for these claims only; nothing is written."""
-    from normbench.claims import output
+def _assess(registry: list, folders: list[Path], holm: bool, join: bool, warn=lambda m: None) -> list:
+    """Every claim's verdict from ``folders``, Holm-corrected within its family (the registry's, or the
+    user's own: normbench.claims.families), in registry order."""
+    from normbench.claims.families import families
     from normbench.claims.verdicts import assess_all
+
+    judged = {}
+    for family in families(registry, join):
+        others = [c for c in registry if c not in family]
+        judged.update((v.claim.id, v) for v in assess_all(family, folders, holm, warn, others=others))
+    return [judged[c.id] for c in registry]
+
+
+def _show_verdicts(registry: list, chosen: list, folder: Path, join: bool, pilot: bool = False) -> None:
+    """The verdicts of the claims just run, as claims report judges them from ``folder`` (Holm-corrected
+    within each claim's family), its rows for these claims only, then a line each in words; with
+    ``pilot``, what the confirmation of a claim not yet pre-registered needs. Nothing is written."""
+    from normbench.claims import output
+    from normbench.claims.families import family_of
+    from normbench.claims.telling import next_step, verdict_line
     from normbench.core.terminal import terminal_console
 
     console = terminal_console()
-    verdicts = assess_all(registry, [folder], holm=True)
     ids = {c.id for c in chosen}
-    output.show(output.rows([v for v in verdicts if v.claim.id in ids], folder), console)
+    verdicts = [v for v in _assess(registry, [folder], True, join) if v.claim.id in ids]
+    output.show(output.rows(verdicts, folder), console)
+    for v in verdicts:
+        console.print(verdict_line(v), soft_wrap=True, highlight=False)
+        if pilot and (step := next_step(v, folder, len(family_of(v.claim, registry, join)))):
+            console.print(step, soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -159,6 +191,7 @@ def report(
         help="Holm-correct the verdicts and intervals across the claims run (the default).",
     ),
     config_dir: Path | None = CONFIG_DIR,
+    join: bool = JOIN,
     markdown: Path | None = typer.Option(
         None,
         "--markdown",
@@ -174,7 +207,6 @@ def report(
     """Every claim's verdict: claims.csv, claims.md, claims.html and this table (claims not run say so)."""
     from normbench.claims import output
     from normbench.claims.schema import load_registry
-    from normbench.claims.verdicts import assess_all
     from normbench.core.errors import ConfigError
     from normbench.core.terminal import terminal_console
 
@@ -189,8 +221,8 @@ def report(
     paths = [p for p in paths if p.is_dir()]
     registry = load_registry(_config_dir(ctx, config_dir))
     console = terminal_console()
-    verdicts = assess_all(
-        registry, paths, holm, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
+    verdicts = _assess(
+        registry, paths, holm, join, warn=lambda m: console.print(f"[yellow]warning[/yellow] {m}")
     )
     if reports:
         _claim_reports(verdicts, console)
@@ -223,39 +255,51 @@ def _claim_reports(verdicts: list, console) -> None:
             run_report([v.folder], out=v.folder / "report", console=Console(file=io.StringIO()))
 
 
-REGISTRY = typer.Option(PUBLISHED, "--registry", help="The registry's folder: the pilots' runs (ID/).")
-
-
 @app.command()
 def preregister(
+    ctx: typer.Context,
     claim_id: str = typer.Argument(..., help="The claim to pre-register."),
-    registry: Path = REGISTRY,
+    out: Path = OUT,
     config_dir: Path | None = CONFIG_DIR,
+    join: bool = JOIN,
 ) -> None:
-    """Fix a claim's confirmation from its pilot (its runs in the registry): each arm's value, the seeds
-    for 80% power at its level in the registry's family, the test and its direction: prereg.yaml."""
+    """Fix a claim's confirmation from its pilot (its runs in OUT/ID/): each arm's value, the seeds for
+    80% power at its level in its family (yours, or the registry's), the test and its direction, into
+    OUT/confirmations/ID/prereg.yaml; then the confirmation's estimated time, and the verdict so far."""
     from normbench.claims.confirming import preregister as write
+    from normbench.claims.families import check_folder, family_of
     from normbench.claims.schema import load_registry, select
 
-    claims = load_registry(config_dir)
-    typer.echo(write(select(claims, [claim_id])[0], registry, len(claims)))
+    claims = load_registry(_config_dir(ctx, config_dir))
+    claim = select(claims, [claim_id])[0]
+    check_folder([claim], out)
+    typer.echo(write(claim, out, len(family_of(claim, claims, join))))
+    _show_verdicts(claims, [claim], out, join)
 
 
 @app.command(context_settings=HYDRA_ARGS)
 def confirm(
     ctx: typer.Context,
     claim_id: str = typer.Argument(..., help="A pre-registered claim."),
-    registry: Path = REGISTRY,
+    out: Path = OUT,
     config_dir: Path | None = CONFIG_DIR,
+    join: bool = JOIN,
     dry_run: bool = typer.Option(False, "--dry-run", help="List the confirmation's runs."),
 ) -> None:
     """Run a claim's pre-registered confirmation (fresh seeds, each arm at its fixed value) into
-    REGISTRY/confirmations/ID/, resumable; Hydra overrides (hydra.launcher.n_jobs=2) may follow."""
+    OUT/confirmations/ID/, resumable, its estimated time said first and its verdict last; Hydra overrides
+    (hydra.launcher.n_jobs=2) may follow."""
     from normbench.claims.confirming import confirm as run_confirmation
+    from normbench.claims.families import check_folder
     from normbench.claims.schema import load_registry, select
 
-    claim = select(load_registry(config_dir), [claim_id])[0]
-    raise typer.Exit(run_confirmation(claim, registry, list(ctx.args), dry_run=dry_run))
+    claims = load_registry(_config_dir(ctx, config_dir))
+    claim = select(claims, [claim_id])[0]
+    check_folder([claim], out)
+    code = run_confirmation(claim, out, list(ctx.args), dry_run=dry_run)
+    if not dry_run and code != 130:
+        _show_verdicts(claims, [claim], out, join)
+    raise typer.Exit(code)
 
 
 @app.command()

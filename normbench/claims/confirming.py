@@ -1,11 +1,13 @@
 """A claim's two stages: the pilot that fixes its design, and the confirmation that decides it.
 
-``normbench claims preregister ID`` reads the claim's pilot (its runs in the registry's folder, on
-seeds of their own): each arm's best value of the tuned key over all its pilot seeds, the paired
+``normbench claims preregister ID`` reads the claim's pilot (its runs in the claims' folder, OUT/ID/,
+on seeds of their own): each arm's best value of the tuned key over all its pilot seeds, the paired
 difference's distance from the bound the claim is tested against, and the spread of a seed's
 difference. From them normbench.claims.power fixes the confirmation's seed count at the level the
-registry's family gives a claim (Holm's first level across the registry), and the design is written
-to prereg.yaml (normbench.claims.prereg) before anything of the confirmation runs.
+claim's family gives it (Holm's first level across the registry's claims, or across the user's own:
+normbench.claims.families), and the design is written to prereg.yaml (normbench.claims.prereg)
+before anything of the confirmation runs. A design over the budget is written all the same, with a
+warning that gives its runs and time.
 
 ``normbench claims confirm ID`` runs the pre-registered design: fresh seeds (disjoint from the
 pilot's), each arm at its fixed value, paired by seed. Its verdict (``decide``) uses the
@@ -117,7 +119,8 @@ def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg
 
 def plan(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg.Prereg | str:
     """The confirmation's design from the pilot's runs ``d``, or why the claim cannot be planned (no
-    spread measured, a kind without a planned test, a confirmation over its budget)."""
+    spread measured, a kind without a planned test, no seed count reaching the power). A design over
+    the budget is planned all the same: ``over_budget`` says what it costs."""
     if claim.kind not in PLANNED:
         return f"a {claim.kind} claim is not planned by a paired test; allowed: {', '.join(PLANNED)}"
     if why := engagement.not_engaged(claim, d):
@@ -137,13 +140,12 @@ def plan(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg.P
         exact = claim.kind in EXACT
         n, planned_sd = power.planned_seeds(far, outcome.spread, n_pilot - 1, level, exact=exact)
     values = _best_values(claim, d)
-    n = None if n is None else max(n, claim.min_seeds)
-    if over := over_budget(claim, n, values):
-        need = "no seed count" if n is None else f"{n} seeds per arm"
+    if n is None:
         return (
-            f"{need} at level {level:.3g} for the pilot's distance {far:.3g} at spread "
-            f"{planned_sd:.3g} (its upper {power.PLAN_CONFIDENCE:.0%} bound): {over}"
+            f"no seed count up to 1000 reaches 80% power at level {level:.3g} for the pilot's distance "
+            f"{far:.3g} at spread {planned_sd:.3g} (its upper {power.PLAN_CONFIDENCE:.0%} bound)"
         )
+    n = max(n, claim.min_seeds)
     bound, direction = bound_and_direction(claim)
     pilot_seeds = sorted({int(s) for s in pd.concat([arm(d.runs, claim.a), arm(d.runs, claim.b)])["seed"]})
     first = max(prereg.SEED_BASE, max(pilot_seeds, default=-1) + 1)  # fresh: above every pilot seed
@@ -182,27 +184,32 @@ def confirmation_args(claim: Claim, seeds: list[int], values: dict) -> list[str]
     return args
 
 
-def confirmation_cost(claim: Claim, n: int, values: dict) -> tuple[int, float | None]:
-    """(the runs of a confirmation of ``n`` seeds per arm, its seconds on a 2-core CPU at the claim's
-    measured cost per run: cost_s over its default sweep's runs; None without a measured cost)."""
+def confirmation_cost(
+    claim: Claim, n: int, values: dict, per_run: float | None = None
+) -> tuple[int, float | None]:
+    """(the runs of a confirmation of ``n`` seeds per arm, its seconds at ``per_run`` seconds a run, by
+    default the claim's measured cost per run: cost_s over its default sweep's runs; None without one)."""
     runs = claim.runs(confirmation_args(claim, list(range(n)), values))
-    return runs, (claim.cost_s / claim.runs() * runs if claim.cost_s else None)
+    if per_run is None and claim.cost_s:
+        per_run = claim.cost_s / claim.runs()
+    return runs, (per_run * runs if per_run is not None else None)
 
 
-def over_budget(claim: Claim, n: int | None, values: dict) -> str:
-    """Why a confirmation of ``n`` seeds per arm is not planned (empty when it is): no seed count
-    reaches the power, or its runs would outlast the budget: power.BUDGET_S seconds at the claim's
-    measured cost per run, or without one power.BUDGET_SEEDS seeds per arm."""
-    if n is None:
-        return "none up to 1000 reaches 80% power"
-    runs, seconds = confirmation_cost(claim, n, values)
+def over_budget(claim: Claim, n: int, values: dict, per_run: float | None = None) -> str:
+    """A warning where a confirmation of ``n`` seeds per arm would outlast the budget (empty within it):
+    power.BUDGET_S seconds at ``per_run`` seconds a run (default: the claim's measured cost), or
+    without a cost power.BUDGET_SEEDS seeds per arm. It is planned all the same: whether its time is
+    worth spending is the person's call, made knowing the time."""
+    runs, seconds = confirmation_cost(claim, n, values, per_run)
     if seconds is None:
-        return f"over the budget of {power.BUDGET_SEEDS} seeds per arm" if n > power.BUDGET_SEEDS else ""
+        if n <= power.BUDGET_SEEDS:
+            return ""
+        return f"{n} seeds per arm is over the budget of {power.BUDGET_SEEDS} (its time is not known yet)"
     if seconds <= power.BUDGET_S:
         return ""
     return (
-        f"{runs} runs, about {seconds / 60:.0f} min of a 2-core CPU at its measured "
-        f"{seconds / runs:.3g} s a run: over the budget of {power.BUDGET_S / 60:.0f} min"
+        f"{runs} runs, about {seconds / 60:.0f} min at {seconds / runs:.3g} s a run: over the budget of "
+        f"{power.BUDGET_S / 60:.0f} min"
     )
 
 
@@ -214,14 +221,18 @@ def confirm(
     dry_run: bool = False,
     console: Console | None = None,
 ) -> int:
-    """Run the claim's pre-registered confirmation into REGISTRY/confirmations/ID/ (resumable)."""
+    """Run the claim's pre-registered confirmation into OUT/confirmations/ID/ (resumable), its
+    estimated time said before it starts."""
     from normbench.claims.checking import check_claim, claim_args
+    from normbench.claims.families import command
+    from normbench.claims.running import estimate, runs_to_go, seconds_per_run
     from normbench.sweeps import batching
     from normbench.sweeps.sweep import run_sweep
 
+    console = console or Console()
     design = prereg.read(registry, claim.id)
     if design is None:
-        raise ConfigError(f"{claim.id}: not pre-registered: normbench claims preregister {claim.id} first")
+        raise ConfigError(f"{claim.id}: not pre-registered: {command('preregister', claim, registry)} first")
     if design.claim_sha != prereg.fingerprint(claim.path):
         raise ConfigError(
             f"{claim.id}: the claim changed since its pre-registration: a new design is a new "
@@ -231,10 +242,13 @@ def confirm(
     # the tuned key is pinned to the arms' values (one value where they agree): nothing left to tune
     check_claim(dataclasses.replace(claim, tune=None) if design.values else claim, [*fixed, *overrides])
     out = prereg.folder(registry, claim.id)
+    todo = runs_to_go(claim, [*fixed, *overrides], out, retry_failed)
+    per_run = seconds_per_run(claim, out, registry / claim.id)
+    console.print(f"{claim.id}: confirmation, {estimate(todo, *per_run)}", highlight=False)
     args = [*claim_args(claim, [*fixed, *overrides]), f"hydra.sweep.dir={out.resolve()}"]
     if batching.pays(overrides):
         args.append(batching.OPTION)
-    return run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console or Console())
+    return run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console)
 
 
 def _fixed(claim: Claim, design: prereg.Prereg, d: ReportData) -> ReportData:
@@ -292,8 +306,9 @@ def decide(
     return outcome
 
 
-def _pilot(claim: Claim, registry: Path) -> ReportData:
+def pilot_runs(claim: Claim, registry: Path) -> ReportData:
     """The pilot's runs: the claim's runs in the registry's folder, of the current numerics."""
+    from normbench.claims.families import command
     from normbench.claims.running import sweep_changed
     from normbench.core.provenance import NUMERICS
     from normbench.report.load import NUMERICS as NUMERICS_COLUMN
@@ -302,13 +317,11 @@ def _pilot(claim: Claim, registry: Path) -> ReportData:
     folder = registry / claim.id
     run_dirs = find_inputs([folder])[0] if folder.is_dir() else []
     if not run_dirs:
-        raise ConfigError(
-            f"{claim.id}: no pilot runs in {folder}: normbench claims run {claim.id} --out {registry}"
-        )
+        raise ConfigError(f"{claim.id}: no pilot runs in {folder}: {command('run', claim, registry)}")
     if sweep_changed(claim, folder):  # a pilot of another design plans nothing of this one
         raise ConfigError(
             f"{claim.id}: its pilot in {folder} ran another sweep than the claim's now: "
-            f"normbench claims run {claim.id} --out {registry} runs the pilot of this design"
+            f"{command('run', claim, registry)} runs the pilot of this design"
         )
     d = load_runs(run_dirs, lambda message: None)
     d.runs = d.runs[d.runs[NUMERICS_COLUMN].eq(NUMERICS)]
@@ -316,7 +329,11 @@ def _pilot(claim: Claim, registry: Path) -> ReportData:
 
 
 def preregister(claim: Claim, registry: Path, family: int) -> str:
-    """Write the claim's pre-registration from its pilot; refused once its confirmation has runs."""
+    """Write the claim's pre-registration from its pilot, and say it: its seeds, values and level, its
+    confirmation's estimated time, and a warning where that is over the budget (planned all the same);
+    refused once its confirmation has runs."""
+    from normbench.claims.families import command
+    from normbench.claims.running import estimate, seconds_per_run
     from normbench.core.provenance import git_commit
     from normbench.report.load import find_inputs
 
@@ -325,11 +342,17 @@ def preregister(claim: Claim, registry: Path, family: int) -> str:
         raise ConfigError(
             f"{claim.id}: its confirmation has runs in {out}: a changed design is a new claim on fresh seeds"
         )
-    planned = design(claim, _pilot(claim, registry), family, commit=git_commit() or "")
+    planned = design(claim, pilot_runs(claim, registry), family, commit=git_commit() or "")
     path = prereg.write(registry, planned)
     values = ", ".join(f"{s} at {claim.tune}={v:g}" for s, v in planned.values.items())
-    return (
+    per_run, source = seconds_per_run(claim, registry / claim.id)
+    runs, _ = confirmation_cost(claim, planned.planned_n, planned.values)
+    said = (
         f"{path}: {planned.planned_n} seeds per arm ({planned.seeds[0]}-{planned.seeds[-1]})"
         + (f", {values}" if values else "")
-        + f", level {planned.level:.3g} (Holm across {family}); {planned.direction}"
+        + f", level {planned.level:.3g} (Holm across {family}); {planned.direction}\n"
+        + f"its confirmation: {estimate(runs, per_run, source)}: {command('confirm', claim, registry)}"
     )
+    if over := over_budget(claim, planned.planned_n, planned.values, per_run):
+        said += f"\nwarning: {over}"
+    return said

@@ -66,12 +66,13 @@ from normbench.claims.smallsample import (
     t_p,
     tost_p,
 )
-from normbench.report.load import ReportData
+from normbench.report.load import LEARNED_FRACTION, ReportData
 from normbench.report.metrics import HIGHER_IS_BETTER
 from normbench.report.stats import Comparison, compare, fit_trend
 from normbench.report.tables import varying_keys
+from normbench.report.tuning import failed_note
 
-STABLE_FRACTION = 0.9  # a stable run ends at most at this share of its own initial loss
+STABLE_FRACTION = LEARNED_FRACTION  # a stable run learned, as the report reads it: below this share of init
 
 
 @dataclass
@@ -167,7 +168,7 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
     chosen = (
         f"each seed's sensitivity over its {claim.tune} grid, "
         if by
-        else "each seed at the value chosen on the arm's other seeds, "
+        else "each arm at its best value over its seeds, "
         if grid(a, claim.tune)
         else ""
     )
@@ -232,7 +233,21 @@ def _difference(claim: Claim, d: ReportData, alpha: float) -> Outcome:
             f"the claimed effect {effect:g}" if effect is not None else "an effect the source does not size"
         )
         return _inconclusive(f"{within}, but a margin not smaller than {claimed} cannot refute it", **base)
-    return _inconclusive(_join(edge, seeds_needed(seed_sd(c, n), abs(c.diff), alpha)), **base)
+    needed = seeds_needed(seed_sd(c, n), abs(c.diff), alpha)
+    return _inconclusive(_join(edge, _as_the_report_reads(c, low, high, alpha), needed), **base)
+
+
+def _as_the_report_reads(c: Comparison, low: float, high: float, alpha: float) -> str:
+    """Why a claim inconclusive at its level differs from ``normbench report`` on the same runs (the
+    same arms' values and seeds, a 95% interval): where the report's interval excludes 0 and the
+    claim's, at a stricter level, does not. Empty where they agree."""
+    if c.ci is None or c.tied or alpha >= ALPHA or not low <= 0.0 <= high:
+        return ""
+    return (
+        f"normbench report reads a difference in these runs (its 95% interval of a - b, "
+        f"[{c.ci.low:+.3g}, {c.ci.high:+.3g}], excludes 0); at this claim's level, "
+        f"{100 * (1 - alpha):.3g}% (its family's), the interval [{low:+.3g}, {high:+.3g}] includes 0"
+    )
 
 
 def _slope(claim: Claim, d: ReportData, runs_a: pd.DataFrame, runs_b: pd.DataFrame, alpha: float):
@@ -594,5 +609,17 @@ PREDICATES = {
 
 
 def judge(claim: Claim, d: ReportData, alpha: float = ALPHA) -> Outcome:
-    """The claim's verdict from its runs ``d`` at family level ``alpha``."""
-    return PREDICATES[claim.kind](claim, d, alpha)
+    """The claim's verdict from its runs ``d`` at family level ``alpha``; a failed run of its arms (an
+    error, not a result: read by no predicate), and a run it read that completed without learning
+    (normbench.report.load.did_not_learn), are named in its reason."""
+    outcome = PREDICATES[claim.kind](claim, d, alpha)
+    if claim.kind == "stable_lr":  # it names its failed runs itself, with the seeds whose limit they hide
+        return outcome
+    arms = pd.concat([arm(d.runs, spec) for spec in (claim.a, claim.b) if spec is not None])
+    failed = failed_note(arms, f"normbench claims run {claim.id} --retry-failed")
+    used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
+    stuck = int(used["did_not_learn"].eq(True).sum()) if "did_not_learn" in used else 0
+    share = f"{LEARNED_FRACTION:.0%}"
+    unlearned = f"{stuck} of its runs did not learn (ended at or above {share} of their loss at init)"
+    outcome.reason = _join(outcome.reason, failed, unlearned if stuck else "")
+    return outcome

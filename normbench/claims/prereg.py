@@ -2,13 +2,13 @@
 
 It fixes what the confirmation may not choose after seeing its runs: each arm's value of the tuned
 key (chosen on the pilot), the confirmation's seeds (disjoint from the pilot's) and their count (from
-the power calculation, normbench.claims.power), the test, its level in the registry's family, the
+the power calculation, normbench.claims.power), the test, its level in the claim's family, the
 direction the claim is tested in and its margin, and the pilot that fixed them (its seeds, values,
 estimate and spread). The claim's YAML is fingerprinted: a claim changed after its pre-registration
 no longer matches it, and its confirmation does not decide it.
 
-    REGISTRY/confirmations/ID/prereg.yaml     the pre-registration
-    REGISTRY/confirmations/ID/<run dirs>      the confirmation's runs
+    OUT/confirmations/ID/prereg.yaml     the pre-registration
+    OUT/confirmations/ID/<run dirs>      the confirmation's runs
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ no job matches stops the command there.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from normbench.claims.checking import claim_args, override_key
 from normbench.claims.schema import Claim
 from normbench.core.errors import ConfigError
 from normbench.core.fileio import write_atomic
+from normbench.core.runs import SUMMARY
+
+FINISHED = ("completed", "diverged")  # a run's stored result a sweep keeps (a failed one too, unless retried)
 
 
 def sweep_args(claim: Claim, overrides: list[str], out: Path, config_dir: Path | None = None) -> list[str]:
@@ -67,6 +71,55 @@ def record_overrides(folder: Path, overrides: list[str]) -> None:
         write_atomic(folder / OVERRIDES, yaml.safe_dump([*sets, list(overrides)]))
 
 
+def _summaries(folder: Path) -> list[dict]:
+    """The summary.json of each run directly below ``folder``."""
+    found = []
+    for path in sorted(folder.glob(f"*/{SUMMARY}")) if folder.is_dir() else []:
+        try:
+            body = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(body, dict):
+            found.append(body)
+    return found
+
+
+def seconds_per_run(claim: Claim, *folders: Path) -> tuple[float | None, str]:
+    """(a run's seconds, where the figure comes from): the mean wall time of the finished runs in the
+    first of ``folders`` that has any (measured on this machine), else the claim's cost_s over its
+    default sweep's runs (measured on a 2-core CPU), else (None, why)."""
+    for folder in folders:
+        walls = [float(s["wall_s"]) for s in _summaries(folder) if isinstance(s.get("wall_s"), (int, float))]
+        if walls:
+            return sum(walls) / len(walls), f"the mean of its {len(walls)} finished run(s) in {folder}"
+    if claim.cost_s:
+        return claim.cost_s / claim.runs(), "the claim's cost_s, measured on a 2-core CPU"
+    return None, f"no finished run to time and no cost_s in {claim.path}"
+
+
+def duration(seconds: float) -> str:
+    """'40 s', '12 min', '3.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
+
+
+def estimate(runs: int, per_run: float | None, source: str) -> str:
+    """'12 runs to run, about 4 min (20 s a run: SOURCE), one after another' or why no time is known."""
+    todo = f"{runs} run{'s' if runs != 1 else ''} to run"
+    if per_run is None:
+        return f"{todo}; time not known yet ({source}): the sweep times them as they finish"
+    return f"{todo}, about {duration(runs * per_run)} one after another ({per_run:.3g} s a run: {source})"
+
+
+def runs_to_go(claim: Claim, overrides: list[str], folder: Path, retry_failed: bool) -> int:
+    """The claim's runs with these overrides, less those whose results the folder holds already."""
+    keep = FINISHED if retry_failed else (*FINISHED, "failed")
+    held = sum(1 for s in _summaries(folder) if s.get("status") in keep)
+    swept = [o for o in overrides if not override_key(o).startswith("hydra.")]
+    return max(claim.runs(swept) - held, 0)
+
+
 def run_claims(
     claims: list[Claim],
     overrides: list[str],
@@ -95,8 +148,10 @@ def run_claims(
     for claim in claims:
         args = sweep_args(claim, overrides, out, config_dir) + ([batching.OPTION] if batch_seeds else [])
         console.print(f"[bold]{claim.id}[/bold]: {claim.claim}", soft_wrap=True, highlight=False)
+        folder = out / claim.id
+        todo = runs_to_go(claim, overrides, folder, retry_failed)
+        console.print(f"{claim.id}: {estimate(todo, *seconds_per_run(claim, folder))}", highlight=False)
         if not dry_run:
-            folder = out / claim.id
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(claim.path, folder / "claim.yaml")
             rules.record(folder, claim.path)

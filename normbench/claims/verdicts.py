@@ -207,48 +207,33 @@ def _changed(claim: Claim, folder: Path) -> str:
 
 
 def assess_all(
-    claims: list[Claim], folders: list[Path], holm: bool = False, warn=lambda m: None
+    claims: list[Claim], folders: list[Path], holm: bool = False, warn=lambda m: None, others=()
 ) -> list[Verdict]:
-    """Every claim's verdict, in registry order; with ``holm``, Holm-corrected across every row of the
-    registry (each claim at each of its sizes, run or not, testable or not): a fixed family, so running,
-    re-running or pre-registering one claim moves no other claim's level. A user's claims (their
-    --config-dir) are a family of their own."""
+    """Every claim's verdict, in registry order; with ``holm``, Holm-corrected across all of ``claims``, one
+    family (normbench.claims.families: the registry's every row, each claim at each of its sizes, run or
+    not, testable or not; or a user's own claims): a fixed family, so running, re-running or
+    pre-registering one claim moves no other claim's level. ``others``: claims of another family,
+    judged apart: known, not judged."""
     found = {c.id: claim_folder(c, folders) for c in claims}
+    known = {*found, *(c.id for c in others)}
     for folder in folders:  # claims run from another config folder: their runs would go unread
         for stored in sorted(folder.glob("*/claim.yaml")):
-            if stored.parent.name not in found:
+            if stored.parent.name not in known:
                 warn(
                     f"{stored.parent} holds the runs of claim '{stored.parent.name}', not in the registry "
                     "(its YAML is in another --config-dir?)"
                 )
-    families = _families(claims)
-    verdicts = [assess(c, found[c.id], ALPHA, warn, len(families[_family_of(c)])) for c in claims]
-    if not holm:
-        return verdicts
-    for members in families.values():
-        _holm(members, claims, verdicts, found, warn)
+    family = len(claims)
+    verdicts = [assess(c, found[c.id], ALPHA, warn, family) for c in claims]
+    if holm:
+        _holm(claims, verdicts, found, warn)
     return verdicts
 
 
-def _family_of(claim: Claim) -> Path | None:
-    """The family a claim is corrected in: normbench's registry (None), or the user's config folder its
-    YAML is in (their claims are their own family, and never move the registry's levels)."""
-    from normbench.claims.checking import claim_config_dir
-
-    return claim_config_dir(claim.path)
-
-
-def _families(claims: list[Claim]) -> dict[Path | None, list[int]]:
-    families: dict[Path | None, list[int]] = {}
-    for i, claim in enumerate(claims):
-        families.setdefault(_family_of(claim), []).append(i)
-    return families
-
-
-def _holm(members: list[int], claims: list[Claim], verdicts: list[Verdict], found: dict, warn) -> None:
-    """Holm's step-down across one family (``members``, indices into ``claims``), in place."""
-    family = len(members)
-    judged = [i for i in members if verdicts[i].word != "not run" and math.isfinite(verdicts[i].outcome.p)]
+def _holm(claims: list[Claim], verdicts: list[Verdict], found: dict, warn) -> None:
+    """Holm's step-down across one family, ``claims``, their ``verdicts`` replaced in place."""
+    family = len(claims)
+    judged = [i for i, v in enumerate(verdicts) if v.word != "not run" and math.isfinite(v.outcome.p)]
     order = sorted(judged, key=lambda i: verdicts[i].outcome.p)
     stopped = False
     for rank, i in enumerate(order):
@@ -262,5 +247,5 @@ def _holm(members: list[int], claims: list[Claim], verdicts: list[Verdict], foun
             )
         stopped = stopped or v.outcome.p >= level
         verdicts[i] = v
-    for i in members:
-        verdicts[i].corrected, verdicts[i].family = True, family
+    for v in verdicts:
+        v.corrected, v.family = True, family

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -124,6 +125,32 @@ def _nothing_completed(d) -> str:
     )
 
 
+@dataclass
+class Shown:
+    """What the report says and shows, built from the runs: its sentences and display tables."""
+
+    sentences: list[str] = field(default_factory=list)
+    table: pd.DataFrame | None = None  # the aggregate, as displayed
+    tuned: pd.DataFrame | None = None  # tuned.csv, as displayed
+    scale: tuple | None = None  # (the size key, its sentences, its tables)
+    nothing: bool = False  # runs, none of which completed
+
+
+@dataclass
+class Options:
+    """How the runs are grouped, tuned, scaled, filtered and predicted (run_report's arguments)."""
+
+    group_by: list[str] | None
+    metric: str
+    tune_key: str | None
+    scale_key: str | None
+    baseline: str | None
+    allow_mixed: bool
+    where: list[str]
+    exclude: list[str]
+    targets: list | None
+
+
 def run_report(
     paths: list[Path],
     out: Path | None = None,
@@ -155,15 +182,51 @@ def run_report(
     paths = [Path(p) for p in paths]
     formats = formats.split(",") if isinstance(formats, str) else formats
     _check_options(paths, metric, formats)
+    options = Options(
+        group_by,
+        metric,
+        tune_key,
+        scale_key,
+        baseline,
+        allow_mixed,
+        where or [],
+        exclude or [],
+        _targets(predict, scale_key),
+    )
+    run_dirs, bench_csvs = _inputs(paths)
+    warnings = []
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        console.print(f"[yellow]warning:[/yellow] {escape(message)}")
+
+    d, kept, scale = _read(paths, run_dirs, bench_csvs, options, warn)
+    out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    shown = _write_tables(d, out, options, kept, scale, warn)
+    charts, not_drawn = draw_charts(d, out, formats, warn)
+    write_atomic(out / "report.html", _html(d, paths, shown, warnings, charts, out, metric))
+    _print(console, d, shown, metric, scale)
+    if not_drawn and not shown.nothing:  # after the verdict and the tables: one line
+        console.print(f"[dim]charts not drawn: {escape('; '.join(not_drawn))}[/dim]", soft_wrap=True)
+    console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")
+    return out
+
+
+def _targets(predict: str | None, scale_key: str | None) -> list | None:
+    """The sizes --predict asks for (None without it); refused without a size axis."""
     targets = parse_predict(predict) if predict is not None else None
     if targets and scale_key in (None, "none"):
         raise ConfigError(
             "--predict extrapolates along a size axis: it needs --scale",
             allowed=["--scale KEY --predict VALUE (model.d_model, model.n_layer, train.steps, ...)"],
         )
+    return targets
 
+
+def _inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(the run directories, the bench CSVs) below ``paths``; one line where there is nothing to read."""
     run_dirs, bench_csvs = find_inputs(paths)
-    inputs = ", ".join(map(str, paths))
     planned = any((path / PLAN).is_file() for path in paths)
     if (
         not bench_csvs
@@ -172,133 +235,161 @@ def run_report(
     ):
         raise ConfigError(nothing_finished(paths, run_dirs))  # a sweep in progress: one line, no warnings
     if not run_dirs and not bench_csvs:
+        inputs = ", ".join(map(str, paths))
         raise ConfigError(f"no run directories found under {inputs} (a run directory holds a config.yaml)")
-    warnings = []
+    return run_dirs, bench_csvs
 
-    def warn(message: str) -> None:
-        warnings.append(message)
-        console.print(f"[yellow]warning:[/yellow] {escape(message)}")
 
+def _read(paths, run_dirs, bench_csvs, o: Options, warn) -> tuple:
+    """(the runs read and checked, the filters' sentence, the scale axis: (key, its other fields,
+    baseline)); every input check is made here, before the first file is written."""
     d = load_runs(run_dirs, warn)
-    d.bench, d.metric = read_bench(bench_csvs), metric
+    d.bench, d.metric = read_bench(bench_csvs), o.metric
     if run_dirs and d.runs.empty:
         raise ConfigError(
-            f"found {len(run_dirs)} run directories under {inputs} but none could be read (see the warnings)"
+            f"found {len(run_dirs)} run directories under {', '.join(map(str, paths))} but none could be "
+            "read (see the warnings)"
         )
-    kept = select_runs(d, where or [], exclude or []) if len(d.runs) else None
+    kept = select_runs(d, o.where, o.exclude) if len(d.runs) else None
     scale = None
-    if len(d.runs):  # every input check before the first file is written
-        _check_numerics(d, allow_mixed)
-        if metric in BITS_PER_BYTE:
-            in_bits_per_byte(d, metric)
-        _check_metric(d, metric)
-        d.tune = resolve_tune_key(tune_key, d)
-        d.keys = resolve_group_keys(group_by, d)
-        scale = resolve_scale_key(scale_key, d)
+    if len(d.runs):
+        _check_numerics(d, o.allow_mixed)
+        if o.metric in BITS_PER_BYTE:
+            in_bits_per_byte(d, o.metric)
+        _check_metric(d, o.metric)
+        d.tune = resolve_tune_key(o.tune_key, d)
+        d.keys = resolve_group_keys(o.group_by, d)
+        scale = resolve_scale_key(o.scale_key, d)
         d.size_key = scale[0]
-        scale = (*scale, resolve_baseline(baseline, d, scale[0]))
-        if targets:
+        scale = (*scale, resolve_baseline(o.baseline, d, scale[0]))
+        if o.targets:
             check_sizes(scale[0], d.runs[scale[0]])
-    elif baseline is not None or scale_key not in (None, "none"):
+    elif o.baseline is not None or o.scale_key not in (None, "none"):
         raise ConfigError("--scale and --baseline compare run directories, and the inputs hold none")
-    out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent) / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    return d, kept, scale
 
-    table = tuned_display = scale_display = None
-    sentences = []
-    stale = ["aggregate.csv", "tuned.csv", "scale.csv", "trend.csv", "predict.csv", "backtest.csv"]
-    nothing = len(d.runs) and not d.runs["status"].eq("completed").any()
-    if nothing:
+
+STALE = ["aggregate.csv", "tuned.csv", "scale.csv", "trend.csv", "predict.csv", "backtest.csv"]
+
+
+def _write_tables(d, out: Path, o: Options, kept, scale, warn) -> Shown:
+    """The comparison of the runs, written: summary.csv, aggregate.csv, tuned.csv, scale.csv, trend.csv,
+    predict.csv, backtest.csv and summary.md (files of an earlier report that this one lacks removed)."""
+    if not len(d.runs):
+        return Shown()
+    if not d.runs["status"].eq("completed").any():
         sentences = [" ".join(filter(None, [kept, _nothing_completed(d)]))]  # nothing to compare
         write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
         write_atomic(out / "summary.md", f"## Verdict\n\n- {sentences[0]}\n")
-        for name in stale:  # from an earlier report in the same folder
+        for name in STALE:  # from an earlier report in the same folder
             (out / name).unlink(missing_ok=True)
-    elif len(d.runs):
-        for key in (d.tune, scale[0]):
-            if key and key not in d.keys:
-                d.keys.append(key)  # the aggregate keeps one row per value of the tuned key and per size
-        d.runs.insert(1, "config", [config_label(d.keys, v) for v in d.runs[d.keys].itertuples(index=False)])
-        d.agg = aggregate(d.runs, d.keys, metric, scale[0])
-        d.tuned = tune(d, d.tune, warn) if d.tune else None
-        d.agg = d.agg.join(aggregate_statistics(d))
-        d.styles = make_styles(d.runs, d.agg, d.tune)
-        table = display_table(d.agg, d.keys, metric)
-        if scale[0]:  # before the verdict, which compares the configurations within each size
-            d.scale = scale_axis(d, *scale)
-            d.styles = size_styles(d)
-        sentences = [kept, *verdict(d)] if kept else verdict(d)
-        write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
-        write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
-        if d.tuned is not None:
-            tuned_display = tuned_table(d.tuned)
-            if d.scale is not None:  # by size; each size's own comparison is in the verdict and scale.csv
-                order = d.tuned[scale[0]].sort_values(kind="stable").index
-                tuned_display = tuned_display.loc[order].drop(columns=["vs best", "p"]).reset_index(drop=True)
-            write_atomic(out / "tuned.csv", d.tuned.to_csv(index=False))
-        else:
-            (out / "tuned.csv").unlink(missing_ok=True)  # from an earlier, tuned report in the same folder
-        if scale[0]:
-            scale_display = (d.scale.key, scale_verdict(d.scale), *scale_tables(d.scale))
-            write_atomic(out / "scale.csv", d.scale.table.to_csv(index=False))
-            write_atomic(out / "trend.csv", d.scale.trend.to_csv(index=False))
-        for name in stale[2:]:  # from an earlier report in the same folder
-            if not (scale[0] and name in ("scale.csv", "trend.csv")):
-                (out / name).unlink(missing_ok=True)
-        if targets:
-            d.backtest = backtest(d.scale)
-            d.predict = withhold(prediction(d.scale, targets), d.backtest)
-            scale_display[1].extend(predict_sentences(d.scale, d.predict, d.backtest))
-            write_atomic(out / "predict.csv", d.predict.to_csv(index=False))
-            if d.backtest is not None:
-                write_atomic(out / "backtest.csv", d.backtest.to_csv(index=False))
-        write_atomic(
-            out / "summary.md",
-            summary_markdown(
-                metric, sentences, table, tuned_display, d.tune, scale_display, provenance_summary(d.runs)
-            ),
-        )
-
-    charts, not_drawn = draw_charts(d, out, formats, warn)
+        return Shown(sentences, nothing=True)
+    table = _compare(d, o.metric, scale, warn)
+    shown = Shown([kept, *verdict(d)] if kept else verdict(d), table)
+    write_atomic(out / "summary.csv", d.runs.to_csv(index=False))
+    write_atomic(out / "aggregate.csv", d.agg.to_csv(index=False))
+    shown.tuned = _write_tuned(d, out, scale[0])
+    shown.scale = _write_scale(d, out, scale[0])
+    if o.targets:
+        _write_predict(d, out, o.targets, shown.scale)
     write_atomic(
-        out / "report.html",
-        render_html(
-            "normbench report",
-            paths,
-            sentences,
-            warnings,
-            table,
-            tuned_display,
-            d.tune,
-            charts,
-            None if d.agg is None else d.runs,
-            scale_display,
-            provenance_summary(d.runs) if len(d.runs) else None,
-            out,
-            metric,
+        out / "summary.md",
+        summary_markdown(
+            o.metric, shown.sentences, table, shown.tuned, d.tune, shown.scale, provenance_summary(d.runs)
         ),
     )
-    if nothing:
-        console.print(escape(sentences[0]), highlight=False, soft_wrap=True)
-    if table is not None:
-        print_verdict(console, sentences)
-        console.print(f"  {escape(provenance_summary(d.runs))}", highlight=False, style="dim", soft_wrap=True)
-        if scale_display is not None:
-            print_verdict(console, scale_display[1], f"Trend across {scale_display[0]}")
-            print_table(
-                console, scale_display[3], f"the difference to {d.scale.baseline} against {d.scale.key}", 1
-            )
-        m = metric_of(metric)
-        order = "descending" if m.higher_is_better else "ascending"
-        within = f", within each {scale[0]}" if scale[0] else ""
-        title = (
-            f"{len(d.runs)} runs, {len(d.agg)} groups, by {m.label} ({m.unit + ', ' if m.unit else ''}{order}"
-            f"{within}; losses in {loss_unit(metric)})"
-        )
-        print_table(console, table, title, len(d.keys))
-        if tuned_display is not None:
-            print_table(console, tuned_display, f"each configuration at its best {d.tune}", 1)
-    if not_drawn and not nothing:  # after the verdict and the tables: one line
-        console.print(f"[dim]charts not drawn: {escape('; '.join(not_drawn))}[/dim]", soft_wrap=True)
-    console.print(f"report written to {escape(str(out))} in {time.perf_counter() - start:.1f}s")
-    return out
+    return shown
+
+
+def _compare(d, metric: str, scale, warn) -> pd.DataFrame:
+    """The configurations compared: the aggregate, each at its best tuned value, with their seed
+    statistics and styles, and the scale axis; the aggregate's display table."""
+    for key in (d.tune, scale[0]):
+        if key and key not in d.keys:
+            d.keys.append(key)  # the aggregate keeps one row per value of the tuned key and per size
+    d.runs.insert(1, "config", [config_label(d.keys, v) for v in d.runs[d.keys].itertuples(index=False)])
+    d.agg = aggregate(d.runs, d.keys, metric, scale[0])
+    d.tuned = tune(d, d.tune, warn) if d.tune else None
+    d.agg = d.agg.join(aggregate_statistics(d))
+    d.styles = make_styles(d.runs, d.agg, d.tune)
+    if scale[0]:  # before the verdict, which compares the configurations within each size
+        d.scale = scale_axis(d, *scale)
+        d.styles = size_styles(d)
+    return display_table(d.agg, d.keys, metric)
+
+
+def _write_tuned(d, out: Path, size_key: str | None) -> pd.DataFrame | None:
+    """tuned.csv and its display table (by size with a scale axis), or neither without a tuned key."""
+    if d.tuned is None:
+        (out / "tuned.csv").unlink(missing_ok=True)  # from an earlier, tuned report in the same folder
+        return None
+    shown = tuned_table(d.tuned)
+    if d.scale is not None:  # by size; each size's own comparison is in the verdict and scale.csv
+        order = d.tuned[size_key].sort_values(kind="stable").index
+        shown = shown.loc[order].drop(columns=["vs best", "p"]).reset_index(drop=True)
+    write_atomic(out / "tuned.csv", d.tuned.to_csv(index=False))
+    return shown
+
+
+def _write_scale(d, out: Path, size_key: str | None) -> tuple | None:
+    """scale.csv and trend.csv with a scale axis, and what the report shows of it; the files of an
+    earlier report this one has no counterpart for removed."""
+    for name in STALE[2:]:  # from an earlier report in the same folder
+        if not (size_key and name in ("scale.csv", "trend.csv")):
+            (out / name).unlink(missing_ok=True)
+    if not size_key:
+        return None
+    write_atomic(out / "scale.csv", d.scale.table.to_csv(index=False))
+    write_atomic(out / "trend.csv", d.scale.trend.to_csv(index=False))
+    return (d.scale.key, scale_verdict(d.scale), *scale_tables(d.scale))
+
+
+def _write_predict(d, out: Path, targets: list, scale_shown: tuple) -> None:
+    """predict.csv (and backtest.csv), their sentences added to the scale axis's."""
+    d.backtest = backtest(d.scale)
+    d.predict = withhold(prediction(d.scale, targets), d.backtest)
+    scale_shown[1].extend(predict_sentences(d.scale, d.predict, d.backtest))
+    write_atomic(out / "predict.csv", d.predict.to_csv(index=False))
+    if d.backtest is not None:
+        write_atomic(out / "backtest.csv", d.backtest.to_csv(index=False))
+
+
+def _html(d, paths, shown: Shown, warnings, charts, out: Path, metric: str) -> str:
+    return render_html(
+        "normbench report",
+        paths,
+        shown.sentences,
+        warnings,
+        shown.table,
+        shown.tuned,
+        d.tune,
+        charts,
+        None if d.agg is None else d.runs,
+        shown.scale,
+        provenance_summary(d.runs) if len(d.runs) else None,
+        out,
+        metric,
+    )
+
+
+def _print(console: Console, d, shown: Shown, metric: str, scale) -> None:
+    """The verdict and the tables on the terminal (one line where nothing completed)."""
+    if shown.nothing:
+        console.print(escape(shown.sentences[0]), highlight=False, soft_wrap=True)
+    if shown.table is None:
+        return
+    print_verdict(console, shown.sentences)
+    console.print(f"  {escape(provenance_summary(d.runs))}", highlight=False, style="dim", soft_wrap=True)
+    if shown.scale is not None:
+        print_verdict(console, shown.scale[1], f"Trend across {shown.scale[0]}")
+        print_table(console, shown.scale[3], f"the difference to {d.scale.baseline} against {d.scale.key}", 1)
+    m = metric_of(metric)
+    order = "descending" if m.higher_is_better else "ascending"
+    within = f", within each {scale[0]}" if scale[0] else ""
+    title = (
+        f"{len(d.runs)} runs, {len(d.agg)} groups, by {m.label} ({m.unit + ', ' if m.unit else ''}{order}"
+        f"{within}; losses in {loss_unit(metric)})"
+    )
+    print_table(console, shown.table, title, len(d.keys))
+    if shown.tuned is not None:
+        print_table(console, shown.tuned, f"each configuration at its best {d.tune}", 1)

@@ -157,83 +157,123 @@ class ReportData:
 
 
 def load_runs(run_dirs: list[Path], warn) -> ReportData:
-    rows, train, evals, grads, layers, logits, config_keys = [], [], [], [], [], [], {}
+    """Every run's row (config, summary, provenance, loss at init) and its records as tables."""
+    rows, records = [], _Records()
+    config_keys: dict = {}
     for run_dir in run_dirs:
         loaded = load_run(run_dir, warn)
         if loaded is None:
             continue
-        config, summary, records = loaded
-        run = len(rows)
-        flat_config = leaves(config, lists="json")
-        if any(key.startswith("model.") for key in flat_config):  # a run stored before a key was added
-            for key, value in ADDED_KEYS.items():
-                flat_config.setdefault(key, value)
-        config_keys.update(dict.fromkeys(flat_config))
-        status = summary.get("status")
-        if not status:  # runs older than the status field: a finite final loss means it finished
-            status = "completed" if math.isfinite(_num(summary.get("final_val_loss"))) else "unknown"
-        norm, placement = config.get("norm"), config.get("placement")
-        rows.append(
-            {
-                **leaves(
-                    {k: v for k, v in summary.items() if k not in ("status", "provenance")}, lists="json"
-                ),
-                **flat_config,
-                **provenance_columns(summary),
-                # last, so that no config or summary key can shadow the short columns
-                "run_dir": str(run_dir),
-                "norm": norm.get("name") if isinstance(norm, dict) else norm,
-                "placement": placement.get("name") if isinstance(placement, dict) else placement,
-                "seed": config.get("seed"),
-                "status": status,
-            }
-        )
-        # The validation loss at initialisation (step 0, before any update): the ceiling of the
-        # LR sensitivity (a run that diverged counts as having learned nothing).
-        init = [
-            _num(r.get("val_loss")) for r in records if r.get("kind") == "eval" and _num(r.get("step")) == 0
-        ]
-        rows[-1]["init_val_loss"] = init[0] if init else math.nan
+        config, summary, run_records = loaded
+        row = _run_row(run_dir, config, summary, run_records)
+        config_keys.update(dict.fromkeys(row.pop("_config_keys")))
+        records.add(len(rows), run_records)
+        rows.append(row)
+    return records.data(_runs_frame(rows), list(config_keys))
+
+
+def _run_row(run_dir: Path, config: dict, summary: dict, records: list[dict]) -> dict:
+    """One run's row: its summary's and config's leaves, its provenance, the short columns and its
+    validation loss at initialisation (the ceiling of the LR sensitivity; the yardstick of
+    ``did_not_learn``). ``_config_keys``: the config's own keys, in order."""
+    flat_config = leaves(config, lists="json")
+    if any(key.startswith("model.") for key in flat_config):  # a run stored before a key was added
+        for key, value in ADDED_KEYS.items():
+            flat_config.setdefault(key, value)
+    status = summary.get("status")
+    if not status:  # runs older than the status field: a finite final loss means it finished
+        status = "completed" if math.isfinite(_num(summary.get("final_val_loss"))) else "unknown"
+    norm, placement = config.get("norm"), config.get("placement")
+    init = [_num(r.get("val_loss")) for r in records if r.get("kind") == "eval" and _num(r.get("step")) == 0]
+    return {
+        **leaves({k: v for k, v in summary.items() if k not in ("status", "provenance")}, lists="json"),
+        **flat_config,
+        **provenance_columns(summary),
+        # last, so that no config or summary key can shadow the short columns
+        "run_dir": str(run_dir),
+        "norm": norm.get("name") if isinstance(norm, dict) else norm,
+        "placement": placement.get("name") if isinstance(placement, dict) else placement,
+        "seed": config.get("seed"),
+        "status": status,
+        "init_val_loss": init[0] if init else math.nan,
+        "_config_keys": list(flat_config),
+    }
+
+
+class _Records:
+    """The runs' records (metrics.jsonl) as they are read, one table per kind."""
+
+    def __init__(self) -> None:
+        self.train, self.evals, self.grads, self.layers, self.logits = [], [], [], [], []
+
+    def add(self, run: int, records: list[dict]) -> None:
         stats = []
         for r in records:
             kind = r.get("kind")
             if kind == "train":
-                train.append((run, _num(r.get("step")), _num(r.get("tokens")), _num(r.get("train_loss"))))
+                self.train.append(
+                    (run, _num(r.get("step")), _num(r.get("tokens")), _num(r.get("train_loss")))
+                )
             elif kind == "eval":
-                evals.append((run, _num(r.get("step")), _num(r.get("val_loss"))))
+                self.evals.append((run, _num(r.get("step")), _num(r.get("val_loss"))))
             elif kind == "stats":
-                grads.append((run, _num(r.get("step")), _num(r.get("grad_norm"))))
+                self.grads.append((run, _num(r.get("step")), _num(r.get("grad_norm"))))
                 # Runs older than the logit diagnostics (or with them off) have neither key.
                 peaks = [_finite(r.get(k)) for k in LOGIT_FIELDS]
                 if any(map(math.isfinite, peaks)):
-                    logits.append((run, _num(r.get("step")), *peaks))
+                    self.logits.append((run, _num(r.get("step")), *peaks))
                 if isinstance(r.get("layers"), list) and r["layers"]:
                     stats.append(r)
         # Only the first and last per-layer snapshots are drawn; keep nothing else.
         for when, r in [("first", stats[0]), ("last", stats[-1])] if stats else []:
-            for i, layer in enumerate(r["layers"]):
-                layer = layer if isinstance(layer, dict) else {}
-                grad = layer.get("grad_norm") if isinstance(layer.get("grad_norm"), dict) else {}
-                saturation = layer.get("saturation") if isinstance(layer.get("saturation"), dict) else {}
-                layers.append(
-                    (
-                        run,
-                        when,
-                        _num(r.get("step")),
-                        i,
-                        _num(grad.get("mlp_out")),
-                        _num(layer.get("resid_rms")),
-                        max(map(_num, saturation.values()), default=math.nan),
-                        # the parts' norms combined: the norm of the layer's gradients as one vector
-                        # (a part without parameters, the norm of a norm-free block, has none: left out)
-                        math.sqrt(sum(v**2 for v in map(_num, grad.values()) if math.isfinite(v)))
-                        if grad
-                        else math.nan,
-                        _num(layer.get("resid_var")),
-                    )
-                )
+            self.layers += [_layer_row(run, when, r, i, layer) for i, layer in enumerate(r["layers"])]
+
+    def data(self, runs: pd.DataFrame, config_keys: list[str]) -> ReportData:
+        logits = pd.DataFrame(self.logits, columns=["run", "step", *LOGIT_FIELDS])
+        for raw, capped in RAW_LOGITS.items():
+            logits[raw] = logits[raw].fillna(logits[capped])
+            # only once some run had a cap: no raw column for a report without one
+            if raw in runs and capped in runs:
+                runs[raw] = runs[raw].fillna(runs[capped])
+        return ReportData(
+            runs=runs,
+            config_keys=config_keys,
+            train=pd.DataFrame(self.train, columns=["run", "step", "tokens", "train_loss"]),
+            evals=pd.DataFrame(self.evals, columns=["run", "step", "val_loss"]),
+            grads=pd.DataFrame(self.grads, columns=["run", "step", "grad_norm"]),
+            layers=pd.DataFrame(self.layers, columns=LAYER_COLUMNS),
+            logits=logits,
+        )
+
+
+LAYER_COLUMNS = ["run", "when", "step", "layer", "grad", "resid_rms", "saturation", "grad_layer", "resid_var"]
+
+
+def _layer_row(run: int, when: str, record: dict, i: int, layer) -> tuple:
+    """One layer of a per-layer snapshot, as LAYER_COLUMNS."""
+    layer = layer if isinstance(layer, dict) else {}
+    grad = layer.get("grad_norm") if isinstance(layer.get("grad_norm"), dict) else {}
+    saturation = layer.get("saturation") if isinstance(layer.get("saturation"), dict) else {}
+    return (
+        run,
+        when,
+        _num(record.get("step")),
+        i,
+        _num(grad.get("mlp_out")),
+        _num(layer.get("resid_rms")),
+        max(map(_num, saturation.values()), default=math.nan),
+        # the parts' norms combined: the norm of the layer's gradients as one vector
+        # (a part without parameters, the norm of a norm-free block, has none: left out)
+        math.sqrt(sum(v**2 for v in map(_num, grad.values()) if math.isfinite(v))) if grad else math.nan,
+        _num(layer.get("resid_var")),
+    )
+
+
+def _runs_frame(rows: list[dict]) -> pd.DataFrame:
+    """The runs' rows as one table: every expected column present, numbers numeric, the gap to the
+    floor and ``did_not_learn`` derived, the short columns first."""
     runs = pd.DataFrame(rows)
-    for col in (
+    expected = (
         "run_dir",
         "norm",
         "placement",
@@ -242,45 +282,32 @@ def load_runs(run_dirs: list[Path], warn) -> ReportData:
         "floor_loss",
         "init_val_loss",
         "leaks_future",
-        *METRICS,
-    ):
+    )
+    for col in (*expected, *METRICS):
         if col not in runs:
             runs[col] = np.nan
     for col in (*METRICS, "init_val_loss"):
         runs[col] = pd.to_numeric(runs[col], errors="coerce")
     runs["floor_gap"] = runs["final_val_loss"] - pd.to_numeric(runs["floor_loss"], errors="coerce")
+    runs["did_not_learn"] = did_not_learn(runs)
     for col in [c for c in LOGIT_FIELDS if c in runs]:  # the peaks: null with statistics off
         runs[col] = pd.to_numeric(runs[col], errors="coerce").replace([np.inf, -np.inf], np.nan)
-    logits = pd.DataFrame(logits, columns=["run", "step", *LOGIT_FIELDS])
-    for raw, capped in RAW_LOGITS.items():
-        logits[raw] = logits[raw].fillna(logits[capped])
-        # only once some run had a cap: no raw column for a report without one
-        if raw in runs and capped in runs:
-            runs[raw] = runs[raw].fillna(runs[capped])
     first = ["run_dir", "norm", "placement", "seed", "status", *METRICS, "init_val_loss"]
-    runs = runs[first + [c for c in runs.columns if c not in first]]
-    return ReportData(
-        runs=runs,
-        config_keys=list(config_keys),
-        train=pd.DataFrame(train, columns=["run", "step", "tokens", "train_loss"]),
-        evals=pd.DataFrame(evals, columns=["run", "step", "val_loss"]),
-        grads=pd.DataFrame(grads, columns=["run", "step", "grad_norm"]),
-        layers=pd.DataFrame(
-            layers,
-            columns=[
-                "run",
-                "when",
-                "step",
-                "layer",
-                "grad",
-                "resid_rms",
-                "saturation",
-                "grad_layer",
-                "resid_var",
-            ],
-        ),
-        logits=logits,
-    )
+    return runs[first + [c for c in runs.columns if c not in first]]
+
+
+# A run learned where its final validation loss ends below this share of its loss at initialisation:
+# the claims' stable_lr reads a run as stable by the same share (normbench.claims.predicates).
+LEARNED_FRACTION = 0.9
+
+
+def did_not_learn(runs: pd.DataFrame) -> pd.Series:
+    """Whether each run completed without learning: its final validation loss not below
+    LEARNED_FRACTION of its own loss at initialisation (a run at the loss of a uniform guess, or
+    barely under it). False for a run that did not complete, or without a step-0 evaluation."""
+    final = pd.to_numeric(runs["final_val_loss"], errors="coerce")
+    init = pd.to_numeric(runs["init_val_loss"], errors="coerce")
+    return runs["status"].eq("completed") & (final >= LEARNED_FRACTION * init)
 
 
 def in_bits_per_byte(d: ReportData, metric: str) -> None:

@@ -273,6 +273,47 @@ def _t_interval(point: float, parts: list[tuple[float, float]]) -> tuple[float, 
     return point - half, point + half, dof
 
 
+@dataclass
+class _Fit:
+    """The fits predict() reads a gap from: each configuration's means, law, slopes and misfit."""
+
+    samples: dict
+    configs: list
+    sizes: list
+    xs: np.ndarray
+    targets: np.ndarray
+    point: list
+    laws: list
+    slopes: list
+    misfits: list
+
+    def gap(self, i: int, b: int) -> tuple:
+        """(the gap of configuration i to the baseline b at each target by their power laws, its
+        lack-of-fit p, per target the weights of each size's means in it)."""
+        config, baseline, n = self.configs[i], self.configs[b], len(self.sizes)
+        gap_point = self.laws[i](self.targets) - self.laws[b](self.targets)
+        misfit = np.nanmin([self.misfits[i], self.misfits[b], math.inf])
+        weights = [
+            [{config: self.slopes[i][j, t], baseline: -self.slopes[b][j, t]} for j in range(n)]
+            for t in range(len(self.targets))
+        ]
+        return gap_point, misfit, weights
+
+    def log_linear_gap(self, i: int, b: int) -> tuple:
+        """``gap`` by the log-linear fit of the gaps (linear in them: exact slopes), where a power law
+        did not converge."""
+        config, baseline, xs, n = self.configs[i], self.configs[b], self.xs, len(self.sizes)
+        se = _gap_se(self.samples, config, baseline, self.sizes)
+        gaps = self.point[i] - self.point[b]
+        line = _log_linear(xs, gaps, se, xs)
+        paired = [_paired(self.samples, config, baseline, size) for size in self.sizes]
+        g = _slopes(lambda m: _log_linear(xs, m, se, self.targets), gaps, np.ones(n))
+        weights = [
+            [{config: g[j, t], baseline: -g[j, t]} for j in range(n)] for t in range(len(self.targets))
+        ]
+        return _log_linear(xs, gaps, se, self.targets), _misfit_p(gaps - line, paired, 2), weights
+
+
 def predict(samples: dict, configs: list, baseline, sizes: list, x: dict, targets: list) -> pd.DataFrame:
     """One row per (configuration, target): the law, the predicted loss and gap with their intervals.
 
@@ -304,25 +345,11 @@ def predict(samples: dict, configs: list, baseline, sizes: list, x: dict, target
     ]
     largest = float(xs.max())
     rows = []
+    fit = _Fit(samples, configs, sizes, xs, targets, point, laws, slopes, misfits)
     for i, config in enumerate(configs):
-        law, base = laws[i], laws[b]
-        power = law.converged and base.converged
-        if not power and i != b:  # the gap by the log-linear fit (linear in the gaps: exact slopes)
-            se = _gap_se(samples, config, baseline, sizes)
-            gaps = point[i] - point[b]
-            gap_point = _log_linear(xs, gaps, se, targets)
-            line = _log_linear(xs, gaps, se, xs)
-            paired = [_paired(samples, config, baseline, size) for size in sizes]
-            misfit = _misfit_p(gaps - line, paired, 2)
-            g = _slopes(lambda m, se=se: _log_linear(xs, m, se, targets), gaps, np.ones(len(sizes)))
-            weights = [[{config: g[j, t], baseline: -g[j, t]} for j in range(len(sizes))] for t in range(nt)]
-        else:
-            gap_point = law(targets) - base(targets)
-            misfit = np.nanmin([misfits[i], misfits[b], math.inf])
-            weights = [
-                [{config: slopes[i][j, t], baseline: -slopes[b][j, t]} for j in range(len(sizes))]
-                for t in range(nt)
-            ]
+        law = laws[i]
+        power = law.converged and laws[b].converged
+        gap_point, misfit, weights = fit.gap(i, b) if power or i == b else fit.log_linear_gap(i, b)
         method = POWER if power or (i == b and law.converged) else LOG_LINEAR
         if not np.isfinite(gap_point).all() and i != b:
             method = NOT_CONVERGED

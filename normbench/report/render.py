@@ -103,11 +103,12 @@ def render_html(
     if tuned is not None:
         parts += [
             f"<h2>Each configuration at its best {e(tune_key)}</h2>",
-            f"<p>Best value: {m.best_word} mean {e(m.label)} over every seed, a diverged or failed one "
-            "at its loss at init (choosing on the survivors of a mostly diverged value would choose on a "
-            "censored sample). LR sensitivity: "
-            "Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) minus the best loss "
-            "(diverged = loss at init), for a loss only. Written to <code>tuned.csv</code>.</p>",
+            f"<p>Best value: {m.best_word} mean {e(m.label)} over every seed, a diverged one ranked "
+            "with its configuration's worst completed run (choosing on the survivors of a mostly "
+            "diverged value would choose on a censored sample); a failed run is not counted. LR "
+            "sensitivity: Wortsman et al. (2023), the mean over the grid of min(loss, loss at init) "
+            "minus the best loss (diverged = loss at init), for a loss only. Written to "
+            "<code>tuned.csv</code>.</p>",
             tuned.to_html(index=False, escape=True),
         ]
     if table is not None:
@@ -190,7 +191,8 @@ SECONDARY_COLUMNS = (
 
 
 def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) -> None:
-    quiet = [c for c in ("diverged", "failed", "leaks future") if c in table and set(table[c]) <= {"0", "no"}]
+    flagged = ("diverged", "failed", "did not learn")
+    quiet = [c for c in (*flagged, "leaks future") if c in table and set(table[c]) <= {"0", "no"}]
     table = table.drop(columns=quiet)  # all-zero columns say nothing a person needs to read
     if console.width < 40 + 14 * len(table.columns):
         # a loss column's header carries its unit: "best val loss (nats/token)"
@@ -204,7 +206,7 @@ def print_table(console: Console, table: pd.DataFrame, title: str, n_keys: int) 
         # Text(), not str: a config value like "[bold]" must not be read as rich markup.
         rich_table.add_row(
             *(
-                Text(v, style="red" if col in ("diverged", "failed") and v != "0" else "")
+                Text(v, style="red" if col in flagged and v != "0" else "")
                 for col, v in zip(table.columns, row)
             )
         )

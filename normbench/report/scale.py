@@ -38,7 +38,7 @@ from normbench.report.metrics import DEFAULT, metric
 from normbench.report.select import same_value
 from normbench.report.stats import NEEDS_SEEDS, compare, fit_trend, mean_ci, trend_word
 from normbench.report.tables import _fmt_value, config_label, default_group_keys, ran, varying_keys
-from normbench.report.tuning import _by_seed, _values, compare_with_best
+from normbench.report.tuning import _by_seed, _values, compare_with_best, readings
 
 # The keys a sweep scales; one of them varying alone is the scale axis without --scale.
 SIZE_KEYS = (
@@ -148,30 +148,67 @@ def resolve_baseline(spec: str | None, d: ReportData, key: str | None) -> str | 
 
 
 def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) -> Scale:
-    keys = _config_keys(d, key)
+    """The scale axis: each configuration at each size (at its best tuned value), compared with the best
+    of its size and with the baseline, and the trend of each difference across the sizes."""
+    m = metric(d.metric)
+    runs = _scale_runs(d, key)
+    table, samples = _at_each_size(d, runs, key, m)
+    table = table.merge(_vs_best_of_size(table, samples, key, m), on=["config", key])
+    baseline, given, order = _baseline(table, baseline, key, m)
+    table = pd.concat([table, _vs_baseline(table, samples, baseline, key)], axis=1)
+    table.insert(1, "baseline", baseline)
+    table["_order"] = table["config"].map(order.index)
+    table = table.sort_values([key, "_order"], kind="stable").drop(columns="_order").reset_index(drop=True)
+    x = _x_axis(table, key)
+    return Scale(
+        key=key,
+        detected=detected,
+        baseline=baseline,
+        baseline_given=given,
+        x=x,
+        configs=order,
+        run_config=runs["_config"],
+        table=table,
+        trend=_trend(table, key, order, baseline, d.tune),
+        samples=samples,
+        metric=d.metric,
+    )
+
+
+def _scale_runs(d: ReportData, key: str) -> pd.DataFrame:
+    """The runs with their configuration on the axis (_config), as tuned.csv names it (_tconfig), their
+    size (_size), tuned value (_value), tokens (_tokens) and parameters (_params)."""
     tkeys = [k for k in d.keys if k != d.tune]  # tuned.csv's configurations
     runs = d.runs.assign(
-        _config=_labels(d.runs, keys),
+        _config=_labels(d.runs, _config_keys(d, key)),
         _tconfig=_labels(d.runs, tkeys),
         _size=pd.to_numeric(d.runs[key], errors="coerce"),
     )
     if d.tune:
         runs["_value"] = pd.to_numeric(runs[d.tune], errors="coerce")
-    tuned = d.tuned.set_index("config") if d.tuned is not None else None
     tokens = [
         pd.to_numeric(runs[k], errors="coerce") if k in runs else math.nan
         for k in ("train.steps", "train.batch_size", "model.block_size")
     ]
     runs["_tokens"] = tokens[0] * tokens[1] * tokens[2]
     runs["_params"] = pd.to_numeric(runs["params"], errors="coerce") if "params" in runs else math.nan
-    m = metric(d.metric)
+    return runs
+
+
+def _at_each_size(d: ReportData, runs: pd.DataFrame, key: str, m) -> tuple[pd.DataFrame, dict]:
+    """(one row per configuration and size: its mean at its best value and interval, sorted by size;
+    {(config, size): its seeds' values})."""
+    tuned = d.tuned.set_index("config") if d.tuned is not None else None
     rows, samples = [], {}
     for (config, size), group in runs.groupby(["_config", "_size"], sort=False):
         label = group["_tconfig"].iloc[0]
         best = tuned.at[label, "best_value"] if tuned is not None else math.nan
-        sample = samples[(config, size)] = _by_seed(
-            group[group["_value"].eq(best)] if tuned is not None else group, m.source
-        )
+        if tuned is not None:  # its seeds at its best value, read as tuned.csv reads them
+            at = group[group["_value"].eq(best)]
+            sample = _by_seed(at.assign(_read=readings(at, m)), "_read", completed=False)
+        else:
+            sample = _by_seed(group, m.source)
+        samples[(config, size)] = sample
         values = _values(sample)
         ci = mean_ci(values)
         rows.append(
@@ -190,34 +227,41 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
                 "lr_sensitivity": tuned.at[label, "lr_sensitivity"] if tuned is not None else math.nan,
             }
         )
-    table = pd.DataFrame(rows).sort_values(key, kind="stable").reset_index(drop=True)
-    sizes = sorted(table[key].unique())
-    # the per-size verdict: each configuration against the best of its size
+    return pd.DataFrame(rows).sort_values(key, kind="stable").reset_index(drop=True), samples
+
+
+def _vs_best_of_size(table: pd.DataFrame, samples: dict, key: str, m) -> pd.DataFrame:
+    """The per-size verdict: each configuration against the best of its size."""
     at_size = pd.concat(
         [
             compare_with_best({c: samples[(c, s)] for c in table.loc[table[key].eq(s), "config"]}, m).assign(
                 **{key: s}
             )
-            for s in sizes
+            for s in sorted(table[key].unique())
         ]
     )
     at_size = at_size.rename_axis("config").reset_index()[
         ["config", key, "diff_vs_best", "diff_ci_low", "diff_ci_high", "vs_best"]
     ]
-    table = table.merge(
-        at_size.rename(
-            columns={"diff_ci_low": "diff_vs_best_ci_low", "diff_ci_high": "diff_vs_best_ci_high"}
-        ),
-        on=["config", key],
+    return at_size.rename(
+        columns={"diff_ci_low": "diff_vs_best_ci_low", "diff_ci_high": "diff_vs_best_ci_high"}
     )
+
+
+def _baseline(table: pd.DataFrame, baseline: str | None, key: str, m) -> tuple[str, bool, list[str]]:
+    """(the baseline: the one given, else the best at the largest size; whether it was given; the
+    configurations in order: the baseline first, then best first at the largest size)."""
     largest = table.dropna(subset=[f"{m.source}_mean"])
     largest = largest[largest[key].eq(largest[key].max())].sort_values(
         f"{m.source}_mean", ascending=not m.higher_is_better, kind="stable"
     )
     given = baseline is not None
     baseline = baseline if given else (largest["config"].iloc[0] if len(largest) else table["config"].iloc[0])
-    # configurations: the baseline first, then best first at the largest size
-    order = list(dict.fromkeys([baseline, *largest["config"], *table["config"]]))
+    return baseline, given, list(dict.fromkeys([baseline, *largest["config"], *table["config"]]))
+
+
+def _vs_baseline(table: pd.DataFrame, samples: dict, baseline: str, key: str) -> pd.DataFrame:
+    """Each row's difference to the baseline at its size, with its interval, method, se and df."""
     diffs = []
     for _, row in table.iterrows():
         base = samples.get((baseline, row[key]))
@@ -234,10 +278,11 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
                 "diff_df": c.df if c else math.nan,
             }
         )
-    table = pd.concat([table, pd.DataFrame(diffs)], axis=1)
-    table.insert(1, "baseline", baseline)
-    table["_order"] = table["config"].map(order.index)
-    table = table.sort_values([key, "_order"], kind="stable").drop(columns="_order").reset_index(drop=True)
+    return pd.DataFrame(diffs)
+
+
+def _x_axis(table: pd.DataFrame, key: str) -> str:
+    """What the axis is drawn against (tokens, params, or the key itself), its column ``x`` set."""
     by_size = table.groupby(key)[["params", "tokens"]].mean()
     x = (
         ("tokens" if key in TOKEN_KEYS or by_size["params"].nunique() < 2 else "params")
@@ -245,19 +290,7 @@ def scale_axis(d: ReportData, key: str, detected: bool, baseline: str | None) ->
         else key
     )
     table["x"] = table[key] if x == key else table[key].map(by_size[x])
-    return Scale(
-        key=key,
-        detected=detected,
-        baseline=baseline,
-        baseline_given=given,
-        x=x,
-        configs=order,
-        run_config=runs["_config"],
-        table=table,
-        trend=_trend(table, key, order, baseline, d.tune),
-        samples=samples,
-        metric=d.metric,
-    )
+    return x
 
 
 def _trend(table: pd.DataFrame, key: str, order: list[str], baseline: str, tune: str | None) -> pd.DataFrame:

@@ -125,7 +125,8 @@ def aggregate(
     ``size_key``, the scale axis, smallest size first: configurations are only ranked within a size).
 
     Loss mean/std/count use completed runs only (std is the sample std, ddof=1); diverged and
-    failed runs are counted separately. Throughput and memory average every run that reported
+    failed runs are counted separately, and so are the completed runs that did not learn
+    (normbench.report.load.did_not_learn). Throughput and memory average every run that reported
     them: a diverged run's speed is still a real measurement; except the report's metric, which,
     like every statistic of the verdict, uses completed runs only.
     """
@@ -136,12 +137,13 @@ def aggregate(
         completed=status.eq("completed"),
         diverged=status.eq("diverged"),
         failed=status.eq("failed"),
+        did_not_learn=runs["did_not_learn"].fillna(False).astype(bool) if "did_not_learn" in runs else False,
         leaks_future=runs["leaks_future"].map(
             lambda v: bool(v) if isinstance(v, (bool, np.bool_)) else pd.NA
         ),
     )
     groups = flags.groupby(keys, dropna=False, sort=False)
-    agg = groups[["runs", "completed", "diverged", "failed"]].sum()
+    agg = groups[["runs", "completed", "diverged", "failed", "did_not_learn"]].sum()
     completed = runs[status.eq("completed")].groupby(keys, dropna=False, sort=False)
     ranked = list(dict.fromkeys((*LOSS_FIELDS, m.source)))
     losses = completed[ranked].agg(["mean", "std", "count"])
@@ -212,6 +214,7 @@ def display_table(agg: pd.DataFrame, keys: list[str], metric_name: str) -> pd.Da
             table[name] = agg[f"{field}_mean"].map(lambda v: num(v, ",.0f" if abs(v) >= 100 else ".3g"))
     table["diverged"] = agg["diverged"].astype(str)
     table["failed"] = agg["failed"].astype(str)
+    table["did not learn"] = agg["did_not_learn"].astype(str)
     if agg["leaks_future"].notna().any():
         table["leaks future"] = agg["leaks_future"].map(
             lambda v: "–" if pd.isna(v) else ("yes" if v else "no")

@@ -6,25 +6,37 @@ validation loss by default). A *configuration* is a combination of the group key
 tuning key. For each one:
 
 - its best value: the value whose seeds have the best mean score (``scores``: the lowest; the
-  highest for a metric where higher is better). Every seed counts: for a loss, a seed that diverged
-  or failed counts at its loss at initialisation (it learned nothing). Choosing on the survivors of
-  a value where most seeds diverged is choosing on a censored sample: the lone survivor of a rate
-  that is mostly unstable looks best exactly because the unlucky seeds were dropped. The seeds at
-  the best value, scored the same way, are the ones its statistics are computed on;
+  highest for a metric where higher is better). Every seed that ran counts: for a loss, a seed that
+  diverged scores its loss at initialisation (it learned nothing). Choosing on the survivors of a
+  value where most seeds diverged is choosing on a censored sample: the lone survivor of a rate that
+  is mostly unstable looks best exactly because the unlucky seeds were dropped. A run that *failed*
+  (crashed: an error, not a result) counts for nothing: it is left out of every mean and every
+  choice, and the report says how many were left out and how to run them again;
+- its seeds at the best value, compared (``readings``): a seed that diverged *there* is ranked
+  worst, a worst-rank score (Lachin 1999, "Worst-rank score analysis with informatively missing
+  observations in clinical trials"): it reads the worst loss a completed seed of its configuration
+  reached at that value (its loss at init where none completed): tied with the worst seed, never
+  ranked above one. The divergence is evidence that the configuration is worse and counts as such;
+  its value is bounded by what the configuration's own seeds reached there, where its loss at init
+  (far above every trained loss) would add a spread that turns an effect every seed shows into an
+  interval that decides nothing;
 - its LR sensitivity, as Wortsman et al. (2023, "Small-scale proxies for large-scale Transformer
   training instabilities", §2.2) define it: the mean over the swept values η of
   ``min(loss(η), loss_init) - loss*``, where ``loss(η)`` is the mean metric over the seeds at η,
-  ``loss_init`` its value at step 0 and ``loss*`` the lowest ``loss(η)``. A seed that diverged or
-  failed at η counts as ``loss_init`` (it learned nothing), and the min is taken per seed, before
-  the mean. It depends on the grid: sensitivities over different grids are not comparable. It is
+  ``loss_init`` its value at step 0 and ``loss*`` the lowest ``loss(η)``. A seed that diverged at
+  η counts as ``loss_init`` (it learned nothing: the definition's ceiling), and the min is taken per
+  seed, before the mean; a failed run is left out. It depends on the grid: sensitivities over
+  different grids are not comparable. It is
   defined for a loss only (a throughput has no value at init);
 - the seed statistics of normbench.report.stats at its best value: the mean's 95% interval, and
   the difference to the best configuration (of the same size, with a scale axis) with its
   interval and p-value.
 
 The same comparison without a tuning key (``seed_statistics``) fills aggregate.csv. The choice of
-a configuration's runs at its best value (``at_best_value``) is the claims registry's too, which
-chooses each seed's value on the other seeds (normbench.claims.arms).
+a configuration's runs at its best value (``at_best_value``, over ``scores``) is the claims
+registry's too (normbench.claims.arms): the report and a claim read the same runs one way. The
+choice is made on the seeds then compared; a claim's pilot is decided again by its confirmation on
+fresh seeds at the value the pilot chose (normbench.claims.confirming), which no choice can flatter.
 """
 
 from __future__ import annotations
@@ -156,19 +168,55 @@ def seed_statistics(d: ReportData, labels: list[str]) -> pd.DataFrame:
 def scores(runs: pd.DataFrame, m: Metric) -> pd.Series:
     """Each run's score under the metric ``m``, the one rule by which a best value is chosen.
 
-    A completed run scores its metric. For a loss, a run that diverged or failed scores the loss at
-    initialisation (it learned nothing; the gap to the floor at init for ``floor_gap``), so every
-    seed counts. A metric without a value at init (a throughput), or a run without a step-0
-    evaluation, leaves such a run unscored (NaN: it counts for nothing).
+    A completed run scores its metric. For a loss, a run that diverged scores the loss at
+    initialisation (it learned nothing; the gap to the floor at init for ``floor_gap``). A failed run,
+    a metric without a value at init (a throughput) for a diverged one, or a run without a step-0
+    evaluation, scores NaN: it counts for nothing.
     """
-    value = pd.to_numeric(runs[m.source], errors="coerce").where(runs["status"].eq("completed"))
-    if not m.loss or "init_val_loss" not in runs:
+    value = _completed(runs, m)
+    if not m.loss:
         return value
+    return value.where(~runs["status"].eq("diverged"), _init(runs, m))
+
+
+def readings(runs: pd.DataFrame, m: Metric) -> pd.Series:
+    """Each run's value under the metric ``m`` where the seeds of one configuration at one value are
+    compared: the one rule by which the report and a claim read them (the module's docstring says why).
+
+    A completed run reads its metric. For a loss, a run that diverged is ranked worst: it reads the
+    worst value of the completed runs among ``runs``, or where none completed its loss at
+    initialisation. A failed run, and for a metric without a value at init a diverged one, reads
+    NaN: it counts for nothing.
+    """
+    value = _completed(runs, m)
+    if not m.loss:
+        return value
+    worst = value.max()
+    worst = worst if math.isfinite(worst) else _init(runs, m)
+    return value.where(~runs["status"].eq("diverged"), worst)
+
+
+def _completed(runs: pd.DataFrame, m: Metric) -> pd.Series:
+    """The metric of each completed run, NaN for any other."""
+    return pd.to_numeric(runs[m.source], errors="coerce").where(runs["status"].eq("completed"))
+
+
+def _init(runs: pd.DataFrame, m: Metric) -> pd.Series:
+    """Each run's metric at step 0 (NaN without a step-0 evaluation)."""
+    if "init_val_loss" not in runs:
+        return pd.Series(math.nan, index=runs.index)
     init = pd.to_numeric(runs["init_val_loss"], errors="coerce")
     if m.source == "floor_gap":
         init = init - pd.to_numeric(runs["floor_loss"], errors="coerce")
-    stopped = runs["status"].isin(("diverged", "failed"))
-    return value.where(~stopped, init)
+    return init
+
+
+def failed_note(runs: pd.DataFrame, rerun: str) -> str:
+    """'2 runs failed (not counted): re-run them with RERUN' for the failed runs among ``runs``."""
+    failed = int(runs["status"].eq("failed").sum())
+    if not failed:
+        return ""
+    return f"{failed} run{'s' if failed > 1 else ''} failed (not counted): re-run them with {rerun}"
 
 
 def _best(means: pd.Series, higher_is_better: bool) -> float:
@@ -179,38 +227,22 @@ def _best(means: pd.Series, higher_is_better: bool) -> float:
 
 
 def at_best_value(
-    runs: pd.DataFrame, key: str, scores: pd.Series, higher_is_better: bool = False, held_out: bool = False
+    runs: pd.DataFrame, key: str, scores: pd.Series, higher_is_better: bool = False
 ) -> tuple[pd.Index, float]:
     """(the runs of one configuration at its best value of ``key``, that best value).
 
     The best value is the one whose runs have the best mean of ``scores`` (a Series over ``runs``;
     NaN scores count for nothing): the lowest, or the highest where higher is better; NaN when no
-    value has a score. ``held_out``: each seed's runs at the value best on the configuration's
-    *other* seeds (leave one seed out; a lone seed at its own best). Choosing on the seeds then
-    compared flatters the configuration whose seeds scatter more; choosing on the others does not.
+    value has a score. Every seed is read at that one value.
     """
     values = pd.to_numeric(runs[key], errors="coerce")
     best = _best(scores.groupby(values).mean(), higher_is_better)
-    if not held_out:
-        return runs.index[values.eq(best)], best
-    chosen = []
-    for seed in runs["seed"].unique():
-        others = runs["seed"].ne(seed)
-        if not others.any():
-            others = pd.Series(True, index=runs.index)
-        value = _best(scores[others].groupby(values[others]).mean(), higher_is_better)
-        chosen += list(runs.index[runs["seed"].eq(seed) & values.eq(value)])
-    return pd.Index(chosen), best
+    return runs.index[values.eq(best)], best
 
 
 def _at_init(group: pd.DataFrame, m: Metric) -> float:
     """The metric at step 0 (the same init for every value of the tuned key), for a loss only."""
-    if not m.loss:
-        return math.nan
-    init = pd.to_numeric(group["init_val_loss"], errors="coerce")
-    if m.source == "floor_gap":
-        init = init - pd.to_numeric(group["floor_loss"], errors="coerce")
-    return init.mean()
+    return _init(group, m).mean() if m.loss else math.nan
 
 
 def _config_groups(d: ReportData, runs: pd.DataFrame, tune_key: str):
@@ -243,8 +275,10 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
         if len(grid) < 2 or not m.loss:
             sensitivity = math.nan  # 0 by definition over one value; without a value at init, undefined
         elif math.isfinite(at_init):
-            # per seed: min(value, value at init), a diverged or failed seed counting as the value at init
-            capped = group[m.source].where(done, at_init).clip(upper=at_init)
+            # per seed: min(value, value at init), a diverged seed counting as the value at init; a
+            # failed one left out
+            diverged = group["status"].eq("diverged")
+            capped = group[m.source].where(done, at_init).where(done | diverged).clip(upper=at_init)
             per_value = capped.groupby(group["_value"]).mean().reindex(grid)
             sensitivity = float((per_value - per_value.min()).mean())
         else:
@@ -256,7 +290,7 @@ def tune(d: ReportData, tune_key: str, warn) -> pd.DataFrame:
         failed = status.agg(lambda s: int(s.eq("failed").sum()))
         size = status.size()
         at_best = group.loc[chosen]
-        samples[label] = _by_seed(at_best.assign(_score=score[chosen]), "_score", completed=False)
+        samples[label] = _by_seed(at_best.assign(_score=readings(at_best, m)), "_score", completed=False)
         final = at_best.loc[at_best["status"].eq("completed"), "final_val_loss"]
         rows.append(
             {

@@ -17,12 +17,15 @@ import pandas as pd
 
 from normbench.core.provenance import describe
 from normbench.report.cost import implementation_note
-from normbench.report.load import NOT_RECORDED, NUMERICS, ReportData, layer_skip
+from normbench.report.load import LEARNED_FRACTION, NOT_RECORDED, NUMERICS, ReportData, layer_skip
 from normbench.report.metrics import Metric, metric
+from normbench.report.recipe import differences
 from normbench.report.scale import NEEDS_SIZES, Scale, _x_words
 from normbench.report.stats import NEEDS_SEEDS, compare
 from normbench.report.tables import _fmt_value, config_label, fmt_ci, short_key
-from normbench.report.tuning import at_best, tuned_configs
+from normbench.report.tuning import at_best, failed_note, tuned_configs
+
+RERUN = "the same normbench sweep command and --retry-failed"
 
 
 def _p(p: float) -> str:
@@ -31,11 +34,20 @@ def _p(p: float) -> str:
     return ", p<0.001" if p < 1e-3 else f", p={p:.2g}"
 
 
-def _diff(row, m: Metric) -> str:
-    """'+0.310 [+0.290, +0.330] (paired by seed, t, p<0.001)'"""
+FEW_SEEDS = 2  # an interval from this many seeds (a side) comes with a warning
+
+
+def _few(*n) -> str:
+    """'; from 2 seeds: a fragile interval' where an interval rests on FEW_SEEDS seeds (a side)."""
+    return f"; from {FEW_SEEDS} seeds: a fragile interval" if min(n) <= FEW_SEEDS else ""
+
+
+def _diff(row, m: Metric, n_best: int) -> str:
+    """'+0.310 [+0.290, +0.330] (95%, n=3 and 3, paired by seed, t, p<0.001)': the difference to the
+    best, its interval's level and the seeds on each side."""
     return (
         f"{m.diff(row['diff_vs_best'])} {fmt_ci(row, 'diff_ci_low', 'diff_ci_high', '+')} "
-        f"({row['test']}{_p(row['p_value'])})"
+        f"(95%, n={row['n']} and {n_best}, {row['test']}{_p(row['p_value'])}{_few(row['n'], n_best)})"
     )
 
 
@@ -63,7 +75,11 @@ def _evidence(d: ReportData, table: pd.DataFrame) -> list[str]:
     seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()} to {n.max()}"
     out.append(
         f"{len(d.runs)} runs, {len(table)} configurations, {seeds} completed seed(s) per configuration"
-        + (f" at its best {d.tune} (a diverged seed counted at its loss at init)." if d.tune else ".")
+        + (
+            f" at its best {d.tune} (a diverged seed ranked with its configuration's worst completed run)."
+            if d.tune
+            else "."
+        )
     )
     if n.max() < 2:
         out.append(
@@ -109,14 +125,18 @@ def _comparisons(table: pd.DataFrame, m: Metric) -> list[str]:
         return [f"No completed run reported its {m.label} ({m.name}): nothing to compare."]
     b = best.iloc[0]
     ci = (
-        f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}"
+        f"95% CI {fmt_ci(b)}, {b['ci_method']}, n={b['n']}{_few(b['n'])}"
         if pd.notna(b["ci_low"])
         else f"n={b['n']}, {NEEDS_SEEDS} for an interval"
     )
     out.append(f"Best: {b['config']}{b['at']}, {m.label} {m.value(b['mean'])} ({ci}).")
-    tied = [f"{r['config']}{r['at']} {_diff(r, m)}" for _, r in table[table["vs_best"].eq("tied")].iterrows()]
+    tied = [
+        f"{r['config']}{r['at']} {_diff(r, m, b['n'])}"
+        for _, r in table[table["vs_best"].eq("tied")].iterrows()
+    ]
     worse = [
-        f"{r['config']}{r['at']} by {_diff(r, m)}" for _, r in table[table["vs_best"].eq("worse")].iterrows()
+        f"{r['config']}{r['at']} by {_diff(r, m, b['n'])}"
+        for _, r in table[table["vs_best"].eq("worse")].iterrows()
     ]
     other = table[~table["vs_best"].isin(["best", "tied", "worse", "no completed run", NEEDS_SEEDS])]
     thin = table[table["vs_best"].eq(NEEDS_SEEDS)]
@@ -126,7 +146,7 @@ def _comparisons(table: pd.DataFrame, m: Metric) -> list[str]:
     if worse:
         out.append(f"Worse than the best (the 95% CI of the difference excludes 0): {_list(worse)}.")
     for _, r in other.iterrows():
-        out.append(f"{r['config']}{r['at']}: {r['vs_best']} than the best, {_diff(r, m)}.")
+        out.append(f"{r['config']}{r['at']}: {r['vs_best']} than the best, {_diff(r, m, b['n'])}.")
     if len(thin) and table["n"].max() >= 2:
         out.append(
             "Not compared ("
@@ -138,6 +158,20 @@ def _comparisons(table: pd.DataFrame, m: Metric) -> list[str]:
     if len(none):
         out.append("Nothing completed (every run diverged or failed): " + _list(list(none["config"])) + ".")
     return out
+
+
+def _recipes(d: ReportData) -> list[str]:
+    """What each configuration ran with beyond its keys, where that differs between them (its init,
+    tied head, warm-up: normbench.report.recipe), and its tuned value beside it."""
+    groups = tuned_configs(d) if d.tune else d.runs["config"]
+    best = d.tuned.set_index("config")["best_value"] if d.tune else {}
+    also = {c: f"{d.tune}={v:g}" for c, v in dict(best).items() if pd.notna(v)} if d.tune else {}
+    said = differences(d.runs, groups, also)
+    if not any(said.values()) or all(v == also.get(c, "") for c, v in said.items()):
+        return []  # nothing beyond the tuned value, which the comparisons name
+    return [
+        f"What each configuration ran with beyond its keys: {_list([f'{c}: {v}' for c, v in said.items()])}."
+    ]
 
 
 def _failures(d: ReportData) -> list[str]:
@@ -160,6 +194,18 @@ def _failures(d: ReportData) -> list[str]:
         out.append(f"Diverged (seeds per value): {_list(diverged)}.")
     if failed:
         out.append(f"Failed (see the error column of summary.csv): {_list(failed)}.")
+    stuck = [
+        f"{r.config} ({r.did_not_learn}/{r.runs} runs)"
+        for r in d.agg.itertuples(index=False)
+        if r.did_not_learn
+    ]
+    if stuck:
+        out.append(
+            f"Did not learn (completed, its final validation loss at or above {LEARNED_FRACTION:.0%} of its "
+            f"loss at init): {_list(stuck)}."
+        )
+    if note := failed_note(d.runs, RERUN):
+        out.append(f"{note}.")
     return out
 
 
@@ -262,8 +308,9 @@ def _throughput(d: ReportData) -> list[str]:
             call = "faster in these runs" if c.ci.low > 0 else "slower in these runs"
         parts.append(f"{norm} {ratio:.2f}x {ref} ({call})")
     return [
-        f"Throughput against {ref} (mean tokens/s over the completed runs of each norm, Welch 95% CI of the "
-        "difference): "
+        f"Throughput against {ref} (training runs' whole steps: the ratio of mean tokens/s over the "
+        "completed runs of each norm, higher is faster; Welch 95% CI of the difference; normbench check "
+        "times the norm's op alone, a ratio of times): "
         f"{_list(parts)}. Runs that trained at different times on a shared machine differ by its load as "
         f"well; normbench bench compares the norms' speed under control. "
         # the caveat: which norms' implementations are not at their limit (or that it is unknown)
@@ -505,6 +552,7 @@ def verdict(d: ReportData) -> list[str]:
     return [
         *_evidence(d, table),
         *(size_verdicts(d.scale) if d.scale is not None else _comparisons(table, metric(d.metric))),
+        *_recipes(d),
         *_failures(d),
         *mixed_provenance(d),
         *_sensitivity(d),

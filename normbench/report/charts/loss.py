@@ -25,7 +25,7 @@ from normbench.report.charts.panels import (
 )
 from normbench.report.charts.registry import chart
 from normbench.report.charts.styles import coinciding, line_style, make_styles
-from normbench.report.load import ReportData
+from normbench.report.load import LEARNED_FRACTION, ReportData
 from normbench.report.metrics import loss_unit, metric
 from normbench.report.tuning import at_best, tuned_configs
 
@@ -142,9 +142,10 @@ def _seed_points(ax, runs: pd.DataFrame, values: pd.Series, at: dict, styles, jo
         part, style = done[done["_label"].eq(label)], styles[label]
         # the seeds side by side: points with the same loss stay apart
         offsets = np.linspace(-0.12, 0.12, len(part)) if len(part) > 1 else [0.0]
+        part = part.sort_values("seed")
         ax.plot(
             i + np.asarray(offsets),
-            part.sort_values("seed")["_value"],
+            part["_value"],
             linestyle="none",
             marker=style["marker"],
             markersize=7,
@@ -155,6 +156,20 @@ def _seed_points(ax, runs: pd.DataFrame, values: pd.Series, at: dict, styles, jo
         )
         if len(part):
             ax.hlines(part["_value"].mean(), i - 0.3, i + 0.3, color="black", linewidth=1.5, zorder=2)
+        stuck = part["did_not_learn"].eq(True).to_numpy() if "did_not_learn" in part else []
+        if np.any(stuck):  # completed, but learned nothing: a ring round each, named in the legend
+            ax.plot(
+                (i + np.asarray(offsets))[stuck],
+                part["_value"][stuck],
+                linestyle="none",
+                marker="o",
+                markersize=14,
+                markerfacecolor="none",
+                markeredgecolor="red",
+                markeredgewidth=1.5,
+                label=f"did not learn (final loss ≥ {LEARNED_FRACTION:.0%} of its loss at init)",
+                zorder=4,
+            )
         bad = runs["_label"].eq(label) & runs["status"].isin(["diverged", "failed"])
         if bad.any():
             if part.empty:  # nothing completed: a hatched slot, so it is not read as missing data
@@ -283,12 +298,13 @@ def chart_tuning(d: ReportData):
 
 
 def _tuning_points(group: pd.DataFrame, mean_ci) -> list[tuple]:
-    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds not
-    completed)."""
+    """Per value of the tuned key: (value, mean final loss over completed seeds, its CI, seeds that
+    diverged; a failed run is not drawn)."""
     points = []
     for value, at in group.groupby("_value"):
         done = at.loc[at["status"].eq("completed"), "final_val_loss"].dropna()
-        points.append((value, done.mean() if len(done) else math.nan, mean_ci(done), len(at) - len(done)))
+        diverged = int(at["status"].eq("diverged").sum())
+        points.append((value, done.mean() if len(done) else math.nan, mean_ci(done), diverged))
     return points
 
 
@@ -314,7 +330,7 @@ def _tuning_curve(ax, row, points: list[tuple], style: dict, place: tuple[int, i
 
 
 def _tuning_marks(ax, row, points: list[tuple], style: dict) -> None:
-    # diverged or failed seeds: an x at the loss at init, where the sensitivity counts them
+    # diverged seeds: an x at the loss at init, where the sensitivity counts them
     bad = [p[0] for p in points if p[3]]
     if bad and math.isfinite(row.loss_init):
         ax.plot(
@@ -324,7 +340,7 @@ def _tuning_marks(ax, row, points: list[tuple], style: dict) -> None:
             color=style["color"],
             markersize=9,
             markeredgewidth=2,
-            label="diverged or failed seeds (at loss at init)",
+            label="diverged seeds (at loss at init)",
         )
     if pd.notna(row.best_value):
         ax.plot(
