@@ -580,6 +580,14 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
             console.print(
                 "train.compile: compiled on CUDA (train.compile=false trains eagerly)", highlight=False
             )
+        share = distributed.local_batch_size(run.train.batch_size)
+        by_batch = norms.batch_norms(state.model) if (run.train.micro_batch_size or share) < share else []
+        if by_batch and distributed.is_main():  # accumulation changes no other norm's run
+            console.print(
+                f"{', '.join(by_batch)}: batch statistics per micro-batch of {run.train.micro_batch_size} "
+                f"sequences (train.micro_batch_size), not per batch of {share}",
+                highlight=False,
+            )
         if state.compile_error:
             console.print(
                 f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
