@@ -113,6 +113,9 @@ def test_a_run_whose_norm_reads_the_batch_says_its_statistics_are_per_micro_batc
         train(run, tmp_path / "-".join(overrides), console=Console(file=out, width=200))
         return out.getvalue()
 
-    line = "BatchNorm: batch statistics per micro-batch of 2 sequences (train.micro_batch_size), not per batch of 8"
+    line = (
+        "BatchNorm: batch statistics per micro-batch of 2 sequences (train.micro_batch_size), "
+        "not per batch of 8"
+    )
     assert line in said("norm=bn", "train.micro_batch_size=2")
     assert "micro-batch" not in said("norm=bn") + said("norm=ln", "train.micro_batch_size=2")

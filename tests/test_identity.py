@@ -23,7 +23,9 @@ def on(monkeypatch):
     """Where train.device=auto trains: a faked machine with or without CUDA."""
 
     def machine(kind: str) -> None:
-        monkeypatch.setattr(identity, "device_type", lambda name: kind if name == "auto" else name.split(":")[0])
+        monkeypatch.setattr(
+            identity, "device_type", lambda name: kind if name == "auto" else name.split(":")[0]
+        )
 
     return machine
 

@@ -140,7 +140,7 @@ STATISTICS = ("token", "batch", None)
 
 def batch_norms(model: nn.Module) -> list[str]:
     """The classes of ``model``'s norms that normalize by the batch's statistics (their ``statistics``)."""
-    return sorted({type(m).__name__ for m in model.modules() if getattr(type(m), "statistics", None) == "batch"})
+    return sorted({type(m).__name__ for m in model.modules() if getattr(m, "statistics", None) == "batch"})
 
 
 def norm_class(name: str, target: str | None = None) -> type[nn.Module]:
