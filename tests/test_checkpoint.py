@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import shlex
 import signal
 import subprocess
@@ -195,6 +196,75 @@ def test_a_kill_resumes_from_the_last_checkpoint_and_cuts_the_log_back(reference
     out = train_tiny(tmp_path, *overrides)
     assert out["resumed_at"] == [10]
     assert_same_run(tmp_path, ref)
+
+
+class Unpicklable:
+    """A part of a state that torch.save cannot write."""
+
+    def __reduce__(self):
+        raise pickle.PicklingError("cannot pickle this state")
+
+
+def test_a_kill_mid_checkpoint_leaves_no_temporary_file_once_the_run_resumes(
+    references, tmp_path, monkeypatch
+):
+    overrides, ref = references("ln-dropout")
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        crash_at(m, 15)
+        train_tiny(tmp_path, *overrides)
+    stale = tmp_path / ".checkpoint.pt.k1ll3d.tmp"  # as atomic_file names it: a kill -9 during a write
+    stale.write_bytes(b"PK\x03\x04 half of a checkpoint")
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        crash_at(m, 15)  # resumed, then stopped dead again before the run ends
+        train_tiny(tmp_path, *overrides)
+    assert not stale.exists() and torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 10
+    assert train_tiny(tmp_path, *overrides)["resumed_at"] == [10]  # the crashed resume saved nothing
+    assert_same_run(tmp_path, ref)
+
+
+def test_a_stop_whose_checkpoint_fails_names_the_step_saved_and_resumes_there(
+    references, tmp_path, monkeypatch, capsys
+):
+    from normbench.sweeps.job import run_job
+
+    overrides, ref = references("bn-dropout")
+    save = checkpoint.save
+    with monkeypatch.context() as m, pytest.raises(SystemExit) as exit_:
+        signal_at(m, 13)  # SIGTERM in step 13: its checkpoint is the last the run writes, and it fails
+        m.setattr(
+            checkpoint, "save", lambda d, s: save(d, {**s, "bad": Unpicklable()} if s["step"] == 13 else s)
+        )
+        run_job(compose_cfg(tiny(*overrides)), str(tmp_path), multirun=False)
+    assert exit_.value.code == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    failure = "checkpoint at step 13 not written (PicklingError: cannot pickle this state)"
+    assert f"{failure}; the last saved is step 10" in err
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert line.startswith(
+        "interrupted at step 13 (SIGTERM), its checkpoint not written (PicklingError: cannot pickle this "
+        "state); resume at step 10 with: "
+    )
+    assert "checkpoint saved" not in err and "Traceback" not in err
+    assert [p.name for p in tmp_path.glob("*checkpoint*")] == ["checkpoint.pt"]
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 10
+    assert train_tiny(tmp_path, *overrides)["resumed_at"] == [10]
+    assert_same_run(tmp_path, ref)
+
+
+def test_the_loop_writes_its_checkpoints_on_its_own_thread(tmp_path, monkeypatch):
+    """The loop never waits on a writer the scheduler may starve: there is none to wait on."""
+    writers, save = [], checkpoint.save
+
+    def recorded(run_dir, state):
+        writers.append(
+            (threading.current_thread(), os.sched_getscheduler(0) if hasattr(os, "SCHED_IDLE") else 0)
+        )
+        return save(run_dir, state)
+
+    monkeypatch.setattr(checkpoint, "save", recorded)
+    train_tiny(tmp_path, *RUN)
+    own = (threading.current_thread(), os.sched_getscheduler(0) if hasattr(os, "SCHED_IDLE") else 0)
+    assert len(writers) == 1 and set(writers) == {own}  # checkpoint_every=10 of 20 steps: step 10's
 
 
 def test_damaged_checkpoints_fall_back_to_the_previous_one_then_to_a_fresh_start(

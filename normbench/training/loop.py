@@ -31,7 +31,6 @@ from normbench.model import impls, kernels, norms
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
-from normbench.training.checkpoint_writer import CheckpointWriter
 from normbench.training.diagnostics import LayerStats, global_grad_norm
 from normbench.training.display import TrainProgress
 from normbench.training.optim import build_optimizer, lr_factor
@@ -345,10 +344,10 @@ class Loop:
         # wall time and resume steps of the processes before this one
         self.earlier_s, self.resumed_at = 0.0, []
         self.start = 0
-        saved = self.resume()
-        # warnings bound to the console, as the sinks' are: no loop <-> writer cycle
+        # warnings bound to the console, as the sinks' are: no loop <-> checkpoints cycle
         warn = functools.partial(say_warning, self.console)
-        self.writer = CheckpointWriter(state.dir.path, warn) if self.main else None
+        self.checkpoints = checkpoint.Checkpoints(state.dir.path, warn) if self.main else None
+        saved = self.resume()
         self.last_checkpoint = time.perf_counter()  # train.checkpoint_minutes counts from here
         self.checkpointed = self.start  # the step of the last checkpoint taken, on every rank alike
         self.sinks = MetricSinks(
@@ -373,11 +372,12 @@ class Loop:
         """
         state, saved = self.state, None
         if self.main:
+            self.checkpoints.remove_stale()  # a write killed mid-way: never to be read, nor left behind
             decision = state.dir.decide(state.cfg.config_hash, resume=self.tcfg.resume)
             if decision.action == "refuse":
                 raise ConfigError(decision.reason)
             if decision.action == "resume":
-                saved = checkpoint.load(state.dir.path, self.warn)
+                saved = self.checkpoints.load()
             if saved is not None and saved["config_hash"] != state.cfg.config_hash:
                 raise ConfigError(
                     f"{state.dir.path}: the checkpoint of step {saved['step']} is of another config"
@@ -391,7 +391,9 @@ class Loop:
                 )
                 saved = None
             if saved is None:
-                state.dir.remove_checkpoints()
+                self.checkpoints.remove()
+            else:
+                self.checkpoints.saved = saved["step"]
         saved = distributed.broadcast(saved)
         if saved is not None:
             state.restore(saved, self.console)
@@ -424,9 +426,8 @@ class Loop:
 
     @property
     def saved_step(self) -> int | None:
-        """The step the newest checkpoint complete on disk resumes at."""
-        written = self.writer.written if self.writer is not None else None
-        return written or self.start or None
+        """The step the newest checkpoint complete on disk resumes at (None: none is)."""
+        return self.checkpoints.saved if self.checkpoints is not None else None
 
     def checkpoint_due(self, done: int) -> bool:
         """Whether a checkpoint is due after ``done`` updates: every ``train.checkpoint_every`` steps, or
@@ -443,34 +444,21 @@ class Loop:
         return bool(distributed.broadcast(due))
 
     def checkpoint(self, done: int, now: bool = False) -> None:
-        """A checkpoint after ``done`` updates when one is due, written beside training; or ``now`` (a
-        stop signal came), on disk before this returns."""
+        """A checkpoint after ``done`` updates when one is due, or ``now`` (a stop signal came)."""
         if not (now or self.checkpoint_due(done)):
             return
         self.timer.settle()
         with self.phases("checkpoints"):
             self._save_checkpoint(done)
-            if now:
-                self.wait_for_checkpoint()
         self.timer.resume()
 
     def final_checkpoint(self, done: int) -> None:
-        """Under the wall-time cadence, one more at the last step, written during the end-of-run checks:
-        once it is on disk, a run killed in them or in its summary does not train again."""
+        """Under the wall-time cadence, one more at the last step, before the end-of-run checks: a run
+        killed in them or in its summary does not train again."""
         if self.tcfg.checkpoint_every is None and done > self.checkpointed:
             self.timer.settle()
             with self.phases("checkpoints"):
                 self._save_checkpoint(done)
-
-    def wait_for_checkpoint(self) -> None:
-        """Until the checkpoint being written is on disk (before the run directory is changed)."""
-        if self.writer is not None:
-            self.writer.wait()
-
-    def discard_checkpoint(self) -> None:
-        """The run's result is written next: the checkpoint being written is given up, not finished."""
-        if self.writer is not None:
-            self.writer.discard()
 
     def _save_checkpoint(self, done: int) -> None:
         loop = {
@@ -492,8 +480,8 @@ class Loop:
             "metrics_bytes": self.sinks.position(),
             "loop": loop,
         }
-        if self.main:  # the copy now; hashing and writing on the writer's thread
-            self.writer.submit(done, saved)
+        if self.main:
+            self.checkpoints.save(done, saved)
         self.last_checkpoint, self.checkpointed = time.perf_counter(), done
 
     # ------------------------------------------------------------------------- the step and its cadences
@@ -655,11 +643,9 @@ def run_steps(loop: Loop) -> tuple[str, str | None, int, StopSignals | None]:
             loop.final_checkpoint(step)
     except KeyboardInterrupt:
         loop.sinks.abort()
-        loop.wait_for_checkpoint()  # one already being written is finished (a second Ctrl-C stops it)
         raise
     except DiskFull as err:  # the run stops where it is, resumable: nothing more can be written
         loop.sinks.abort()
-        loop.wait_for_checkpoint()
         err.resume_step = loop.saved_step
         raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one
