@@ -156,6 +156,19 @@ def test_a_second_ctrl_c_stops_at_once_and_the_handlers_are_given_back(ctrl_c_re
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+def test_one_handler_notes_every_stop_signal_before_and_during_the_loop(ctrl_c_reaches_us):
+    """A sweep's worker and a job before its loop note Ctrl-C with the handler the loop's stop signals
+    have: one flag, read by the loop at step boundaries, and answered once the loop has stopped."""
+    with preemption.noting_ctrl_c():
+        before_the_loop = signal.getsignal(signal.SIGINT)
+        with StopSignals() as stop:
+            handlers = {signal.getsignal(sig) for sig in (*preemption.SIGNALS, signal.SIGINT)}
+            assert handlers == {before_the_loop}
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.received == preemption.noted() == signal.SIGTERM
+        assert stop.received == signal.SIGTERM and preemption.noted() is None
+
+
 def test_a_ctrl_c_before_the_loop_watches_stops_the_run_at_its_first_step(tmp_path, ctrl_c_reaches_us):
     """A job notes Ctrl-C from its start (a sweep's workers from theirs): one that comes while the run is
     set up is not raised into whatever import or build is under way, where it can be lost."""
