@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from normbench.core.configtree import compose
+from normbench.training import checkpoint
 from normbench.training.checkpoint import Checkpoints
 from normbench.training.config import parse_config
 from normbench.training.loop import Run
@@ -46,7 +47,7 @@ def state_of(run, state: Run, step: int) -> dict:
     """A checkpoint's state as the loop builds it (the loop's own history kept small)."""
     loop = {"val_losses": [1.0], "grad_norms": [1.0], "step_times": [0.1], "pending": torch.zeros(0, 2)}
     return {
-        **state.checkpoint_state(),
+        **checkpoint.capture(state),
         "step": step,
         "config_hash": run.config_hash,
         "metrics_bytes": 0,

@@ -33,16 +33,18 @@ from pathlib import Path
 
 import torch
 
-from normbench.core.errors import first_line
+from normbench.core.errors import ConfigError, first_line
 from normbench.core.fileio import atomic_file
-from normbench.core.runs import CHECKPOINT, CHECKPOINT_TEMPORARY, MODEL, PREVIOUS, RunDir
+from normbench.core.runs import CHECKPOINT, CHECKPOINT_TEMPORARY, METRICS, MODEL, PREVIOUS, RunDir
+from normbench.training import distributed
 
 FORMAT = 2  # 1 carried a SHA-256 of its contents; 2 relies on the archive's CRC-32s
 
 
 class Checkpoints:
-    """A run directory's checkpoints: save (keeping the last two), load, and the temporary file a kill
-    mid-write leaves (removed when the run starts or resumes, before anything is written).
+    """A run directory's checkpoints: save (keeping the last two), load, which one a run resumes from,
+    and the temporary file a kill mid-write leaves (removed when the run starts or resumes, before
+    anything is written).
 
     ``saved`` is the step of the newest checkpoint complete on disk (None: none yet). A write that
     fails, whatever the cause (a full disk, a state that cannot be pickled), costs that checkpoint, not
@@ -64,6 +66,34 @@ class Checkpoints:
     def load(self) -> dict | None:
         """The newest valid checkpoint (the previous one if the newest is damaged), or None."""
         return load(self.run_dir, self.warn)
+
+    def resumable(self, config_hash: str, resume: str) -> dict | None:
+        """The checkpoint a run of ``config_hash`` resumes from, where ``RunDir.decide`` says it resumes
+        (``train.resume``) and the checkpoint is sound; else None, every checkpoint file removed. A
+        killed write's temporary file goes first. A damaged checkpoint, or a metrics.jsonl shorter than
+        the checkpoint says, means a fresh start with a warning; another config's is refused (never
+        mixed into this run), as is a directory ``decide`` refuses."""
+        self.remove_stale()
+        run_dir, saved = RunDir(self.run_dir), None
+        decision = run_dir.decide(config_hash, resume=resume)
+        if decision.action == "refuse":
+            raise ConfigError(decision.reason)
+        if decision.action == "resume":
+            saved = self.load()
+        if saved is not None and saved["config_hash"] != config_hash:
+            raise ConfigError(f"{self.run_dir}: the checkpoint of step {saved['step']} is of another config")
+        metrics = self.run_dir / METRICS
+        have = metrics.stat().st_size if metrics.exists() else 0
+        if saved is not None and have < saved["metrics_bytes"]:
+            self.warn(
+                f"{metrics} is shorter ({have} bytes) than at the checkpoint of step {saved['step']} "
+                f"({saved['metrics_bytes']} bytes); starting afresh"
+            )
+            saved = None
+        if saved is None:
+            self.remove()
+        self.saved = None if saved is None else saved["step"]
+        return saved
 
     def save(self, step: int, state: dict) -> bool:
         """Write ``state`` as the checkpoint of ``step``; whether it is on disk."""
@@ -193,7 +223,40 @@ def load(run_dir: Path, warn) -> dict | None:
     return None
 
 
-# ----------------------------------------------------------------------------- RNG states
+# ----------------------------------------------------------------------------- a run's state
+
+
+def capture(run) -> dict:
+    """A training ``Run``'s model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG
+    streams, for a checkpoint. A collective under torchrun: every rank's dropout RNG is gathered."""
+    return {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "batch_gen": run.batch_gen.get_state(),
+        "rng": distributed.gather(rng_state(run.device)),
+    }
+
+
+def restore(run, saved: dict, console) -> None:
+    """``capture``'s state back into a training ``Run``; each rank its own dropout RNG (a rank the
+    checkpoint had not draws from a seed of its own, and says so)."""
+    run.model.load_state_dict(saved["model"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.scheduler.load_state_dict(saved["scheduler"])
+    run.scaler.load_state_dict(saved["scaler"])
+    run.batch_gen.set_state(saved["batch_gen"])
+    rngs, rank = saved["rng"], distributed.rank()
+    if len(rngs) != distributed.world_size() and distributed.is_main():
+        console.print(
+            f"[yellow]resuming with {distributed.world_size()} processes a checkpoint of {len(rngs)}: "
+            "dropout draws differ from an uninterrupted run[/yellow]"
+        )
+    if rank < len(rngs):
+        set_rng_state(rngs[rank], run.device)
+    else:
+        torch.manual_seed(run.cfg.seed + rank + 7919 * saved["step"])
 
 
 def rng_state(device: torch.device) -> dict:

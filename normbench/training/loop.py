@@ -25,14 +25,14 @@ from normbench.core import provenance
 from normbench.core.devices import PRECISIONS, resolve_device, synchronize
 from normbench.core.errors import ConfigError, DiskFull, first_line
 from normbench.core.identity import config_hash
-from normbench.core.runs import CONFIG, METRICS, RunDir
+from normbench.core.runs import CONFIG, RunDir
 from normbench.data.corpus import build_dataset, forget_other_corpora
 from normbench.model import impls, kernels, norms
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
 from normbench.training.diagnostics import LayerStats, global_grad_norm
-from normbench.training.display import TrainProgress
+from normbench.training.display import TrainProgress, say_setup
 from normbench.training.optim import build_optimizer, lr_factor
 from normbench.training.perf import (
     PeakMemory,
@@ -281,35 +281,6 @@ class Run:
             for mode in ("train", "eval")
         }
 
-    def checkpoint_state(self) -> dict:
-        """Model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG streams, for a
-        checkpoint. A collective under torchrun: every rank's dropout RNG is gathered."""
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "batch_gen": self.batch_gen.get_state(),
-            "rng": distributed.gather(checkpoint.rng_state(self.device)),
-        }
-
-    def restore(self, saved: dict, console: Console) -> None:
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.scaler.load_state_dict(saved["scaler"])
-        self.batch_gen.set_state(saved["batch_gen"])
-        rngs, rank = saved["rng"], distributed.rank()
-        if len(rngs) != distributed.world_size() and distributed.is_main():
-            console.print(
-                f"[yellow]resuming with {distributed.world_size()} processes a checkpoint of {len(rngs)}: "
-                "dropout draws differ from an uninterrupted run[/yellow]"
-            )
-        if rank < len(rngs):
-            checkpoint.set_rng_state(rngs[rank], self.device)
-        else:
-            torch.manual_seed(self.cfg.seed + rank + 7919 * saved["step"])
-
 
 def say_warning(console: Console, message: str) -> None:
     console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True, highlight=False)
@@ -364,39 +335,13 @@ class Loop:
     # ------------------------------------------------------------------------- resuming and checkpoints
 
     def resume(self) -> dict | None:
-        """Continue from the run directory's checkpoint when ``RunDir.decide`` says so and it is sound.
-
-        Rank 0 reads the run directory and hands what it found to the other ranks. A damaged
-        checkpoint, or a metrics.jsonl shorter than the checkpoint says, means a fresh start
-        with a warning; a checkpoint of another config is refused (never mixed into this run).
-        """
-        state, saved = self.state, None
-        if self.main:
-            self.checkpoints.remove_stale()  # a write killed mid-way: never to be read, nor left behind
-            decision = state.dir.decide(state.cfg.config_hash, resume=self.tcfg.resume)
-            if decision.action == "refuse":
-                raise ConfigError(decision.reason)
-            if decision.action == "resume":
-                saved = self.checkpoints.load()
-            if saved is not None and saved["config_hash"] != state.cfg.config_hash:
-                raise ConfigError(
-                    f"{state.dir.path}: the checkpoint of step {saved['step']} is of another config"
-                )
-            metrics = state.dir.path / METRICS
-            have = metrics.stat().st_size if metrics.exists() else 0
-            if saved is not None and have < saved["metrics_bytes"]:
-                self.warn(
-                    f"{metrics} is shorter ({have} bytes) than at the checkpoint of step {saved['step']} "
-                    f"({saved['metrics_bytes']} bytes); starting afresh"
-                )
-                saved = None
-            if saved is None:
-                self.checkpoints.remove()
-            else:
-                self.checkpoints.saved = saved["step"]
+        """Continue from the checkpoint ``Checkpoints.resumable`` finds: rank 0 reads the run directory
+        and hands what it found to the other ranks."""
+        state = self.state
+        saved = self.checkpoints.resumable(state.cfg.config_hash, self.tcfg.resume) if self.main else None
         saved = distributed.broadcast(saved)
         if saved is not None:
-            state.restore(saved, self.console)
+            checkpoint.restore(state, saved, self.console)
             loop = saved["loop"]
             self.start = saved["step"]
             self.val_losses, self.grad_norms, self.timer.times = (
@@ -474,7 +419,7 @@ class Loop:
             "time_s": dict(self.phases.seconds),
         }
         saved = {
-            **self.state.checkpoint_state(),
+            **checkpoint.capture(self.state),
             "step": done,
             "config_hash": self.state.cfg.config_hash,
             "metrics_bytes": self.sinks.position(),
@@ -564,24 +509,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     with phases("setup"):
         free_earlier_runs()  # before anything of this run exists
         state = Run(run, run_dir)  # devices, data, model, wrap, optimizer, schedule
-        if state.compiled and run.train.compile == "cuda" and distributed.is_main():
-            console.print(
-                "train.compile: compiled on CUDA (train.compile=false trains eagerly)", highlight=False
-            )
-        share = distributed.local_batch_size(run.train.batch_size)
-        by_batch = norms.batch_norms(state.model) if (run.train.micro_batch_size or share) < share else []
-        if by_batch and distributed.is_main():  # accumulation changes no other norm's run
-            console.print(
-                f"{', '.join(by_batch)}: batch statistics per micro-batch of {run.train.micro_batch_size} "
-                f"sequences (train.micro_batch_size), not per batch of {share}",
-                highlight=False,
-            )
-        if state.compile_error:
-            console.print(
-                f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
-                "eagerly[/yellow]",
-                soft_wrap=True,
-            )
+        say_setup(console, state)
         loop = Loop(state, console, started, phases)
     status, error, step, stop = run_steps(loop)
     if status == "interrupted":
