@@ -264,6 +264,19 @@ def test_a_stop_whose_checkpoint_fails_names_the_step_saved_and_resumes_there(
     assert_same_run(tmp_path, ref)
 
 
+def test_a_stop_says_where_its_resume_starts_whether_or_not_its_checkpoint_was_written():
+    from normbench.sweeps.job import stopped_checkpoint
+
+    failure = "PicklingError: cannot pickle this state"
+    assert stopped_checkpoint({"steps": 13, "saved_step": 13}) == "checkpoint saved; resume with"
+    assert stopped_checkpoint({"steps": 13, "saved_step": 10, "checkpoint_failure": failure}) == (
+        f"its checkpoint not written ({failure}); resume at step 10 with"
+    )
+    assert stopped_checkpoint({"steps": 3, "saved_step": None, "checkpoint_failure": failure}) == (
+        f"its checkpoint not written ({failure}), none saved before; start again with"
+    )
+
+
 def test_the_loop_writes_its_checkpoints_on_its_own_thread(tmp_path, monkeypatch):
     """The loop never waits on a writer the scheduler may starve: there is none to wait on."""
     writers, save = [], checkpoint.save
