@@ -407,6 +407,47 @@ def _last_step(run_dir: Path) -> int:
         return -1
 
 
+# A run in its own process that kills itself (SIGKILL) 64 KiB into writing its first checkpoint.
+KILLED_MID_CHECKPOINT = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from conftest import train_tiny
+from normbench.training import checkpoint
+write = checkpoint._Stream._write
+def write_then_die(self, data):
+    write(self, data)
+    if self.f.tell() > 65536:
+        self.f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint._Stream._write = write_then_die
+train_tiny(Path(sys.argv[2]), *sys.argv[3:])
+"""
+
+
+@pytest.mark.slow  # kill -9 of a process mid-checkpoint
+def test_kill_9_mid_checkpoint_leaves_a_temporary_file_that_the_next_start_removes(
+    references, tmp_path, monkeypatch
+):
+    overrides, ref = references("ln-dropout")
+    tests = str(Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_CHECKPOINT, tests, str(tmp_path), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (stale,) = tmp_path.glob(".checkpoint.pt.*.tmp")  # half a checkpoint, and no checkpoint.pt
+    assert stale.stat().st_size > 65536 and not (tmp_path / "checkpoint.pt").exists()
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        crash_at(m, 15)  # started again (afresh: nothing to resume from), stopped dead after its checkpoint
+        train_tiny(tmp_path, *overrides)
+    assert not stale.exists() and [p.name for p in tmp_path.glob("*checkpoint*")] == ["checkpoint.pt"]
+    assert train_tiny(tmp_path, *overrides)["resumed_at"] == [10]
+    assert_same_run(tmp_path, ref)
+
+
 @pytest.mark.slow  # kill -9 and SIGTERM of CLI processes
 def test_kill_9_and_sigterm_of_the_cli_then_the_same_command_resumes_exactly(tmp_path):
     ref = tmp_path / "ref"
