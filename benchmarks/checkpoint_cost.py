@@ -58,7 +58,7 @@ def main() -> None:
             size = checkpoint.save(
                 Path(tmp),
                 {
-                    **state.checkpoint_state(),
+                    **checkpoint.capture(state),
                     "step": round_,
                     "config_hash": run.config_hash,
                     "metrics_bytes": 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import shlex
 import signal
 import subprocess
@@ -155,6 +156,19 @@ def test_a_second_ctrl_c_stops_at_once_and_the_handlers_are_given_back(ctrl_c_re
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+def test_one_handler_notes_every_stop_signal_before_and_during_the_loop(ctrl_c_reaches_us):
+    """A sweep's worker and a job before its loop note Ctrl-C with the handler the loop's stop signals
+    have: one flag, read by the loop at step boundaries, and answered once the loop has stopped."""
+    with preemption.noting_ctrl_c():
+        before_the_loop = signal.getsignal(signal.SIGINT)
+        with StopSignals() as stop:
+            handlers = {signal.getsignal(sig) for sig in (*preemption.SIGNALS, signal.SIGINT)}
+            assert handlers == {before_the_loop}
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.received == preemption.noted() == signal.SIGTERM
+        assert stop.received == signal.SIGTERM and preemption.noted() is None
+
+
 def test_a_ctrl_c_before_the_loop_watches_stops_the_run_at_its_first_step(tmp_path, ctrl_c_reaches_us):
     """A job notes Ctrl-C from its start (a sweep's workers from theirs): one that comes while the run is
     set up is not raised into whatever import or build is under way, where it can be lost."""
@@ -195,6 +209,88 @@ def test_a_kill_resumes_from_the_last_checkpoint_and_cuts_the_log_back(reference
     out = train_tiny(tmp_path, *overrides)
     assert out["resumed_at"] == [10]
     assert_same_run(tmp_path, ref)
+
+
+class Unpicklable:
+    """A part of a state that torch.save cannot write."""
+
+    def __reduce__(self):
+        raise pickle.PicklingError("cannot pickle this state")
+
+
+def test_a_kill_mid_checkpoint_leaves_no_temporary_file_once_the_run_resumes(
+    references, tmp_path, monkeypatch
+):
+    overrides, ref = references("ln-dropout")
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        crash_at(m, 15)
+        train_tiny(tmp_path, *overrides)
+    stale = tmp_path / ".checkpoint.pt.k1ll3d.tmp"  # as atomic_file names it: a kill -9 during a write
+    stale.write_bytes(b"PK\x03\x04 half of a checkpoint")
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        crash_at(m, 15)  # resumed, then stopped dead again before the run ends
+        train_tiny(tmp_path, *overrides)
+    assert not stale.exists() and torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 10
+    assert train_tiny(tmp_path, *overrides)["resumed_at"] == [10]  # the crashed resume saved nothing
+    assert_same_run(tmp_path, ref)
+
+
+def test_a_stop_whose_checkpoint_fails_names_the_step_saved_and_resumes_there(
+    references, tmp_path, monkeypatch, capsys
+):
+    from normbench.sweeps.job import run_job
+
+    overrides, ref = references("bn-dropout")
+    save = checkpoint.save
+    with monkeypatch.context() as m, pytest.raises(SystemExit) as exit_:
+        signal_at(m, 13)  # SIGTERM in step 13: its checkpoint is the last the run writes, and it fails
+        m.setattr(
+            checkpoint, "save", lambda d, s: save(d, {**s, "bad": Unpicklable()} if s["step"] == 13 else s)
+        )
+        run_job(compose_cfg(tiny(*overrides)), str(tmp_path), multirun=False)
+    assert exit_.value.code == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    failure = "checkpoint at step 13 not written (PicklingError: cannot pickle this state)"
+    assert f"{failure}; the last saved is step 10" in err
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert line.startswith(
+        "interrupted at step 13 (SIGTERM), its checkpoint not written (PicklingError: cannot pickle this "
+        "state); resume at step 10 with: "
+    )
+    assert "checkpoint saved" not in err and "Traceback" not in err
+    assert [p.name for p in tmp_path.glob("*checkpoint*")] == ["checkpoint.pt"]
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 10
+    assert train_tiny(tmp_path, *overrides)["resumed_at"] == [10]
+    assert_same_run(tmp_path, ref)
+
+
+def test_a_stop_says_where_its_resume_starts_whether_or_not_its_checkpoint_was_written():
+    from normbench.sweeps.job import stopped_checkpoint
+
+    failure = "PicklingError: cannot pickle this state"
+    assert stopped_checkpoint({"steps": 13, "saved_step": 13}) == "checkpoint saved; resume with"
+    assert stopped_checkpoint({"steps": 13, "saved_step": 10, "checkpoint_failure": failure}) == (
+        f"its checkpoint not written ({failure}); resume at step 10 with"
+    )
+    assert stopped_checkpoint({"steps": 3, "saved_step": None, "checkpoint_failure": failure}) == (
+        f"its checkpoint not written ({failure}), none saved before; start again with"
+    )
+
+
+def test_the_loop_writes_its_checkpoints_on_its_own_thread(tmp_path, monkeypatch):
+    """The loop never waits on a writer the scheduler may starve: there is none to wait on."""
+    writers, save = [], checkpoint.save
+
+    def recorded(run_dir, state):
+        writers.append(
+            (threading.current_thread(), os.sched_getscheduler(0) if hasattr(os, "SCHED_IDLE") else 0)
+        )
+        return save(run_dir, state)
+
+    monkeypatch.setattr(checkpoint, "save", recorded)
+    train_tiny(tmp_path, *RUN)
+    own = (threading.current_thread(), os.sched_getscheduler(0) if hasattr(os, "SCHED_IDLE") else 0)
+    assert len(writers) == 1 and set(writers) == {own}  # checkpoint_every=10 of 20 steps: step 10's
 
 
 def test_damaged_checkpoints_fall_back_to_the_previous_one_then_to_a_fresh_start(
@@ -309,6 +405,47 @@ def _last_step(run_dir: Path) -> int:
         return max((json.loads(line)["step"] for line in lines if line.endswith("}")), default=-1)
     except (OSError, ValueError):
         return -1
+
+
+# A run in its own process that kills itself (SIGKILL) 64 KiB into writing its first checkpoint.
+KILLED_MID_CHECKPOINT = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from conftest import train_tiny
+from normbench.training import checkpoint
+write = checkpoint._Stream._write
+def write_then_die(self, data):
+    write(self, data)
+    if self.f.tell() > 65536:
+        self.f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint._Stream._write = write_then_die
+train_tiny(Path(sys.argv[2]), *sys.argv[3:])
+"""
+
+
+@pytest.mark.slow  # kill -9 of a process mid-checkpoint
+def test_kill_9_mid_checkpoint_leaves_a_temporary_file_that_the_next_start_removes(
+    references, tmp_path, monkeypatch
+):
+    overrides, ref = references("ln-dropout")
+    tests = str(Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_CHECKPOINT, tests, str(tmp_path), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (stale,) = tmp_path.glob(".checkpoint.pt.*.tmp")  # half a checkpoint, and no checkpoint.pt
+    assert stale.stat().st_size > 65536 and not (tmp_path / "checkpoint.pt").exists()
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        crash_at(m, 15)  # started again (afresh: nothing to resume from), stopped dead after its checkpoint
+        train_tiny(tmp_path, *overrides)
+    assert not stale.exists() and [p.name for p in tmp_path.glob("*checkpoint*")] == ["checkpoint.pt"]
+    assert train_tiny(tmp_path, *overrides)["resumed_at"] == [10]
+    assert_same_run(tmp_path, ref)
 
 
 @pytest.mark.slow  # kill -9 and SIGTERM of CLI processes

@@ -277,3 +277,40 @@ def test_the_tree_is_ruff_clean(command):
     """`ruff check .` and `ruff format --check .` from the repo root, with pyproject.toml's settings."""
     done = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ----------------------------------------------------------------------------- sizes a reader can hold
+
+LONGEST_FUNCTION, LONGEST_LOOP = 100, 600
+
+
+def long_functions(path: Path, limit: int = LONGEST_FUNCTION) -> list[str]:
+    """The functions and methods of a module longer than ``limit`` lines, as ``name (lines)``."""
+    return [
+        f"{node.name} ({node.end_lineno - node.lineno + 1})"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+@pytest.mark.parametrize(
+    "part", ["core", "model", "data", "bench", "training", "extending", "sweeps", "claims"]
+)
+def test_no_function_is_over_100_lines(part):
+    found = {
+        str(path.relative_to(ROOT)): long
+        for path in sorted((PACKAGE / part).rglob("*.py"))
+        if (long := long_functions(path))
+    }
+    assert found == {}
+
+
+def test_the_length_checker_finds_a_long_function(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 100)
+    assert long_functions(module) == ["long (101)"]
+
+
+def test_the_training_loop_is_at_most_600_lines():
+    assert len((PACKAGE / "training" / "loop.py").read_text().splitlines()) <= LONGEST_LOOP

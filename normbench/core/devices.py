@@ -11,6 +11,7 @@ import os
 import torch
 
 from normbench.core.errors import ConfigError
+from normbench.core.identity import device_type
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -23,7 +24,7 @@ def resolve_device(name: str, key: str = "train.device") -> torch.device:
     auto = key == "train.device"
     names = ["auto", "cpu", "cuda", "cuda:N"] if auto else ["cpu", "cuda", "cuda:N"]
     if name == "auto" and auto:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(device_type(name))  # the device the run's identity reads (its compile state)
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):

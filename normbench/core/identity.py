@@ -68,10 +68,22 @@ ADDED_KEYS = {
     "model.tie_head": True,
 }
 
-# Values that compute, where the stored runs ran, what another value computes: train.compile=cuda is
-# false off CUDA (where every stored run trained), so it hashes as false. Whether a run compiled is its
-# summary's provenance ("compile"), as norm.impl=auto's choice is.
-HASHED_AS = {"train.compile": ("cuda", False)}
+# train.compile=cuda compiles on a CUDA device (as auto does) and not elsewhere: it hashes as what it does
+# on the device the run trains on, so a compiled and an eager run on a GPU never share an identity (speed
+# is a result), and on the CPU, where every stored run trained, it hashes as false, as those runs did.
+# Whether a run compiled is its summary's provenance ("compile"), as norm.impl=auto's choice is.
+COMPILE_ON_CUDA = ("cuda", "auto")
+
+
+def device_type(name: str) -> str:
+    """The kind of device ``train.device=name`` trains on (cpu, cuda): auto is CUDA where this machine has
+    one. Explicit names need no device here, so a plan made on a machine without the GPU names the jobs'
+    directories as the GPU's jobs do."""
+    if name == "auto":
+        import torch  # here: the run directory and the report hash configs without loading torch otherwise
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(name).split(":")[0]
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -87,13 +99,11 @@ def config_hash(cfg: DictConfig) -> str:
         _drop(plain, dotted)
     for dotted, value in ADDED_KEYS.items():
         _drop(plain, dotted, only_if=value)
-    for dotted, (value, hashed) in HASHED_AS.items():
-        *parents, leaf = dotted.split(".")
-        node = plain
-        for key in parents:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict) and node.get(leaf) == value:
-            node[leaf] = hashed
+    train = plain.get("train")
+    if isinstance(train, dict) and train.get("compile") == COMPILE_ON_CUDA[0]:
+        # The batched seeds never compile (normbench.training.batched), as TrainConfig.compiles_on says.
+        on_cuda = device_type(str(train.get("device", "auto"))) == "cuda" and not train.get("batched")
+        train["compile"] = COMPILE_ON_CUDA[1] if on_cuda else False
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -33,6 +33,7 @@ from normbench.core.identity import config_hash
 
 CONFIG, METRICS, SUMMARY, ERROR_LOG = "config.yaml", "metrics.jsonl", "summary.json", "error.log"
 CHECKPOINT, PREVIOUS, MODEL = "checkpoint.pt", "checkpoint.prev.pt", "model.pt"
+CHECKPOINT_TEMPORARY = f".{CHECKPOINT}.*.tmp"  # a checkpoint being written (atomic_file's name for it)
 LOCK = ".lock"  # who owns the run directory now (RunLock)
 PLAN, INDEX = "plan.json", "index.csv"  # in a sweep directory
 # What Hydra writes into a run directory before the job runs: the composed config and the job's log
@@ -163,7 +164,7 @@ class RunDir:
 
     def remove_checkpoints(self) -> None:
         """Drop the checkpoints (and the temp file a kill mid-write leaves): the run ended or starts over."""
-        for path in [self.path / CHECKPOINT, self.path / PREVIOUS, *self.path.glob(f".{CHECKPOINT}.*.tmp")]:
+        for path in [self.path / CHECKPOINT, self.path / PREVIOUS, *self.path.glob(CHECKPOINT_TEMPORARY)]:
             path.unlink(missing_ok=True)
 
     def checkpoint_step(self) -> int | None:

@@ -138,6 +138,11 @@ def check_norm_class(cls: type, name: str) -> None:
 STATISTICS = ("token", "batch", None)
 
 
+def batch_norms(model: nn.Module) -> list[str]:
+    """The classes of ``model``'s norms that normalize by the batch's statistics (their ``statistics``)."""
+    return sorted({type(m).__name__ for m in model.modules() if getattr(m, "statistics", None) == "batch"})
+
+
 def norm_class(name: str, target: str | None = None) -> type[nn.Module]:
     """The class ``norm=name`` builds; a config's ``_target_`` (a user's class) is imported and registered."""
     if target is not None and (name not in NORMS or dotted(NORMS[name]) != target.replace(":", ".")):

@@ -136,7 +136,7 @@ def _run_locked(
         if main and not multirun:
             console.print(
                 f"[yellow]interrupted[/yellow] at step {summary['steps']} ({describe(summary['signal'])}), "
-                f"checkpoint saved; resume with: {escape(resume_command(run_dir_.path))}",
+                f"{escape(stopped_checkpoint(summary))}: {escape(resume_command(run_dir_.path))}",
                 soft_wrap=True,
                 highlight=False,
             )
@@ -152,6 +152,17 @@ def _run_locked(
         if not multirun:
             sys.exit(1)
     return summary
+
+
+def stopped_checkpoint(summary: dict) -> str:
+    """What a run stopped by a signal left to resume from, and where its resume starts."""
+    saved, step = summary.get("saved_step"), summary["steps"]
+    if saved == step:
+        return "checkpoint saved; resume with"
+    failed = f"its checkpoint not written ({summary.get('checkpoint_failure')})"
+    if saved is None:
+        return f"{failed}, none saved before; start again with"
+    return f"{failed}; resume at step {saved} with"
 
 
 def _job_failed(

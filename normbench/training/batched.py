@@ -298,7 +298,7 @@ def train_batched(runs: list, run_dirs: list[Path], console: Console | None = No
             )
             for loop in loops:  # their metrics and trackers are the discarded start's
                 loop.sinks.abort()
-                loop.state.dir.remove_checkpoints()
+                loop.checkpoints.remove()
             states, loops = _seeds(runs, run_dirs, console, started)
         group = Group(states)  # stacks each seed's weights and optimizer state, resumed or new
     # The group's time before a resume (every seed's checkpoint holds it), counted once, then shared.

@@ -1,4 +1,5 @@
-"""Checkpoints: everything a run needs to continue exactly where it stopped.
+"""Checkpoints: everything a run needs to continue exactly where it stopped, and ``Checkpoints``, the
+one owner of a run directory's checkpoint files.
 
 ``checkpoint.pt`` in the run directory holds the model (BatchNorm buffers included), the
 optimizer, the LR schedule, the gradient scaler, the step, every RNG state that feeds
@@ -7,14 +8,20 @@ loop's own state (losses not yet logged, timer, the losses the summary is made o
 the length metrics.jsonl had, so a resumed run cuts the log back to that point.
 
 It holds tensors, numbers, strings, lists and dicts only: ``torch.load(weights_only=True)``
-reads it. It is written atomically, the one before it kept as ``checkpoint.prev.pt``. The file is
-torch.save's zip archive, whose every record (each tensor's bytes, the pickle of the rest) carries
-the CRC-32 torch.save computes as it writes; ``load`` checks them all before trusting the file, so
-a file that is truncated, unreadable or altered is skipped with a warning for the previous one, or
-for a fresh start, never resumed from. The checksums cost no pass of their own over the state
-(a separate SHA-256 of the contents would add 1.2 s of CPU to each checkpoint at 124M parameters).
-``snapshot`` copies a state to CPU memory that training no longer touches, so that writing it can
-run beside training (normbench.training.checkpoint_writer).
+reads it. It is written atomically, the one before it kept as ``checkpoint.prev.pt``, and the
+directory synced after the renames. The file is torch.save's zip archive, whose every record (each
+tensor's bytes, the pickle of the rest) carries the CRC-32 torch.save computes as it writes; ``load``
+checks them all before trusting the file, so a file that is truncated, unreadable or altered is
+skipped with a warning for the previous one, or for a fresh start, never resumed from. The checksums
+cost no pass of their own over the state (a separate SHA-256 of the contents would add 1.2 s of CPU to
+each checkpoint at 124M parameters).
+
+A checkpoint is written on the training thread, at its priority: the loop never waits on another
+thread. A writer thread at idle priority gets no CPU while training's threads want it all, so on a busy
+machine a loop waiting for it waits for minutes; at normal priority it takes a core from training's
+threads, which then wait for it at each parallel region. A synchronous save costs what it costs (1.5-5
+s at 124M parameters on a CPU) every ``train.checkpoint_minutes``: benchmarks/checkpoint_blocking.py
+measures both, quiet and with busy processes on the cores.
 """
 
 from __future__ import annotations
@@ -26,56 +33,88 @@ from pathlib import Path
 
 import torch
 
-from normbench.core.errors import first_line
+from normbench.core.errors import ConfigError, first_line
 from normbench.core.fileio import atomic_file
-from normbench.core.runs import CHECKPOINT, MODEL, PREVIOUS
+from normbench.core.runs import CHECKPOINT, CHECKPOINT_TEMPORARY, METRICS, MODEL, PREVIOUS, RunDir
+from normbench.training import distributed
 
 FORMAT = 2  # 1 carried a SHA-256 of its contents; 2 relies on the archive's CRC-32s
 
 
-def snapshot(value, reuse=None, copies: dict | None = None):
-    """A copy of a checkpoint's state that shares nothing with the running training: every tensor copied
-    to the CPU, every container rebuilt (the loop appends to its lists while a checkpoint is written).
+class Checkpoints:
+    """A run directory's checkpoints: save (keeping the last two), load, which one a run resumes from,
+    and the temporary file a kill mid-write leaves (removed when the run starts or resumes, before
+    anything is written).
 
-    ``reuse``: an earlier snapshot no longer being written; its tensors of the same shape and dtype are
-    copied into rather than allocated again (at 124M parameters, 1.4 GiB of fresh pages per checkpoint).
-    Tensors that are views of the same memory (a head tied to the embedding) share one copy, as torch.save
-    stores them once: at 124M that is 147 MiB less to copy and write.
-    """
-    copies = {} if copies is None else copies
-    if isinstance(value, torch.Tensor):
-        value = value.detach()
-        key = (value.device, value.untyped_storage().data_ptr(), value.storage_offset(), value.dtype)
-        key += (tuple(value.shape), value.stride())
-        if key not in copies:
-            if isinstance(reuse, torch.Tensor) and (reuse.shape, reuse.dtype) == (value.shape, value.dtype):
-                copies[key] = reuse.copy_(value)
-            else:
-                copies[key] = value.to("cpu", copy=True)
-        return copies[key]
-    if isinstance(value, dict):
-        reuse = reuse if isinstance(reuse, dict) else {}
-        return {key: snapshot(item, reuse.get(key), copies) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        reuse = (
-            reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else [None] * len(value)
-        )
-        return type(value)(snapshot(item, old, copies) for item, old in zip(value, reuse))
-    return value
+    ``saved`` is the step of the newest checkpoint complete on disk (None: none yet). A write that
+    fails, whatever the cause (a full disk, a state that cannot be pickled), costs that checkpoint, not
+    the run: ``warn`` says so with the step saved last, and ``save`` returns False."""
+
+    def __init__(self, run_dir: Path, warn: Callable[[str], None], saved: int | None = None):
+        self.run_dir, self.warn, self.saved = Path(run_dir), warn, saved
+        self.failure: str | None = None  # why the last save failed, until one succeeds
+
+    def remove_stale(self) -> None:
+        """The temporary files of a write that was killed: never complete, never read."""
+        for path in self.run_dir.glob(CHECKPOINT_TEMPORARY):
+            path.unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        """Every checkpoint file: the run ended (its summary is the result) or starts over."""
+        RunDir(self.run_dir).remove_checkpoints()
+
+    def load(self) -> dict | None:
+        """The newest valid checkpoint (the previous one if the newest is damaged), or None."""
+        return load(self.run_dir, self.warn)
+
+    def resumable(self, config_hash: str, resume: str) -> dict | None:
+        """The checkpoint a run of ``config_hash`` resumes from, where ``RunDir.decide`` says it resumes
+        (``train.resume``) and the checkpoint is sound; else None, every checkpoint file removed. A
+        killed write's temporary file goes first. A damaged checkpoint, or a metrics.jsonl shorter than
+        the checkpoint says, means a fresh start with a warning; another config's is refused (never
+        mixed into this run), as is a directory ``decide`` refuses."""
+        self.remove_stale()
+        run_dir, saved = RunDir(self.run_dir), None
+        decision = run_dir.decide(config_hash, resume=resume)
+        if decision.action == "refuse":
+            raise ConfigError(decision.reason)
+        if decision.action == "resume":
+            saved = self.load()
+        if saved is not None and saved["config_hash"] != config_hash:
+            raise ConfigError(f"{self.run_dir}: the checkpoint of step {saved['step']} is of another config")
+        metrics = self.run_dir / METRICS
+        have = metrics.stat().st_size if metrics.exists() else 0
+        if saved is not None and have < saved["metrics_bytes"]:
+            self.warn(
+                f"{metrics} is shorter ({have} bytes) than at the checkpoint of step {saved['step']} "
+                f"({saved['metrics_bytes']} bytes); starting afresh"
+            )
+            saved = None
+        if saved is None:
+            self.remove()
+        self.saved = None if saved is None else saved["step"]
+        return saved
+
+    def save(self, step: int, state: dict) -> bool:
+        """Write ``state`` as the checkpoint of ``step``; whether it is on disk."""
+        try:
+            save(self.run_dir, state)
+        except Exception as err:  # any failure costs the checkpoint only, and is said with the last saved
+            last = f"the last saved is step {self.saved}" if self.saved is not None else "none is saved yet"
+            self.failure = first_line(err)
+            self.warn(f"checkpoint at step {step} not written ({self.failure}); {last}")
+            return False
+        self.saved, self.failure = step, None
+        return True
 
 
-class Discarded(Exception):
-    """A checkpoint given up before it was complete: ``save``'s ``wanted()`` said it is no longer needed."""
-
-
-def save(run_dir: Path, state: dict, wanted: Callable[[], bool] = lambda: True) -> int:
+def save(run_dir: Path, state: dict) -> int:
     """Write ``state`` as the run's checkpoint, atomically, keeping the last one; return its size in bytes.
 
     The file is written and synced under a temporary name first; only then is the last checkpoint
-    moved to checkpoint.prev.pt and the new one renamed into place. A kill anywhere leaves the last
-    complete checkpoint (or the one before it) for load(), never a torn checkpoint.pt.
-    ``wanted()`` is asked before each write (``_Stream``); False raises Discarded, the temporary file
-    removed and the checkpoints on disk as they were.
+    moved to checkpoint.prev.pt and the new one renamed into place, and the directory synced (the
+    renames are on disk). A kill anywhere leaves the last complete checkpoint (or the one before it)
+    for load(), never a torn checkpoint.pt; an error removes the temporary file.
     """
     path = Path(run_dir) / CHECKPOINT
 
@@ -84,35 +123,43 @@ def save(run_dir: Path, state: dict, wanted: Callable[[], bool] = lambda: True) 
             os.replace(path, Path(run_dir) / PREVIOUS)
 
     with atomic_file(path, keep_previous) as f:
-        stream = _Stream(f, wanted)
+        stream = _Stream(f)
         torch.save({**state, "format": FORMAT}, stream)
         error, stream.error = stream.error, None
         if error is not None:
             try:
-                raise error  # Discarded, or the disk's OSError (DiskFull from atomic_file)
+                raise error  # the disk's OSError (DiskFull from atomic_file)
             finally:  # no frame keeps the error whose traceback holds it: the state is freed at once
                 error = None
-        return f.tell()  # atomic_file syncs what is left and renames the file into place
+        size = f.tell()  # atomic_file syncs what is left and renames the file into place
+    _sync_directory(Path(run_dir))
+    return size
+
+
+def _sync_directory(directory: Path) -> None:
+    """The directory's entries on disk: a rename is durable only once its directory is synced."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class _Stream:
-    """The file torch.save writes a checkpoint through. ``wanted()`` is asked before each write (one
-    record's bytes at most: 147 MiB at 124M parameters), and every SYNC_BYTES the file is synced and
-    its pages dropped from the page cache. So a checkpoint given up stops writing within one record
-    and one chunk's write-back, not after 1.4 GiB and its sync; the closing sync has little left; and
-    the pages written are recycled rather than 1.4 GiB of fresh page cache allocated per checkpoint
-    (evicting the token shards training reads): at 124M on a 2-core VM a checkpoint takes 1.6 s of
-    CPU instead of 2.6 s (docs/benchmarks.md).
+    """The file torch.save writes a checkpoint through. Every SYNC_BYTES the file is synced and its
+    pages dropped from the page cache: the closing sync has little left, and the pages written are
+    recycled rather than 1.4 GiB of fresh page cache allocated per checkpoint (evicting the token
+    shards training reads): at 124M on a 2-core VM a checkpoint takes 1.6 s of CPU instead of 2.6 s.
 
-    A write given up or failed is kept in ``error`` and every later write dropped: torch.save runs
-    to its end (the rest costs its CRC-32s, no disk), and ``save`` raises the error. Raised into
-    torch.save's C++ writer instead, an error would come back as one of the archive's own, and keep
-    the state being saved alive for good."""
+    A write that fails is kept in ``error`` and every later write dropped: torch.save runs to its end
+    (the rest costs its CRC-32s, no disk), and ``save`` raises the error. Raised into torch.save's C++
+    writer instead, an error would come back as one of the archive's own, and keep the state being
+    saved alive for good."""
 
     SYNC_BYTES = 64 * 2**20
 
-    def __init__(self, f, wanted: Callable[[], bool]):
-        self.f, self.wanted = f, wanted
+    def __init__(self, f):
+        self.f = f
         self.synced = 0  # the file's length at its last sync
         self.error: Exception | None = None
 
@@ -120,13 +167,11 @@ class _Stream:
         if self.error is None:
             try:
                 self._write(data)
-            except (Discarded, OSError) as err:
+            except OSError as err:
                 self.error = err.with_traceback(None)
         return memoryview(data).nbytes
 
     def _write(self, data) -> None:
-        if not self.wanted():
-            raise Discarded
         self.f.write(data)
         if self.f.tell() - self.synced >= self.SYNC_BYTES:
             self.f.flush()
@@ -178,7 +223,40 @@ def load(run_dir: Path, warn) -> dict | None:
     return None
 
 
-# ----------------------------------------------------------------------------- RNG states
+# ----------------------------------------------------------------------------- a run's state
+
+
+def capture(run) -> dict:
+    """A training ``Run``'s model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG
+    streams, for a checkpoint. A collective under torchrun: every rank's dropout RNG is gathered."""
+    return {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "batch_gen": run.batch_gen.get_state(),
+        "rng": distributed.gather(rng_state(run.device)),
+    }
+
+
+def restore(run, saved: dict, console) -> None:
+    """``capture``'s state back into a training ``Run``; each rank its own dropout RNG (a rank the
+    checkpoint had not draws from a seed of its own, and says so)."""
+    run.model.load_state_dict(saved["model"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.scheduler.load_state_dict(saved["scheduler"])
+    run.scaler.load_state_dict(saved["scaler"])
+    run.batch_gen.set_state(saved["batch_gen"])
+    rngs, rank = saved["rng"], distributed.rank()
+    if len(rngs) != distributed.world_size() and distributed.is_main():
+        console.print(
+            f"[yellow]resuming with {distributed.world_size()} processes a checkpoint of {len(rngs)}: "
+            "dropout draws differ from an uninterrupted run[/yellow]"
+        )
+    if rank < len(rngs):
+        set_rng_state(rngs[rank], run.device)
+    else:
+        torch.manual_seed(run.cfg.seed + rank + 7919 * saved["step"])
 
 
 def rng_state(device: torch.device) -> dict:

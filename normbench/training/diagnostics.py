@@ -279,6 +279,31 @@ class LayerStats:
 
     def record(self, step: int, grad_norm: torch.Tensor, grad_clip: float) -> dict:
         """The JSON record for this step; the one host sync of the statistics."""
+        flat = self._read(grad_norm)
+        layers = [self._layer(flat, i, block) for i, block in enumerate(self.model.blocks)]
+        extra = {}
+        for group in ("embedding.tok", "embedding.pos", "final_norm"):
+            extra[group.replace(".", "_")] = {
+                kind: flat.get(f"{kind}.{group}") for kind in ("grad_norm", "weight_norm", "update_ratio")
+            }
+        if "gain.final_norm.mean" in flat:
+            extra["final_norm"]["gain"] = {s: flat[f"gain.final_norm.{s}"] for s in ("mean", "min", "max")}
+        if "saturation.final_norm" in flat:
+            extra["final_norm"]["saturation"] = flat["saturation.final_norm"]
+        total = flat["grad_norm"]
+        logits = self._logits(flat, layers)
+        return {
+            "kind": "stats",
+            "step": step,
+            "grad_norm": total,
+            "clipped": bool(grad_clip > 0 and total > grad_clip),
+            **logits,
+            "layers": layers,
+            **extra,
+        }
+
+    def _read(self, grad_norm: torch.Tensor) -> dict[str, float]:
+        """Every statistic of the step by its flat name, read back from the device in one transfer."""
         names, tensors = [], []
         attn = [
             (f"{kind}.{i}", value)
@@ -301,51 +326,39 @@ class LayerStats:
         for name, g in self._gains.items():
             names += [f"gain.{name}.mean", f"gain.{name}.min", f"gain.{name}.max"]
             tensors += [g.mean(), g.min(), g.max()]
-        flat = dict(zip(names, torch.stack(tensors).tolist()))
+        return dict(zip(names, torch.stack(tensors).tolist()))
 
-        def part(kind: str, prefix: str, keys) -> dict:
-            return {k: flat.get(f"{kind}.{prefix}{k}") for k in keys}
+    @staticmethod
+    def _layer(flat: dict[str, float], i: int, block: nn.Module) -> dict:
+        """Block ``i``'s part of the record."""
 
-        keys = [*PARTS, "norm"]
-        layers = []
-        for i, block in enumerate(self.model.blocks):
-            saturation = {
-                name: flat[f"saturation.{i}.{name}"]
+        def part(kind: str) -> dict:
+            return {k: flat.get(f"{kind}.{i}.{k}") for k in [*PARTS, "norm"]}
+
+        saturation = {
+            name: flat[f"saturation.{i}.{name}"]
+            for name in _norm_modules(block)
+            if f"saturation.{i}.{name}" in flat
+        }
+        return {
+            "grad_norm": part("grad_norm"),
+            "weight_norm": part("weight_norm"),
+            "update_ratio": part("update_ratio"),
+            "resid_rms": flat.get(f"resid.{i}"),
+            "resid_var": flat.get(f"resid_var.{i}"),
+            "max_attn_logit": flat.get(f"attn_max.{i}"),
+            **({"max_attn_logit_raw": flat[f"attn_max_raw.{i}"]} if f"attn_max_raw.{i}" in flat else {}),
+            "attn_entropy": flat.get(f"attn_entropy.{i}"),
+            "gain": {
+                name: {s: flat[f"gain.{i}.{name}.{s}"] for s in ("mean", "min", "max")}
                 for name in _norm_modules(block)
-                if f"saturation.{i}.{name}" in flat
-            }
-            layers.append(
-                {
-                    "grad_norm": part("grad_norm", f"{i}.", keys),
-                    "weight_norm": part("weight_norm", f"{i}.", keys),
-                    "update_ratio": part("update_ratio", f"{i}.", keys),
-                    "resid_rms": flat.get(f"resid.{i}"),
-                    "resid_var": flat.get(f"resid_var.{i}"),
-                    "max_attn_logit": flat.get(f"attn_max.{i}"),
-                    **(
-                        {"max_attn_logit_raw": flat[f"attn_max_raw.{i}"]}
-                        if f"attn_max_raw.{i}" in flat
-                        else {}
-                    ),
-                    "attn_entropy": flat.get(f"attn_entropy.{i}"),
-                    "gain": {
-                        name: {s: flat[f"gain.{i}.{name}.{s}"] for s in ("mean", "min", "max")}
-                        for name in _norm_modules(block)
-                        if f"gain.{i}.{name}.mean" in flat
-                    },
-                    **({"saturation": saturation} if saturation else {}),  # point-wise norms only
-                }
-            )
-        extra = {}
-        for group in ("embedding.tok", "embedding.pos", "final_norm"):
-            extra[group.replace(".", "_")] = {
-                kind: flat.get(f"{kind}.{group}") for kind in ("grad_norm", "weight_norm", "update_ratio")
-            }
-        if "gain.final_norm.mean" in flat:
-            extra["final_norm"]["gain"] = {s: flat[f"gain.final_norm.{s}"] for s in ("mean", "min", "max")}
-        if "saturation.final_norm" in flat:
-            extra["final_norm"]["saturation"] = flat["saturation.final_norm"]
-        total = flat["grad_norm"]
+                if f"gain.{i}.{name}.mean" in flat
+            },
+            **({"saturation": saturation} if saturation else {}),  # point-wise norms only
+        }
+
+    def _logits(self, flat: dict[str, float], layers: list[dict]) -> dict:
+        """The step's attention and output logit figures, the run's peaks (``peaks``) raised to them."""
         logits = {
             "max_attn_logit": _largest(layer["max_attn_logit"] for layer in layers),
             **(
@@ -370,15 +383,7 @@ class LayerStats:
                 self.peaks[key] = (
                     logits[key] if self.peaks[key] is None else max(self.peaks[key], logits[key])
                 )
-        return {
-            "kind": "stats",
-            "step": step,
-            "grad_norm": total,
-            "clipped": bool(grad_clip > 0 and total > grad_clip),
-            **logits,
-            "layers": layers,
-            **extra,
-        }
+        return logits
 
 
 @torch.no_grad()

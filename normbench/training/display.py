@@ -1,6 +1,7 @@
-"""What a person sees of one run on the terminal: the progress bar while it trains and the closing table.
+"""What a person sees of one run on the terminal: what its set-up chose, the progress bar while it
+trains and the closing table.
 
-Kept apart from the training loop, which only hands them numbers.
+Kept apart from the training loop, which only hands them what it built and numbers.
 """
 
 from __future__ import annotations
@@ -11,6 +12,32 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
+
+from normbench.model import norms
+from normbench.training import distributed
+
+
+def say_setup(console: Console, state) -> None:
+    """What a training ``Run``'s set-up chose that changes what it computes or how fast, said once: the
+    model compiled by default on CUDA, a compiler that fell back to eager, and a norm that reads the
+    batch trained in micro-batches (accumulation changes no other norm's run)."""
+    run = state.cfg
+    main, share = distributed.is_main(), distributed.local_batch_size(run.train.batch_size)
+    if state.compiled and run.train.compile == "cuda" and main:
+        console.print("train.compile: compiled on CUDA (train.compile=false trains eagerly)", highlight=False)
+    by_batch = norms.batch_norms(state.model) if (run.train.micro_batch_size or share) < share else []
+    if by_batch and main:
+        console.print(
+            f"{', '.join(by_batch)}: batch statistics per micro-batch of {run.train.micro_batch_size} "
+            f"sequences (train.micro_batch_size), not per batch of {share}",
+            highlight=False,
+        )
+    if state.compile_error:
+        console.print(
+            f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
+            "eagerly[/yellow]",
+            soft_wrap=True,
+        )
 
 
 class TrainProgress:

@@ -25,15 +25,14 @@ from normbench.core import provenance
 from normbench.core.devices import PRECISIONS, resolve_device, synchronize
 from normbench.core.errors import ConfigError, DiskFull, first_line
 from normbench.core.identity import config_hash
-from normbench.core.runs import CONFIG, METRICS, RunDir
+from normbench.core.runs import CONFIG, RunDir
 from normbench.data.corpus import build_dataset, forget_other_corpora
 from normbench.model import impls, kernels, norms
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, leaves_no_trace, z_loss
 from normbench.training import checkpoint, distributed
-from normbench.training.checkpoint_writer import CheckpointWriter
 from normbench.training.diagnostics import LayerStats, global_grad_norm
-from normbench.training.display import TrainProgress
+from normbench.training.display import TrainProgress, say_setup
 from normbench.training.optim import build_optimizer, lr_factor
 from normbench.training.perf import (
     PeakMemory,
@@ -282,35 +281,6 @@ class Run:
             for mode in ("train", "eval")
         }
 
-    def checkpoint_state(self) -> dict:
-        """Model (BatchNorm buffers included), optimizer, LR schedule, scaler and RNG streams, for a
-        checkpoint. A collective under torchrun: every rank's dropout RNG is gathered."""
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "batch_gen": self.batch_gen.get_state(),
-            "rng": distributed.gather(checkpoint.rng_state(self.device)),
-        }
-
-    def restore(self, saved: dict, console: Console) -> None:
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.scaler.load_state_dict(saved["scaler"])
-        self.batch_gen.set_state(saved["batch_gen"])
-        rngs, rank = saved["rng"], distributed.rank()
-        if len(rngs) != distributed.world_size() and distributed.is_main():
-            console.print(
-                f"[yellow]resuming with {distributed.world_size()} processes a checkpoint of {len(rngs)}: "
-                "dropout draws differ from an uninterrupted run[/yellow]"
-            )
-        if rank < len(rngs):
-            checkpoint.set_rng_state(rngs[rank], self.device)
-        else:
-            torch.manual_seed(self.cfg.seed + rank + 7919 * saved["step"])
-
 
 def say_warning(console: Console, message: str) -> None:
     console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True, highlight=False)
@@ -345,10 +315,10 @@ class Loop:
         # wall time and resume steps of the processes before this one
         self.earlier_s, self.resumed_at = 0.0, []
         self.start = 0
-        saved = self.resume()
-        # warnings bound to the console, as the sinks' are: no loop <-> writer cycle
+        # warnings bound to the console, as the sinks' are: no loop <-> checkpoints cycle
         warn = functools.partial(say_warning, self.console)
-        self.writer = CheckpointWriter(state.dir.path, warn) if self.main else None
+        self.checkpoints = checkpoint.Checkpoints(state.dir.path, warn) if self.main else None
+        saved = self.resume()
         self.last_checkpoint = time.perf_counter()  # train.checkpoint_minutes counts from here
         self.checkpointed = self.start  # the step of the last checkpoint taken, on every rank alike
         self.sinks = MetricSinks(
@@ -365,36 +335,13 @@ class Loop:
     # ------------------------------------------------------------------------- resuming and checkpoints
 
     def resume(self) -> dict | None:
-        """Continue from the run directory's checkpoint when ``RunDir.decide`` says so and it is sound.
-
-        Rank 0 reads the run directory and hands what it found to the other ranks. A damaged
-        checkpoint, or a metrics.jsonl shorter than the checkpoint says, means a fresh start
-        with a warning; a checkpoint of another config is refused (never mixed into this run).
-        """
-        state, saved = self.state, None
-        if self.main:
-            decision = state.dir.decide(state.cfg.config_hash, resume=self.tcfg.resume)
-            if decision.action == "refuse":
-                raise ConfigError(decision.reason)
-            if decision.action == "resume":
-                saved = checkpoint.load(state.dir.path, self.warn)
-            if saved is not None and saved["config_hash"] != state.cfg.config_hash:
-                raise ConfigError(
-                    f"{state.dir.path}: the checkpoint of step {saved['step']} is of another config"
-                )
-            metrics = state.dir.path / METRICS
-            have = metrics.stat().st_size if metrics.exists() else 0
-            if saved is not None and have < saved["metrics_bytes"]:
-                self.warn(
-                    f"{metrics} is shorter ({have} bytes) than at the checkpoint of step {saved['step']} "
-                    f"({saved['metrics_bytes']} bytes); starting afresh"
-                )
-                saved = None
-            if saved is None:
-                state.dir.remove_checkpoints()
+        """Continue from the checkpoint ``Checkpoints.resumable`` finds: rank 0 reads the run directory
+        and hands what it found to the other ranks."""
+        state = self.state
+        saved = self.checkpoints.resumable(state.cfg.config_hash, self.tcfg.resume) if self.main else None
         saved = distributed.broadcast(saved)
         if saved is not None:
-            state.restore(saved, self.console)
+            checkpoint.restore(state, saved, self.console)
             loop = saved["loop"]
             self.start = saved["step"]
             self.val_losses, self.grad_norms, self.timer.times = (
@@ -424,9 +371,8 @@ class Loop:
 
     @property
     def saved_step(self) -> int | None:
-        """The step the newest checkpoint complete on disk resumes at."""
-        written = self.writer.written if self.writer is not None else None
-        return written or self.start or None
+        """The step the newest checkpoint complete on disk resumes at (None: none is)."""
+        return self.checkpoints.saved if self.checkpoints is not None else None
 
     def checkpoint_due(self, done: int) -> bool:
         """Whether a checkpoint is due after ``done`` updates: every ``train.checkpoint_every`` steps, or
@@ -443,34 +389,21 @@ class Loop:
         return bool(distributed.broadcast(due))
 
     def checkpoint(self, done: int, now: bool = False) -> None:
-        """A checkpoint after ``done`` updates when one is due, written beside training; or ``now`` (a
-        stop signal came), on disk before this returns."""
+        """A checkpoint after ``done`` updates when one is due, or ``now`` (a stop signal came)."""
         if not (now or self.checkpoint_due(done)):
             return
         self.timer.settle()
         with self.phases("checkpoints"):
             self._save_checkpoint(done)
-            if now:
-                self.wait_for_checkpoint()
         self.timer.resume()
 
     def final_checkpoint(self, done: int) -> None:
-        """Under the wall-time cadence, one more at the last step, written during the end-of-run checks:
-        once it is on disk, a run killed in them or in its summary does not train again."""
+        """Under the wall-time cadence, one more at the last step, before the end-of-run checks: a run
+        killed in them or in its summary does not train again."""
         if self.tcfg.checkpoint_every is None and done > self.checkpointed:
             self.timer.settle()
             with self.phases("checkpoints"):
                 self._save_checkpoint(done)
-
-    def wait_for_checkpoint(self) -> None:
-        """Until the checkpoint being written is on disk (before the run directory is changed)."""
-        if self.writer is not None:
-            self.writer.wait()
-
-    def discard_checkpoint(self) -> None:
-        """The run's result is written next: the checkpoint being written is given up, not finished."""
-        if self.writer is not None:
-            self.writer.discard()
 
     def _save_checkpoint(self, done: int) -> None:
         loop = {
@@ -486,14 +419,14 @@ class Loop:
             "time_s": dict(self.phases.seconds),
         }
         saved = {
-            **self.state.checkpoint_state(),
+            **checkpoint.capture(self.state),
             "step": done,
             "config_hash": self.state.cfg.config_hash,
             "metrics_bytes": self.sinks.position(),
             "loop": loop,
         }
-        if self.main:  # the copy now; hashing and writing on the writer's thread
-            self.writer.submit(done, saved)
+        if self.main:
+            self.checkpoints.save(done, saved)
         self.last_checkpoint, self.checkpointed = time.perf_counter(), done
 
     # ------------------------------------------------------------------------- the step and its cadences
@@ -576,16 +509,7 @@ def train(run, run_dir: Path, console: Console | None = None) -> dict:
     with phases("setup"):
         free_earlier_runs()  # before anything of this run exists
         state = Run(run, run_dir)  # devices, data, model, wrap, optimizer, schedule
-        if state.compiled and run.train.compile == "cuda" and distributed.is_main():
-            console.print(
-                "train.compile: compiled on CUDA (train.compile=false trains eagerly)", highlight=False
-            )
-        if state.compile_error:
-            console.print(
-                f"[yellow]train.compile: torch.compile is not usable here ({state.compile_error}); training "
-                "eagerly[/yellow]",
-                soft_wrap=True,
-            )
+        say_setup(console, state)
         loop = Loop(state, console, started, phases)
     status, error, step, stop = run_steps(loop)
     if status == "interrupted":
@@ -647,11 +571,9 @@ def run_steps(loop: Loop) -> tuple[str, str | None, int, StopSignals | None]:
             loop.final_checkpoint(step)
     except KeyboardInterrupt:
         loop.sinks.abort()
-        loop.wait_for_checkpoint()  # one already being written is finished (a second Ctrl-C stops it)
         raise
     except DiskFull as err:  # the run stops where it is, resumable: nothing more can be written
         loop.sinks.abort()
-        loop.wait_for_checkpoint()
         err.resume_step = loop.saved_step
         raise
     except Exception as err:  # a crash is recorded as a failed run, never as a completed one

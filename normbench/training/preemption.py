@@ -17,6 +17,9 @@ workers from their start, ``note_ctrl_c``): a KeyboardInterrupt raised while a p
 builds can be lost inside a library (seen: one during torch._dynamo's first import surfaced as a
 RecursionError, the interrupt gone), and the job would have trained on to its end unseen. A noted
 Ctrl-C stops the loop at its first step; a job that has not begun does not begin.
+
+One handler (``_note``) answers every stop signal, wherever it comes: it sets the one flag the loop
+reads at step boundaries (``StopSignals.requested``), before the loop (``noted``) and during it alike.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from normbench.training import distributed
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
 NAMES = {signal.SIGINT: "Ctrl-C"}  # how a person knows the signal, where it is not its own name
-_noted: list[int] = []  # a first Ctrl-C this process noted before a training loop watched for it
+_noted: list[int] = []  # the stop signal this process noted and no training loop has answered yet
 
 
 def exit_code(signum: int) -> int:
@@ -49,7 +52,7 @@ def note_ctrl_c() -> None:
     KeyboardInterrupt. Not where SIGINT is ignored, nor off the main thread, which signals never reach."""
     main = threading.current_thread() is threading.main_thread()
     if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _note_early)
+        signal.signal(signal.SIGINT, _note)
 
 
 @contextlib.contextmanager
@@ -65,42 +68,48 @@ def noting_ctrl_c() -> Iterator[None]:
 
 
 def noted() -> int | None:
-    """SIGINT if a Ctrl-C was noted and no training loop has stopped for it yet, else None."""
+    """The stop signal noted that no training loop has answered yet (SIGINT for a Ctrl-C), else None."""
     return _noted[0] if _noted else None
 
 
-def _note_early(signum, frame) -> None:
-    if _noted:  # the second Ctrl-C: stop now, the interrupt in place of the note
+def _note(signum, frame) -> None:
+    """The one handler of every stop signal: noted, for the loop to stop at the end of its step. A
+    second Ctrl-C stops at once: the interrupt in place of the note."""
+    if signum == signal.SIGINT and _noted == [signal.SIGINT]:
         _noted.clear()
         raise KeyboardInterrupt
-    _noted.append(signum)
+    _noted[:] = [signum]
 
 
 class StopSignals:
-    """Notes SIGTERM/SIGUSR1/SIGUSR2 and a first SIGINT while the training loop runs (a context manager)."""
+    """Notes SIGTERM/SIGUSR1/SIGUSR2 and a first SIGINT while the training loop runs (a context manager):
+    ``_note`` is their handler; a Ctrl-C noted before the loop stops it at its first step. On leaving,
+    the loop has answered the signal: it is this object's (``received``), no longer the process's."""
 
     def __init__(self):
-        self.received: int | None = None
         self.previous: dict[int, object] = {}
+        self.answered: int | None = None
+        self.watching = False
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             for sig in SIGNALS:
-                self.previous[sig] = signal.signal(sig, self._note)
+                self.previous[sig] = signal.signal(sig, _note)
             if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-                self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._note)
-        if _noted:  # a Ctrl-C came before the loop: it stops at its first step, and answers for it
-            self.received = _noted.pop()
+                self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, _note)
+        self.watching = True
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self.watching, self.answered = False, noted()
+        _noted.clear()
 
-    def _note(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self.received == signal.SIGINT:
-            raise KeyboardInterrupt  # the second Ctrl-C: stop now, without the checkpoint
-        self.received = signum
+    @property
+    def received(self) -> int | None:
+        """The stop signal noted (while the loop watches), or that the loop answered (after)."""
+        return noted() if self.watching else self.answered
 
     def requested(self, step: int, log_every: int, device: torch.device) -> bool:
         """Whether to checkpoint and stop after ``step``. Under torchrun the ranks agree first, at the
@@ -112,7 +121,7 @@ class StopSignals:
         flag = torch.tensor([0.0 if self.received is None else float(self.received)], device=device)
         agreed = distributed.all_max(flag).item()
         if agreed and self.received is None:
-            self.received = int(agreed)
+            _noted[:] = [int(agreed)]  # another rank's signal: this rank answers it too
         return bool(agreed)
 
     def pass_on(self) -> None:

@@ -176,12 +176,11 @@ def save_result(loop, summary: dict) -> dict:
                 # before summary.json, which MLflow copies; a tracker that fails is a warning, never the run
                 summary = loop.sinks.finish(summary)
             summary["time_s"] = loop.phases.seconds
-            loop.discard_checkpoint()  # the summary replaces them: one still being written is not finished
             state.dir.write_summary(summary)
         except DiskFull as err:
             err.resume_step = loop.saved_step
             raise
-        state.dir.remove_checkpoints()  # the summary is the result now
+        loop.checkpoints.remove()  # the summary is the result now
     else:
         summary["time_s"] = loop.phases.seconds
     return summary
@@ -191,7 +190,6 @@ def interrupted(loop, stop: StopSignals, step: int, pass_on: bool = True) -> dic
     """Stopped by a signal after its checkpoint: end the trackers' runs and pass the signal on (the
     last of a batched group's seeds passes it: ``pass_on``)."""
     loop.sinks.abort()  # the trackers' runs end as killed; a resumed run starts new ones
-    loop.wait_for_checkpoint()
     try:
         if pass_on:
             stop.pass_on()  # under submitit: its checkpoint-and-requeue, which exits
@@ -201,5 +199,7 @@ def interrupted(loop, stop: StopSignals, step: int, pass_on: bool = True) -> dic
         "status": "interrupted",
         "steps": step,
         "signal": stop.received,
-        "checkpoint": str(loop.state.dir.path / checkpoint.CHECKPOINT),
+        # where a resume starts: ``steps`` unless its checkpoint failed (``checkpoint_failure`` says why)
+        "saved_step": loop.saved_step,
+        "checkpoint_failure": loop.checkpoints.failure if loop.checkpoints is not None else None,
     }
