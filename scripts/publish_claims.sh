@@ -4,8 +4,8 @@
 #   ./scripts/publish_claims.sh --confirm ID...    the pre-registered confirmations of these rows
 # A row's rule is committed before its pilot: a pilot runs at HEAD, which must be clean, and records the
 # rule it ran under (ID/rule.yaml); a confirmation runs at a clean HEAD holding its pre-registration
-# (normbench claims preregister ID --out results/claims, committed first). Each runs in a git worktree of HEAD beside this
-# checkout, so nothing edited here later can enter its runs. As each row finishes, its records
+# (normbench claims preregister ID --out results/claims, committed first). Each runs in a git worktree
+# of HEAD beside this checkout, so nothing edited here later can enter its runs. As each row finishes, its records
 # (config.yaml, summary.json, metrics.jsonl, claim.yaml, rule.yaml, prereg.yaml; no checkpoints) are
 # copied into results/claims/, the registry's pages (claims.csv, claims.md, claims.html, README.md),
 # docs/claims.md and the README's headline are recomputed from every record, and they are committed
