@@ -315,7 +315,8 @@ def test_every_metric_a_claim_may_name_is_in_a_runs_summary(tmp_path):
     # with soft-caps: a capped run also writes each peak before the cap (*_raw)
     caps = ("train.stats_every=1", "model.attn_softcap=50", "model.logit_softcap=30")
     summary = leaves(train_tiny(tmp_path / "run", *caps))
-    report_only = {"floor_gap"}  # the report computes it: final_val_loss - floor_loss
+    # the report computes floor_gap (final_val_loss - floor_loss); a claim, lr_sensitivity over a seed's grid
+    report_only = {"floor_gap", "lr_sensitivity"}
     assert [m for m in METRIC_NAMES if m not in summary and m not in report_only] == []
 
 

@@ -281,7 +281,7 @@ def test_the_tree_is_ruff_clean(command):
 
 # ----------------------------------------------------------------------------- sizes a reader can hold
 
-LONGEST_FUNCTION, LONGEST_LOOP = 100, 600
+LONGEST_FUNCTION, LONGEST_LOOP, DOCS_BYTES = 100, 600, 150_000
 
 
 def long_functions(path: Path, limit: int = LONGEST_FUNCTION) -> list[str]:
@@ -295,7 +295,7 @@ def long_functions(path: Path, limit: int = LONGEST_FUNCTION) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "part", ["core", "model", "data", "bench", "training", "extending", "sweeps", "claims"]
+    "part", ["core", "model", "data", "bench", "training", "extending", "sweeps", "claims", "report"]
 )
 def test_no_function_is_over_100_lines(part):
     found = {
@@ -314,3 +314,8 @@ def test_the_length_checker_finds_a_long_function(tmp_path):
 
 def test_the_training_loop_is_at_most_600_lines():
     assert len((PACKAGE / "training" / "loop.py").read_text().splitlines()) <= LONGEST_LOOP
+
+
+def test_the_docs_are_at_most_150_kb():
+    """docs/ is a manual a reader can hold: its history belongs in git, not in its pages."""
+    assert sum(len(p.read_bytes()) for p in (ROOT / "docs").glob("*.md")) <= DOCS_BYTES

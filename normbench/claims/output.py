@@ -312,8 +312,12 @@ def _counts(frame: pd.DataFrame) -> str:
         tested = "" if len(across) else f" across the {int(has_p.sum())} claims tested"
         multiplicity = (
             (f"{multiplicity}; " if len(across) else "one family, Holm-corrected" + tested + "; ")
-            + f"the seed counts of {int((planned & has_p).sum())} confirmations fixed by pre-registration "
-            "before they ran" + (f", {waiting} more pre-registered" if waiting else "")
+            + (
+                "the seed count of 1 confirmation fixed by pre-registration before it ran"
+                if (confirmed := int((planned & has_p).sum())) == 1
+                else f"the seed counts of {confirmed} confirmations fixed by pre-registration before they ran"
+            )
+            + (f", {waiting} more pre-registered" if waiting else "")
         )
     by_size = ""
     if sizes.ne("").any() and sizes.nunique() > 1:
@@ -382,7 +386,9 @@ def markdown(frame: pd.DataFrame) -> str:
     intervals = [_interval(r, level=False) for _, r in ran.iterrows()]
     table["estimate"] = [f"{e} {i}" for e, i in zip(table["estimate"], intervals)]
     table.pop("interval")
-    sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in frame.iterrows())
+    # each claim once: its row at a larger size (ID@SIZE) says the same sentence
+    claims = frame[~frame["id"].astype(str).str.contains("@")]
+    sentences = "\n".join(f"- `{r['id']}` ({r['source']}): {r['claim']}" for _, r in claims.iterrows())
     parts = [
         "# Claims\n",
         f"**{headline(frame)}.** {_correction(frame)} δ: a margin in standard deviations of a seed's"

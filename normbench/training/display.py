@@ -13,14 +13,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from normbench.model import norms
-from normbench.training import distributed
-
 
 def say_setup(console: Console, state) -> None:
     """What a training ``Run``'s set-up chose that changes what it computes or how fast, said once: the
     model compiled by default on CUDA, a compiler that fell back to eager, and a norm that reads the
     batch trained in micro-batches (accumulation changes no other norm's run)."""
+    # here, not at the module's top: a sweep's planning process imports this module and never torch
+    from normbench.model import norms
+    from normbench.training import distributed
+
     run = state.cfg
     main, share = distributed.is_main(), distributed.local_batch_size(run.train.batch_size)
     if state.compiled and run.train.compile == "cuda" and main:
