@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -439,6 +440,21 @@ def test_the_published_verdicts_recompute_from_their_committed_records(monkeypat
             assert np.allclose(a, b, rtol=1e-9, atol=0, equal_nan=True), column
         else:
             assert list(a.fillna("").astype(str)) == list(b.fillna("").astype(str)), column
+
+
+def test_every_record_the_published_verdicts_read_is_committed_not_ignored():
+    """A record the report reads (a run's config, summary and metrics; a claim's copy, rule and
+    pre-registration) that git ignores would recompute here and not in a fresh clone."""
+    root = conf_dir().parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    read = {"config.yaml", "summary.json", "metrics.jsonl", "claim.yaml", "overrides.yaml", "rule.yaml", "prereg.yaml"}
+    listed = subprocess.run(
+        ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "results/claims"],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout.split()
+    ignored = [p for p in listed if Path(p).name in read and ".hydra" not in Path(p).parts]
+    assert ignored == []
 
 
 @pytest.mark.parametrize("page", ["results/claims/claims.md", "docs/claims.md"])
