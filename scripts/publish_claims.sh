@@ -7,8 +7,8 @@
 # (normbench claims preregister ID --out results/claims, committed first). Each runs in a git worktree
 # of HEAD beside this checkout, so nothing edited here later can enter its runs. As each row finishes, its records
 # (config.yaml, summary.json, metrics.jsonl, claim.yaml, rule.yaml, prereg.yaml; no checkpoints) are
-# copied into results/claims/, the registry's pages (claims.csv, claims.md, claims.html, README.md),
-# docs/claims.md and the README's headline are recomputed from every record, and they are committed
+# copied into results/claims/, the registry's pages (claims.csv, claims.md, claims.html, README.md)
+# and the README's headline are recomputed from every record, and they are committed
 # together. Run it again to go on: finished runs are reused, interrupted ones resume.
 # NORMBENCH_PUBLISH_JOBS (default 2) runs that many jobs of a sweep at once.
 set -euo pipefail
@@ -57,7 +57,6 @@ for path in sorted(source.rglob("*")):
         shutil.copyfile(path, target / path.relative_to(source))
 PY
     "$py" -m normbench claims report results/claims >/dev/null
-    "$py" -m normbench claims report --markdown results/claims/claims.csv > docs/claims.md
     "$py" - <<'PY'
 from pathlib import Path
 
@@ -70,8 +69,8 @@ end = next(i for i in range(start + 3, len(lines)) if not lines[i].startswith("|
 table = output.headline_table(output.read_csv(Path("results/claims/claims.csv"))).rstrip("\n").split("\n")
 readme.write_text("\n".join([*lines[:start], *table, *lines[end:]]))
 PY
-    git add results/claims docs/claims.md README.md
+    git add results/claims README.md
     git commit -q -m "claims: $id $([ "$confirm" = 1 ] && echo confirmed || echo piloted) at $commit; the published verdicts recomputed" \
-        -- results/claims docs/claims.md README.md
+        -- results/claims README.md
     echo "   committed: $(du -sh "$to" | cut -f1) of records"
 done

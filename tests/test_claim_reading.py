@@ -137,7 +137,7 @@ def test_a_verdict_stricter_than_the_reports_reading_says_why(tmp_path):
 def test_a_completed_run_that_learned_nothing_is_flagged_in_the_tables_and_verdicts(tmp_path, monkeypatch):
     """Post-LN's seed 1 completed at 3.7 from a loss at init of 4.0: 3.7 >= 0.9 x 4.0 = 3.6, it learned
     nothing; its seeds 0 and 2 (3.5 and 2.4) did. The report's table and verdict, and a claim that
-    reads the run, say so; nothing is flagged for Pre-LN."""
+    reads the run, say so, naming the arm; nothing is flagged for Pre-LN."""
     runs = tmp_path / "runs"
     for seed, (pre, post) in enumerate(zip([2.0, 2.1, 2.2], [3.5, 3.7, 2.4])):
         plant(runs, f"pre_s{seed}", seed=seed, final=pre, placement="pre")
@@ -157,7 +157,8 @@ def test_a_completed_run_that_learned_nothing_is_flagged_in_the_tables_and_verdi
         tmp_path / "conf", "post", kind="better", a={"placement": "pre"}, b={"placement": "post"}, min_seeds=3
     )
     out = verdict_of(tmp_path, path, runs)
-    assert "1 of its runs did not learn (ended at or above 90% of their loss at init)" in out.reason
+    said = "1 of its runs did not learn (placement=post: 1 of 3; ended at or above 90% of their loss at init)"
+    assert said in out.reason
 
 
 def test_what_each_arm_ran_with_is_said_in_the_report_and_the_claims_verdict(tmp_path, monkeypatch):

@@ -195,7 +195,7 @@ def report(
     markdown: Path | None = typer.Option(
         None,
         "--markdown",
-        help="Print the Markdown page (docs/claims.md) of this claims.csv, and nothing else.",
+        help="Print the Markdown page (claims.md) of this claims.csv, and nothing else.",
     ),
     reports: bool = typer.Option(
         False, "--reports", help="Also write each claim's own report (normbench report ID/ into ID/report/)."

@@ -1,7 +1,8 @@
 """The registry's outputs: claims.csv (the data), claims.md and claims.html, and the terminal table.
 
 claims.md is made from the CSV's rows alone (``markdown``), so ``normbench claims report --markdown
-claims.csv`` gives the same page from a stored CSV (docs/claims.md is that command's output). The
+claims.csv`` gives the same page from a stored CSV (the registry's results/claims/claims.md is that
+command's output). The
 headline is the count of claims reproduced at this scale; the page says whether the intervals
 are corrected for multiplicity.
 """
@@ -349,7 +350,7 @@ def headline_table(frame: pd.DataFrame) -> str:
     ]
     return "\n".join(
         [
-            f"**{headline(frame)}**; 95% intervals (90%: one-sided), measures in docs/claims.md.",
+            f"**{headline(frame)}**; 95% intervals (90%: one-sided), measures in results/claims/claims.md.",
             "",
             "| claim | verdict | estimate [interval] |",
             "|---|---|---|",
@@ -374,7 +375,7 @@ def _correction(frame: pd.DataFrame) -> str:
 
 
 def markdown(frame: pd.DataFrame) -> str:
-    """claims.md (and docs/claims.md) from claims.csv's rows: a table of the claims run, then every claim
+    """claims.md from claims.csv's rows: a table of the claims run, then every claim
     with its source."""
     ran = frame[frame["verdict"].ne("not run")]
     table = display(ran).drop(columns="source")  # the list of claims below names each source once

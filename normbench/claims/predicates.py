@@ -618,8 +618,23 @@ def judge(claim: Claim, d: ReportData, alpha: float = ALPHA) -> Outcome:
     arms = pd.concat([arm(d.runs, spec) for spec in (claim.a, claim.b) if spec is not None])
     failed = failed_note(arms, f"normbench claims run {claim.id} --retry-failed")
     used = d.runs[d.runs["run_dir"].isin(outcome.runs)]
-    stuck = int(used["did_not_learn"].eq(True).sum()) if "did_not_learn" in used else 0
-    share = f"{LEARNED_FRACTION:.0%}"
-    unlearned = f"{stuck} of its runs did not learn (ended at or above {share} of their loss at init)"
-    outcome.reason = _join(outcome.reason, failed, unlearned if stuck else "")
+    outcome.reason = _join(outcome.reason, failed, _unlearned(claim, used))
     return outcome
+
+
+def _unlearned(claim: Claim, used: pd.DataFrame) -> str:
+    """'7 of its runs did not learn (norm=bn: 7 of 7; ...)': by arm, since a treatment that makes a
+    run stop learning (BatchNorm's leak, which lowers its train loss alone) reads differently from
+    both arms stuck."""
+    if "did_not_learn" not in used or not used["did_not_learn"].eq(True).any():
+        return ""
+    counts = []
+    for spec in (claim.a, claim.b):
+        if spec is None:
+            continue
+        runs = arm(used, spec)
+        if stuck := int(runs["did_not_learn"].eq(True).sum()):
+            counts.append(f"{', '.join(f'{k}={v}' for k, v in spec.items())}: {stuck} of {len(runs)}")
+    total = int(used["did_not_learn"].eq(True).sum())
+    below = f"ended at or above {LEARNED_FRACTION:.0%} of their loss at init"
+    return f"{total} of its runs did not learn ({'; '.join(counts)}; {below})"
