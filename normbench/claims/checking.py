@@ -26,16 +26,19 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from normbench.claims import rules
 from normbench.claims.schema import Claim
 from normbench.core.configtree import conf_dir
 from normbench.core.errors import ConfigError, about, did_you_mean
 from normbench.core.fileio import leaves
+from normbench.core.identity import config_hash
 
 
 @dataclass(frozen=True)
 class Checked:
     jobs: int  # the sweep's runs
     models: tuple[str, ...]  # the conf/model options its jobs compose
+    sweep: str  # the composed sweep's fingerprint (normbench.claims.rules.sweep_fingerprint)
 
 
 def override_key(override: str) -> str:
@@ -166,7 +169,7 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
         raise ConfigError(
             f"{claim.path}: scale.model: '{claim.scale['model']}', but the sweep runs model={ran}"
         )
-    return Checked(len(configs), models)
+    return Checked(len(configs), models, rules.sweep_fingerprint([config_hash(cfg) for _, cfg in configs]))
 
 
 def check_design(claim: Claim, registry: Path) -> None:

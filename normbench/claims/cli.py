@@ -315,17 +315,19 @@ def check(path: Path = typer.Argument(..., help="A claim YAML (CONFIG_DIR/claim/
     claim = parse_claim(path)
     checked = check_claim(claim)
     check_design(claim, PUBLISHED)
-    # a verdict whose rule moved after its pilot began decides nothing
-    for row in (claim.id, f"{claim.id}@{claim.scale['larger']}"):
-        if rules.changed(PUBLISHED / row, claim.path):
-            raise ConfigError(
-                f"{path}: its rule changed after the pilot of {row} began ({PUBLISHED / row / rules.FILE}): "
-                "that verdict cannot be published; pilot it again on fresh seeds"
-            )
+    rows = {claim.id: checked.sweep}
     sizes = f"model={claim.scale['model']}"
     if claim.scale["larger"]:  # its row at the larger size: the same sweep composed at that size
-        check_claim(at_larger_size(claim))
+        rows[f"{claim.id}@{claim.scale['larger']}"] = check_claim(at_larger_size(claim)).sweep
         sizes += f" and model={claim.scale['larger']}"
+    # a verdict whose rule (or the sweep it composes) moved after its pilot began decides nothing
+    for row, sweep in rows.items():
+        if rules.changed(PUBLISHED / row, claim.path, sweep):
+            raise ConfigError(
+                f"{path}: its rule or the sweep it composes changed after the pilot of {row} began "
+                f"({PUBLISHED / row / rules.FILE}): that verdict cannot be published; pilot it again on "
+                "fresh seeds"
+            )
     typer.echo(
         f"ok: {claim.id} ({claim.cites}): {claim.kind}, {checked.jobs} runs in its default sweep, at {sizes}"
     )

@@ -3,10 +3,12 @@
 The rule is everything that decides a verdict except the values a pilot fixes: the sweep (grid,
 corpus, size), the comparison (arms, metric, tuned key), the predicate (kind, margin, factor, trend
 axis and direction; not its prose), the engagement rule and the fewest seeds. When a claim's pilot
-starts, ``record`` writes ``rule.yaml`` beside its runs: the rule's fingerprint, the oldest commit of
-the claim's YAML since which that rule has not changed (``rule_commit``) and the commit the pilot
-runs at. A verdict whose claim's rule differs from the one its pilot ran under decides nothing: the
-claim is piloted again on fresh seeds (``changed``).
+starts, ``record`` writes ``rule.yaml`` beside its runs: the rule's fingerprint, the fingerprint of
+the sweep it composes (every job's config hash: what the experiment file, the model size and every
+default it reads make of it), the oldest commit of the claim's YAML since which that rule has not
+changed (``rule_commit``) and the commit the pilot runs at. A verdict whose claim's rule differs from
+the one its pilot ran under decides nothing: the claim is piloted again on fresh seeds (``changed``;
+the sweep's fingerprint, which needs every job composed, is compared by ``claims check``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ def rule_of(body: dict) -> dict:
 
 def fingerprint(body: dict) -> str:
     return hashlib.sha256(json.dumps(rule_of(body), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def sweep_fingerprint(config_hashes: list[str]) -> str:
+    """The fingerprint of a composed sweep: its jobs' config hashes, in any order."""
+    return hashlib.sha256(json.dumps(sorted(config_hashes)).encode()).hexdigest()[:16]
 
 
 def _git(folder: Path, *args: str) -> str | None:
@@ -77,13 +84,15 @@ def read(folder: Path) -> dict | None:
     return body if isinstance(body, dict) else None
 
 
-def record(folder: Path, claim_path: Path) -> dict:
-    """The rule a claim's pilot in ``folder`` runs under, written when it starts and kept after."""
+def record(folder: Path, claim_path: Path, sweep: str | None = None) -> dict:
+    """The rule a claim's pilot in ``folder`` runs under (``sweep``: its composed sweep's fingerprint),
+    written when it starts and kept after."""
     if (kept := read(folder)) is not None:
         return kept
     body = yaml.safe_load(claim_path.read_text(encoding="utf-8"))
     rule = {
         "fingerprint": fingerprint(body),
+        **({"sweep": sweep} if sweep else {}),
         "rule_commit": rule_commit(claim_path),
         "pilot_commit": head(claim_path.parent),
     }
@@ -91,9 +100,13 @@ def record(folder: Path, claim_path: Path) -> dict:
     return rule
 
 
-def changed(folder: Path, claim_path: Path) -> bool:
-    """Whether the claim's rule today is not the one its pilot in ``folder`` ran under."""
+def changed(folder: Path, claim_path: Path, sweep: str | None = None) -> bool:
+    """Whether the claim's rule today is not the one its pilot in ``folder`` ran under; with ``sweep``
+    (the sweep's fingerprint today), whether the sweep it composes is not either (a pilot that recorded
+    one)."""
     kept = read(folder)
     if kept is None:
         return False
-    return kept.get("fingerprint") != fingerprint(yaml.safe_load(claim_path.read_text(encoding="utf-8")))
+    if kept.get("fingerprint") != fingerprint(yaml.safe_load(claim_path.read_text(encoding="utf-8"))):
+        return True
+    return sweep is not None and kept.get("sweep") not in (None, sweep)

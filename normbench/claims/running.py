@@ -9,7 +9,8 @@ the rule its pilot runs under with the commits that fixed and ran it (rule.yaml,
 every set of the user's own overrides it was run with is recorded (overrides.yaml), so a verdict
 from runs that differ from the registry's sweep says how. Before any claim runs, each one's sweep is
 composed with the user's overrides and checked (normbench.claims.checking): a mistyped key or an arm
-no job matches stops the command there.
+no job matches stops the command there. A run another claim has trained, of the same config and after
+this claim's rule was fixed, is copied in rather than trained again (normbench.claims.sharing).
 """
 
 from __future__ import annotations
@@ -120,6 +121,21 @@ def runs_to_go(claim: Claim, overrides: list[str], folder: Path, retry_failed: b
     return max(claim.runs(swept) - held, 0)
 
 
+def _borrow(claim: Claim, args: list[str], folder: Path, out: Path, console: Console) -> None:
+    """The runs other claims have trained that this claim's sweep would (normbench.claims.sharing),
+    from claims beside it in ``out`` and, for the registry's own, from its published records."""
+    from normbench.claims import sharing
+    from normbench.claims.families import PUBLISHED, is_users
+
+    sources = [out, *([PUBLISHED] if not is_users(claim) and PUBLISHED.resolve() != out.resolve() else [])]
+    lent = sharing.lend(claim.path, args, folder, sources)
+    if lent:
+        said = ", ".join(f"{n} from {name}" for name, n in lent.items())
+        console.print(
+            f"{claim.id}: {sum(lent.values())} runs shared, not trained again ({said})", highlight=False
+        )
+
+
 def run_claims(
     claims: list[Claim],
     overrides: list[str],
@@ -140,8 +156,8 @@ def run_claims(
 
     console = console or Console()
     extensions.install()  # installed packages' norms and placements, for the plan's composition
-    for claim in claims:  # every claim's sweep composed and its comparison found in it, before any run
-        check_claim(claim, overrides, config_dir)
+    # every claim's sweep composed and its comparison found in it, before any run
+    composed = {claim.id: check_claim(claim, overrides, config_dir).sweep for claim in claims}
     if batch_seeds is None:
         batch_seeds = batching.pays(overrides)
     worst = 0
@@ -149,13 +165,14 @@ def run_claims(
         args = sweep_args(claim, overrides, out, config_dir) + ([batching.OPTION] if batch_seeds else [])
         console.print(f"[bold]{claim.id}[/bold]: {claim.claim}", soft_wrap=True, highlight=False)
         folder = out / claim.id
-        todo = runs_to_go(claim, overrides, folder, retry_failed)
-        console.print(f"{claim.id}: {estimate(todo, *seconds_per_run(claim, folder))}", highlight=False)
         if not dry_run:
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(claim.path, folder / "claim.yaml")
-            rules.record(folder, claim.path)
+            rules.record(folder, claim.path, composed[claim.id])
             record_overrides(folder, overrides)
+            _borrow(claim, args, folder, out, console)
+        todo = runs_to_go(claim, overrides, folder, retry_failed)
+        console.print(f"{claim.id}: {estimate(todo, *seconds_per_run(claim, folder))}", highlight=False)
         code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console)
         if code == 130:
             return code
