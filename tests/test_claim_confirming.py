@@ -23,13 +23,16 @@ PILOT_A = [1.90, 1.96, 1.93]  # rms at its best rate, 0.01
 PILOT_B = [2.00, 2.03, 2.02]  # ln at its best rate, 0.003
 
 
-def pilot(registry):
-    """rms (a) best at 0.01, ln (b) best at 0.003, both 0.3 worse at the other rate, seeds 0-2."""
+GRID = (0.001, 0.003, 0.01, 0.03)
+
+
+def pilot(registry, best_a=0.01, best_b=0.003):
+    """rms (a) best at 0.01, ln (b) best at 0.003, each 0.3 worse at every other rate of GRID, seeds 0-2."""
     for seed, (la, lb) in enumerate(zip(PILOT_A, PILOT_B)):
-        for lr, worse in ((0.01, 0.0), (0.003, 0.3)):
-            plant(registry / "tuned", f"rms_s{seed}_{lr}", seed=seed, final=la + worse, norm="rms", lr=lr)
-        for lr, worse in ((0.003, 0.0), (0.01, 0.3)):
-            plant(registry / "tuned", f"ln_s{seed}_{lr}", seed=seed, final=lb + worse, norm="ln", lr=lr)
+        for lr in GRID:
+            worse_a, worse_b = (0.0 if lr == best else 0.3 for best in (best_a, best_b))
+            plant(registry / "tuned", f"rms_s{seed}_{lr}", seed=seed, final=la + worse_a, norm="rms", lr=lr)
+            plant(registry / "tuned", f"ln_s{seed}_{lr}", seed=seed, final=lb + worse_b, norm="ln", lr=lr)
 
 
 def claim_of(tmp_path, **kw):
@@ -51,6 +54,21 @@ def test_the_pilot_fixes_each_arms_value_fresh_seeds_and_their_count(tmp_path):
     assert design.level == pytest.approx(0.05 / 27) and design.margin == 0
     assert "not reproduced: a - b > 0 one-sided" in design.direction
     assert f"{design.planned_n} seeds per arm" in said and "a at train.lr=0.01, b at train.lr=0.003" in said
+
+
+@pytest.mark.parametrize("best_a, end", [(0.001, "smallest"), (0.03, "largest")])
+def test_a_pilot_whose_arm_is_best_at_its_grids_edge_plans_no_confirmation(tmp_path, best_a, end):
+    """rms is best at the grid's end: a confirmation fixed there might not hold rms at its best, so the
+    pilot says so in its reason and preregister refuses in one line, naming the arm and the value."""
+    registry = tmp_path / "claims"
+    pilot(registry, best_a=best_a)
+    claim = claim_of(tmp_path)
+    said = f"a's best train.lr ({best_a:g}) is the grid's {end}"
+    assert said in confirming.plan(claim, confirming.pilot_runs(claim, registry), family=27)
+    assert said in assess(claim, registry / "tuned", family=27).outcome.reason
+    with pytest.raises(ConfigError, match=r"a confirmation fixed there may not hold that arm at its best"):
+        confirming.preregister(claim, registry, family=27)
+    assert prereg.read(registry, "tuned") is None
 
 
 @pytest.mark.parametrize("cost_s, warned", [(None, True), (6.0, False), (6000.0, True)])

@@ -36,7 +36,7 @@ import pandas as pd
 from rich.console import Console
 
 from normbench.claims import engagement, power, prereg
-from normbench.claims.arms import arm, learned, log2_step, matches
+from normbench.claims.arms import arm, at_best, learned, log2_step, matches
 from normbench.claims.predicates import Outcome, judge
 from normbench.claims.schema import EXACT, Claim
 from normbench.claims.smallsample import ALPHA
@@ -108,6 +108,17 @@ def _best_values(claim: Claim, d: ReportData) -> dict:
     return values
 
 
+def _at_an_edge(claim: Claim, d: ReportData) -> str | None:
+    """Which arm's best value of the tuned key is at its grid's edge, if one is: where that arm may do
+    better off the grid."""
+    if not claim.tune or claim.kind == "stable_lr":
+        return None
+    for side, spec in (("a", claim.a), ("b", claim.b)):
+        if edge := at_best(arm(d.runs, spec), claim.tune, side)[1]:
+            return edge
+    return None
+
+
 def design(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg.Prereg:
     """The confirmation's design from the pilot's runs ``d``; ConfigError, one line, when the claim
     cannot be planned."""
@@ -140,6 +151,10 @@ def plan(claim: Claim, d: ReportData, family: int, commit: str = "") -> prereg.P
         exact = claim.kind in EXACT
         n, planned_sd = power.planned_seeds(far, outcome.spread, n_pilot - 1, level, exact=exact)
     values = _best_values(claim, d)
+    if edge := _at_an_edge(claim, d):
+        return (
+            f"{edge}: a confirmation fixed there may not hold that arm at its best (a new grid is a new rule)"
+        )
     if n is None:
         return (
             f"no seed count up to 1000 reaches 80% power at level {level:.3g} for the pilot's distance "
