@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 import subprocess
@@ -459,6 +460,28 @@ def test_every_record_the_published_verdicts_read_is_committed_not_ignored():
     ).stdout.split()
     ignored = [p for p in listed if Path(p).name in read and ".hydra" not in Path(p).parts]
     assert ignored == []
+
+
+def test_each_published_rows_rule_pilot_and_confirmation_follow_each_other_on_main():
+    """A row's rule was committed strictly before its pilot's commit, and that before its confirmation's:
+    each commit an ancestor of the next, and of today's (the check needs the history: a shallow clone
+    skips it)."""
+    root = conf_dir().parent
+    if not (root / ".git").exists() or (root / ".git" / "shallow").exists():
+        pytest.skip("needs the repository's whole history")
+
+    def before(first: str, then: str) -> bool:
+        ancestor = ["git", "merge-base", "--is-ancestor", first, then]
+        return first != then and subprocess.run(ancestor, cwd=root, capture_output=True).returncode == 0
+
+    frame = output.read_csv(root / "results" / "claims" / "claims.csv")
+    ran = frame[frame["verdict"].ne("not run")]
+    assert not ran.empty
+    for _, row in ran.iterrows():
+        chain = [row["rule_commit"], row["pilot_commit"], row["confirm_commit"], "HEAD"]
+        chain = [str(c) for c in chain if isinstance(c, str) and c]
+        assert len(chain) >= 3, row["id"]  # a rule and a pilot at least
+        assert all(before(a, b) for a, b in itertools.pairwise(chain)), (row["id"], chain)
 
 
 @pytest.mark.parametrize("page", ["results/claims/claims.md"])
