@@ -18,10 +18,10 @@ import subprocess
 from pathlib import Path
 
 from normbench.claims import rules
+from normbench.claims.running import FINISHED
 from normbench.core.provenance import provenance_of
 from normbench.core.runs import CONFIG, METRICS, SUMMARY, RunDir
 
-FINISHED = ("completed", "diverged")
 LENT = (CONFIG, SUMMARY, METRICS)  # what a run's result is read from; never its checkpoints or weights
 SKIPPED = {"confirmations"}
 
@@ -37,10 +37,10 @@ def lend(claim_path: Path, args: list[str], folder: Path, sources: list[Path]) -
         return {}
     wanted = {job.config_hash: job.run_dir for job in plan_sweep(args).jobs if job.state == "new"}
     lent: dict[str, int] = {}
-    for source in _finished(sources, folder, set(wanted)):
-        target = wanted.pop(RunDir(source).config_hash() or "", None)
-        if target is None or not _trained_after(rule_commit, source, claim_path.parent):
+    for config_hash, source, summary in _finished(sources, folder, set(wanted)):
+        if config_hash not in wanted or not _trained_after(rule_commit, summary, claim_path.parent):
             continue
+        target = wanted.pop(config_hash)
         target.mkdir(parents=True, exist_ok=True)
         for name in LENT:
             if (source / name).is_file():
@@ -50,7 +50,8 @@ def lend(claim_path: Path, args: list[str], folder: Path, sources: list[Path]) -
 
 
 def _finished(sources: list[Path], folder: Path, hashes: set[str]):
-    """Completed or diverged runs of these config hashes in the claim folders under ``sources``."""
+    """(config hash, run directory, summary) of each completed or diverged run of these config hashes,
+    of this code's numerics, in the claim folders under ``sources``."""
     for source in sources:
         claims = (
             sorted(p for p in source.iterdir() if p.is_dir() and p.name not in SKIPPED)
@@ -62,19 +63,17 @@ def _finished(sources: list[Path], folder: Path, hashes: set[str]):
                 continue
             for run in sorted(p for p in claim.iterdir() if (p / SUMMARY).is_file()):
                 stored = RunDir(run)
-                h = stored.config_hash()
-                if (
-                    h in hashes
-                    and (stored.read_summary() or {}).get("status") in FINISHED
-                    and stored.decide(h, sweep=True).action == "reuse"  # of this code's numerics
-                ):
-                    yield run
+                if (h := stored.config_hash()) not in hashes:
+                    continue
+                decision = stored.decide(h, sweep=True)  # a result of this config, of this code's numerics
+                if decision.action == "reuse" and decision.result.get("status") in FINISHED:
+                    yield h, run, decision.result
 
 
-def _trained_after(rule_commit: str, run: Path, repository: Path) -> bool:
-    """Whether the run trained at a clean commit that is ``rule_commit`` or descends from it, in the
-    git repository holding the claim."""
-    block = provenance_of(RunDir(run).read_summary() or {})
+def _trained_after(rule_commit: str, summary: dict, repository: Path) -> bool:
+    """Whether the run of this ``summary`` trained at a clean commit that is ``rule_commit`` or descends
+    from it, in the git repository holding the claim."""
+    block = provenance_of(summary)
     commit = block.get("commit")
     if not commit or block.get("dirty") is not False:
         return False
