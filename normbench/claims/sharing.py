@@ -18,12 +18,12 @@ import subprocess
 from pathlib import Path
 
 from normbench.claims import rules
-from normbench.claims.running import FINISHED
 from normbench.core.provenance import provenance_of
 from normbench.core.runs import CONFIG, METRICS, SUMMARY, RunDir
 
 LENT = (CONFIG, SUMMARY, METRICS)  # what a run's result is read from; never its checkpoints or weights
 SKIPPED = {"confirmations"}
+LENDABLE = ("completed", "diverged")  # a failed run is trained again, never lent
 
 
 def lend(claim_path: Path, args: list[str], folder: Path, sources: list[Path]) -> dict[str, int]:
@@ -66,7 +66,7 @@ def _finished(sources: list[Path], folder: Path, hashes: set[str]):
                 if (h := stored.config_hash()) not in hashes:
                     continue
                 decision = stored.decide(h, sweep=True)  # a result of this config, of this code's numerics
-                if decision.action == "reuse" and decision.result.get("status") in FINISHED:
+                if decision.action == "reuse" and decision.result.get("status") in LENDABLE:
                     yield h, run, decision.result
 
 
