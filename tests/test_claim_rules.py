@@ -13,10 +13,11 @@ from omegaconf import OmegaConf
 from planted import PROVENANCE, pair, write_claim
 
 from normbench.claims import rules, sharing
-from normbench.claims.checking import check_claim
-from normbench.claims.running import sweep_args
+from normbench.claims.checking import check_claim, shape_of
+from normbench.claims.running import seconds_per_run, sweep_args
 from normbench.claims.schema import parse_claim
 from normbench.claims.verdicts import assess
+from normbench.core.fileio import leaves
 from normbench.core.provenance import NUMERICS
 from normbench.sweeps.planning import job_configs, plan_sweep
 
@@ -164,3 +165,38 @@ def test_a_run_another_claim_trained_after_this_claims_rule_is_shared_not_traine
     assert (stored.norm.name, stored.seed) == ("ln", 0)
     assert (copied / "summary.json").read_text() == (out / "other" / "ln-s0" / "summary.json").read_text()
     assert sharing.lend(path, args, folder, [out]) == {}  # nothing left to lend
+
+
+def test_a_claim_not_yet_run_is_timed_by_finished_runs_of_its_shape_in_other_claims_folders(tmp_path):
+    """Claim c's jobs compose one shape (its model's depth, width, context, steps and batch). Another
+    claim's folder holds completed runs of that shape taking 10 s and 20 s, a failed one of 900 s, and a
+    deeper run of 500 s: c's runs are timed at 15 s each, the source said. With no run of its shape
+    the time is not known, never guessed from another shape."""
+    path = write_claim(
+        tmp_path / "conf", "c", kind="not_worse", a={"norm": "rms"}, b={"norm": "ln"}, delta=0.02
+    )
+    claim = parse_claim(path)
+    out = tmp_path / "claims"
+    checked = check_claim(claim, [], tmp_path / "conf")
+    cfg = job_configs(sweep_args(claim, [], out, tmp_path / "conf"))[0][1]
+    deeper = cfg.copy()
+    deeper.model.n_layer = cfg.model.n_layer * 2
+    for name, config, wall, status in [
+        ("a", cfg, 10.0, "completed"),
+        ("b", cfg, 20.0, "completed"),
+        ("c", cfg, 900.0, "failed"),
+        ("d", deeper, 500.0, "completed"),
+    ]:
+        lender_run(out / "other" / name, config, "abc1234", status=status)
+        summary = json.loads((out / "other" / name / "summary.json").read_text())
+        (out / "other" / name / "summary.json").write_text(json.dumps({**summary, "wall_s": wall}))
+    assert len(set(checked.shapes)) == 1 and checked.jobs == len(checked.shapes)
+
+    per_run, source = seconds_per_run(claim, out / "c", shapes=checked.shapes, records=[out])
+    assert per_run == pytest.approx(15.0)
+    assert source == f"2 finished runs of the same size and steps in {out}"
+
+    (deeper_only,) = {shape_of(leaves(OmegaConf.to_container(deeper)))}
+    assert seconds_per_run(claim, out / "c", shapes=(deeper_only,), records=[out])[0] == pytest.approx(500.0)
+    moved = tuple((*s[:3], s[3] * 2, s[4]) for s in checked.shapes)  # twice the steps: no run of it
+    assert seconds_per_run(claim, out / "c", shapes=moved, records=[out])[0] is None

@@ -39,6 +39,15 @@ class Checked:
     jobs: int  # the sweep's runs
     models: tuple[str, ...]  # the conf/model options its jobs compose
     sweep: str  # the composed sweep's fingerprint (normbench.claims.rules.sweep_fingerprint)
+    shapes: tuple[tuple, ...] = ()  # each job's shape (SHAPE): what its training time depends on most
+
+
+SHAPE = ("model.n_layer", "model.d_model", "model.block_size", "train.steps", "train.batch_size")
+
+
+def shape_of(row: dict) -> tuple:
+    """A run's shape from its config's dotted keys: depth, width, context, steps and batch."""
+    return tuple(row.get(key) for key in SHAPE)
 
 
 def override_key(override: str) -> str:
@@ -169,7 +178,10 @@ def check_claim(claim: Claim, overrides: list[str] = (), config_dir: Path | None
         raise ConfigError(
             f"{claim.path}: scale.model: '{claim.scale['model']}', but the sweep runs model={ran}"
         )
-    return Checked(len(configs), models, rules.sweep_fingerprint([config_hash(cfg) for _, cfg in configs]))
+    hashes = [config_hash(cfg) for _, cfg in configs]
+    return Checked(
+        len(configs), models, rules.sweep_fingerprint(hashes), tuple(map(shape_of, jobs.to_dict("records")))
+    )
 
 
 def check_design(claim: Claim, registry: Path) -> None:

@@ -23,11 +23,15 @@ import yaml
 from rich.console import Console
 
 from normbench.claims import rules
-from normbench.claims.checking import claim_args, override_key
+from normbench.claims.checking import claim_args, override_key, shape_of
 from normbench.claims.schema import Claim
 from normbench.core.errors import ConfigError
-from normbench.core.fileio import write_atomic
-from normbench.core.runs import SUMMARY
+from normbench.core.fileio import leaves, write_atomic
+from normbench.core.runs import CONFIG, SUMMARY
+
+_LOADER = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)  # the C loader where PyYAML has it: hundreds of configs
 
 FINISHED = ("completed", "diverged")  # a run's stored result a sweep keeps (a failed one too, unless retried)
 
@@ -85,17 +89,47 @@ def _summaries(folder: Path) -> list[dict]:
     return found
 
 
-def seconds_per_run(claim: Claim, *folders: Path) -> tuple[float | None, str]:
+def seconds_per_run(
+    claim: Claim, *folders: Path, shapes: tuple[tuple, ...] = (), records: list[Path] = ()
+) -> tuple[float | None, str]:
     """(a run's seconds, where the figure comes from): the mean wall time of the finished runs in the
     first of ``folders`` that has any (measured on this machine), else the claim's cost_s over its
-    default sweep's runs (measured on a 2-core CPU), else (None, why)."""
+    default sweep's runs (measured on a 2-core CPU), else the mean over its jobs' ``shapes`` of the
+    wall time of finished runs of the same shape in the claims' folders ``records``, else (None, why)."""
     for folder in folders:
         walls = [float(s["wall_s"]) for s in _summaries(folder) if isinstance(s.get("wall_s"), (int, float))]
         if walls:
             return sum(walls) / len(walls), f"the mean of its {len(walls)} finished run(s) in {folder}"
     if claim.cost_s:
         return claim.cost_s / claim.runs(), "the claim's cost_s, measured on a 2-core CPU"
+    by_shape = _walls_by_shape(records) if shapes else {}
+    if shapes and all(by_shape.get(s) for s in shapes):
+        per_job = [sum(by_shape[s]) / len(by_shape[s]) for s in shapes]
+        counted = sum(len(by_shape[s]) for s in set(shapes))
+        where = ", ".join(str(r) for r in records)
+        return sum(per_job) / len(per_job), f"{counted} finished runs of the same size and steps in {where}"
     return None, f"no finished run to time and no cost_s in {claim.path}"
+
+
+def _walls_by_shape(records: list[Path]) -> dict[tuple, list[float]]:
+    """The wall times of the completed runs in claims' folders (``records``: each claim's ID/ and
+    confirmations/ID/), by the runs' shape (normbench.claims.checking.shape_of)."""
+    walls: dict[tuple, list[float]] = {}
+    for root in records:
+        for path in [*root.glob(f"*/*/{SUMMARY}"), *root.glob(f"confirmations/*/*/{SUMMARY}")]:
+            try:
+                summary = json.loads(path.read_text(encoding="utf-8"))
+                config = yaml.load((path.parent / CONFIG).read_text(encoding="utf-8"), Loader=_LOADER)
+            except (OSError, ValueError, yaml.YAMLError):
+                continue
+            if (
+                not (isinstance(summary, dict) and isinstance(config, dict))
+                or summary.get("status") != "completed"
+            ):
+                continue
+            if isinstance(wall := summary.get("wall_s"), (int, float)):
+                walls.setdefault(shape_of(leaves(config, lists="json")), []).append(float(wall))
+    return walls
 
 
 def duration(seconds: float) -> str:
@@ -121,14 +155,19 @@ def runs_to_go(claim: Claim, overrides: list[str], folder: Path, retry_failed: b
     return max(claim.runs(swept) - held, 0)
 
 
-def _borrow(claim: Claim, args: list[str], folder: Path, out: Path, console: Console) -> None:
-    """The runs other claims have trained that this claim's sweep would (normbench.claims.sharing),
-    from claims beside it in ``out`` and, for the registry's own, from its published records."""
-    from normbench.claims import sharing
+def _sources(claim: Claim, out: Path) -> list[Path]:
+    """The claims' folders whose runs this claim may share or be timed by: those beside it in ``out``
+    and, for the registry's own claims, the registry's published records."""
     from normbench.claims.families import PUBLISHED, is_users
 
-    sources = [out, *([PUBLISHED] if not is_users(claim) and PUBLISHED.resolve() != out.resolve() else [])]
-    lent = sharing.lend(claim.path, args, folder, sources)
+    return [out, *([PUBLISHED] if not is_users(claim) and PUBLISHED.resolve() != out.resolve() else [])]
+
+
+def _borrow(claim: Claim, args: list[str], folder: Path, out: Path, console: Console) -> None:
+    """The runs other claims have trained that this claim's sweep would (normbench.claims.sharing)."""
+    from normbench.claims import sharing
+
+    lent = sharing.lend(claim.path, args, folder, _sources(claim, out))
     if lent:
         said = ", ".join(f"{n} from {name}" for name, n in lent.items())
         console.print(
@@ -157,7 +196,7 @@ def run_claims(
     console = console or Console()
     extensions.install()  # installed packages' norms and placements, for the plan's composition
     # every claim's sweep composed and its comparison found in it, before any run
-    composed = {claim.id: check_claim(claim, overrides, config_dir).sweep for claim in claims}
+    composed = {claim.id: check_claim(claim, overrides, config_dir) for claim in claims}
     if batch_seeds is None:
         batch_seeds = batching.pays(overrides)
     worst = 0
@@ -168,11 +207,12 @@ def run_claims(
         if not dry_run:
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(claim.path, folder / "claim.yaml")
-            rules.record(folder, claim.path, composed[claim.id])
+            rules.record(folder, claim.path, composed[claim.id].sweep)
             record_overrides(folder, overrides)
             _borrow(claim, args, folder, out, console)
         todo = runs_to_go(claim, overrides, folder, retry_failed)
-        console.print(f"{claim.id}: {estimate(todo, *seconds_per_run(claim, folder))}", highlight=False)
+        timed = seconds_per_run(claim, folder, shapes=composed[claim.id].shapes, records=_sources(claim, out))
+        console.print(f"{claim.id}: {estimate(todo, *timed)}", highlight=False)
         code = run_sweep(args, dry_run=dry_run, retry_failed=retry_failed, console=console)
         if code == 130:
             return code
