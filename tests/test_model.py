@@ -12,6 +12,7 @@ from conftest import build, compose_cfg, randomize_norms, tiny
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from normbench.core.errors import ConfigError
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, qk_norms
 from normbench.model.norms import NORMS
@@ -102,6 +103,28 @@ def test_xavier_init_option(tmp_path):
     proj = state.model.blocks[0].mlp.proj.weight
     assert fc.abs().max().item() <= math.sqrt(6 / (64 + 256)) + 1e-6
     assert proj.std().item() == pytest.approx(math.sqrt(2 / (64 + 256)), rel=0.05)  # no residual scaling
+
+
+def test_llama_init_starts_embeddings_at_unit_scale_and_an_untied_head_at_one_over_sqrt_width():
+    """torchtitan's LLaMA: token embeddings N(0, 1), linears GPT-2's (residual projections
+    0.02 / sqrt(2 n_layer)), an untied head N(0, 1 / d_model); a head tied to unit-scale embeddings is
+    refused in one line."""
+    torch.manual_seed(0)
+    cfg = load_group(
+        "model", n_layer=4, n_head=4, d_model=D, block_size=32, arch="llama", init="llama", tie_head=False
+    )
+    model = GPT(cfg, VOCAB, {"name": "dyt"}, {"name": "pre"})
+    assert model.head.weight is not model.tok_emb.weight
+    assert model.tok_emb.weight.std().item() == pytest.approx(1.0, rel=0.05)
+    assert model.head.weight.std().item() == pytest.approx(D**-0.5, rel=0.05)
+    assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.05)
+    assert model.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    # what the first block's DyT (alpha 0.5) hands attention: unit-scale under llama, 0.01 under gpt2
+    x = model.tok_emb(torch.arange(VOCAB))
+    assert model.blocks[0].norm_attn(x).std().item() > 0.3
+    cfg.tie_head = True
+    with pytest.raises(ConfigError, match="model.init=llama .* allowed: model.tie_head=false"):
+        cfg.validate()
 
 
 def test_flops_per_token_against_torch_flop_counter():

@@ -34,7 +34,8 @@ class ModelConfig:
     dropout: float
     bias: bool
     # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer); bert: N(0, 0.02), no scaling (Post-LN's);
-    # xavier: Xavier-uniform, no scaling. Follows the placement's own (placement.init) unless set.
+    # xavier: Xavier-uniform, no scaling; llama: embeddings N(0, 1), linears gpt2's, an untied head
+    # N(0, 1/d_model) (torchtitan's). Follows the placement's own (placement.init) unless set.
     init: str
     qk_norm: str  # a norm on q and k per head over head_dim (QK-norm), or none
     arch: str  # gpt2: learned positions, GELU MLP; llama: rotary embeddings, SwiGLU MLP, no biases
@@ -66,6 +67,12 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.init not in INITS:
             raise ConfigError(f"unknown model.init '{self.init}'", allowed=sorted(INITS))
+        if self.init == "llama" and self.tie_head:
+            raise ConfigError(
+                "model.init=llama starts the token embeddings at N(0, 1): a head tied to them would start "
+                f"at logits of std about sqrt(d_model) = {self.d_model**0.5:.0f}",
+                allowed=["model.tie_head=false"],
+            )
         if self.arch not in ARCHS:
             raise ConfigError(f"unknown model.arch '{self.arch}'", allowed=list(ARCHS))
         if self.architecture.rotary and (self.d_model // self.n_head) % 2:
@@ -195,7 +202,18 @@ def _init_bert(module: nn.Module, n_layer: int) -> None:
     _init_gpt2(module, n_layer, scale_residual=False)
 
 
-INITS = {"gpt2": _init_gpt2, "xavier": _init_xavier, "bert": _init_bert}
+def _init_llama(module: nn.Module, n_layer: int) -> None:
+    """LLaMA's, as torchtitan trains it: token embeddings N(0, 1), so each block's first norm meets its
+    input at unit scale (a point-wise DyT or Derf, which has no statistics to rescale a 0.02-scale
+    input, passes it on 0.02-scale: attention then sees logits near 0 and the model stays at the
+    unigram loss); linear layers GPT-2's. The head is untied, N(0, 1 / d_model) (GPT.__init__)."""
+    if isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=1.0)
+    elif isinstance(module, nn.Linear):
+        _init_gpt2(module, n_layer)
+
+
+INITS = {"gpt2": _init_gpt2, "xavier": _init_xavier, "bert": _init_bert, "llama": _init_llama}
 
 
 def hidden_weights(model: nn.Module) -> list[nn.Parameter]:
@@ -285,8 +303,9 @@ class GPT(nn.Module):
         for module in self.modules():
             if module is not self.head:
                 init(module, cfg.n_layer)
-        if not cfg.tie_head:
-            nn.init.normal_(self.head.weight, mean=0.0, std=0.02)
+        if not cfg.tie_head:  # LLaMA's head reads unit-scale inputs: N(0, 1 / d_model) keeps logits O(1)
+            std = cfg.d_model**-0.5 if cfg.init == "llama" else 0.02
+            nn.init.normal_(self.head.weight, mean=0.0, std=std)
         if cfg.param == "mup":
             if not self.hooks.mup:
                 raise ConfigError(
