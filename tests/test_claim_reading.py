@@ -5,6 +5,8 @@ from the planted losses."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -150,15 +152,41 @@ def test_a_completed_run_that_learned_nothing_is_flagged_in_the_tables_and_verdi
     header = next(line for line in text.splitlines() if line.startswith("| placement | runs |"))
     assert header.endswith("| diverged | failed | did not learn |")
     assert (
-        "Did not learn (completed, its final validation loss at or above 90% of its loss at init): "
+        "Did not learn (completed, its final validation loss at or above 90% of its loss at init, "
+        "or less than 0.1 below its unigram loss): "
         "post (1/3 runs)."
     ) in " ".join(text.split())
     path = write_claim(
         tmp_path / "conf", "post", kind="better", a={"placement": "pre"}, b={"placement": "post"}, min_seeds=3
     )
     out = verdict_of(tmp_path, path, runs)
-    said = "1 of its runs did not learn (placement=post: 1 of 3; ended at or above 90% of their loss at init)"
+    said = (
+        "1 of its runs did not learn (placement=post: 1 of 3; ended at or above 90% of their loss at "
+        "init, or less than 0.1 below their unigram loss)"
+    )
     assert said in out.reason
+
+
+def test_a_run_at_its_unigram_loss_did_not_learn_though_far_below_its_loss_at_init(tmp_path, monkeypatch):
+    """DyT's seed 0 completed at 3.30, well under 0.9 x its loss at init (4.0), but its step-0
+    evaluation recorded a unigram loss of 3.36: 3.30 is not 0.1 below it, so it predicted each
+    character's frequency and ignored its context. The same runs without a recorded unigram loss (runs
+    trained before it was recorded) are read by the loss at init alone: nothing flagged."""
+    for recorded in (True, False):
+        runs = tmp_path / f"runs-{recorded}"
+        for seed, (rms, dyt) in enumerate(zip([2.40, 2.41, 2.42], [3.30, 2.45, 2.50])):
+            plant(runs, f"rms_s{seed}", seed=seed, final=rms, norm="rms")
+            plant(runs, f"dyt_s{seed}", seed=seed, final=dyt, norm="dyt")
+        for metrics in runs.glob("*/metrics.jsonl") if recorded else ():
+            lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+            lines[0]["unigram_loss"] = 3.36
+            metrics.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        only_charts(monkeypatch)
+        out, _ = report([runs], out=tmp_path / f"report-{recorded}")
+        agg = pd.read_csv(out / "aggregate.csv").set_index("norm")
+        assert (agg.at["dyt", "did_not_learn"], agg.at["rms", "did_not_learn"]) == (
+            (1, 0) if recorded else (0, 0)
+        )
 
 
 def test_what_each_arm_ran_with_is_said_in_the_report_and_the_claims_verdict(tmp_path, monkeypatch):

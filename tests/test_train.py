@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from omegaconf import open_dict
 import normbench
 from normbench.core import provenance
 from normbench.core.errors import ConfigError
+from normbench.data.corpus import build_dataset
 from normbench.model import impls, kernels
 from normbench.model.gpt import GPT, qk_norms
 from normbench.model.norms import NORMS
@@ -80,6 +82,23 @@ def test_loss_falls(tmp_path):
     evals = [r["val_loss"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
     assert evals[0] == pytest.approx(math.log(64), abs=0.3)  # untrained: about uniform
     assert evals[-1] < evals[0] - 0.5
+
+
+def test_the_step_0_evaluation_records_the_unigram_loss_of_its_validation_targets(tmp_path):
+    """What a run that ignores its context ends at: the entropy of the validation targets' token
+    frequencies, checked by hand over the very batches the run evaluates on."""
+    train_tiny(tmp_path, "train.steps=2")
+    first = next(r for r in read_metrics(tmp_path) if r["kind"] == "eval")
+    run = parse_config(compose_cfg(tiny()))
+    tcfg = run.train
+    data = build_dataset(run.data, run.model.block_size, tcfg.eval_batches * tcfg.batch_size)
+    counts = collections.Counter(
+        int(t) for _, y in data.val_batches(tcfg.eval_batches, tcfg.batch_size) for t in y.flatten()
+    )
+    total = sum(counts.values())
+    by_hand = -sum(c / total * math.log(c / total) for c in counts.values())
+    assert first["step"] == 0 and first["unigram_loss"] == pytest.approx(by_hand, rel=1e-9)
+    assert first["unigram_loss"] < math.log(64)  # the corpus is not uniform: a unigram model learns
 
 
 @pytest.mark.slow  # three trainings (the fast tier's test_checkpoint compares seeded runs bit for bit)

@@ -66,6 +66,7 @@ from normbench.claims.smallsample import (
     t_p,
     tost_p,
 )
+from normbench.data.corpus import LEARN_MARGIN
 from normbench.report.load import LEARNED_FRACTION, ReportData
 from normbench.report.metrics import HIGHER_IS_BETTER
 from normbench.report.stats import Comparison, compare, fit_trend
@@ -636,5 +637,8 @@ def _unlearned(claim: Claim, used: pd.DataFrame) -> str:
         if stuck := int(runs["did_not_learn"].eq(True).sum()):
             counts.append(f"{', '.join(f'{k}={v}' for k, v in spec.items())}: {stuck} of {len(runs)}")
     total = int(used["did_not_learn"].eq(True).sum())
-    below = f"ended at or above {LEARNED_FRACTION:.0%} of their loss at init"
+    below = (
+        f"ended at or above {LEARNED_FRACTION:.0%} of their loss at init, or less than {LEARN_MARGIN} "
+        "below their unigram loss"
+    )
     return f"{total} of its runs did not learn ({'; '.join(counts)}; {below})"

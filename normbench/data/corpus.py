@@ -130,6 +130,20 @@ class WindowDataset:
 # --------------------------------------------------------------------------- synthetic
 
 
+# How far below the unigram loss a run must end to have used its context: a model that ignores it (a
+# norm that hands attention nothing) ends at or above that loss, the loss of predicting each token's
+# frequency.
+LEARN_MARGIN = 0.1
+
+
+def unigram_entropy(targets: torch.Tensor, vocab_size: int) -> float:
+    """The entropy (nats) of the token frequencies of ``targets``: the loss on them of the best
+    prediction that ignores the context."""
+    p = torch.bincount(targets.flatten().cpu(), minlength=vocab_size).double() / targets.numel()
+    p = p[p > 0]
+    return float(-(p * p.log()).sum())
+
+
 def sample_synthetic(n: int, length: int, transitions: torch.Tensor, copy_prob: float):
     """Sample n sequences of a Markov chain with an induction-style copy rule.
 

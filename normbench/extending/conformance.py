@@ -25,6 +25,8 @@ from normbench.bench import timing
 from normbench.bench.goals import GOALS
 from normbench.core.configtree import compose
 from normbench.core.errors import first_line
+from normbench.data import corpus
+from normbench.data.corpus import LEARN_MARGIN
 from normbench.model import extensions
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT
@@ -35,9 +37,6 @@ from normbench.training.config import parse_config
 # A model=micro run this long ends well below its corpus's unigram entropy with every built-in norm, the
 # point-wise ones (DyT, Derf: about 0.3 nats below at 150 steps) included (docs/extending.md).
 LEARN_STEPS = 150
-# How far below the unigram entropy the run must end: a model that ignores its context (a norm returning
-# zeros or a constant) ends at or above that entropy, the loss of predicting each token's frequency.
-LEARN_MARGIN = 0.1
 WIDTHS = (256, 1024)  # the widths of the speed line
 SPEED_GOAL = GOALS["rms"][1]  # the norm benchmark's goal: at most 1.1x LayerNorm's native op
 # What the speed line measures, in its name: the norm's op alone, as a ratio of times (higher is
@@ -241,9 +240,7 @@ def unigram_entropy(run) -> float:
     tcfg = run.train
     data = build_dataset(run.data, run.model.block_size, tcfg.eval_batches * tcfg.batch_size)
     targets = torch.cat([y.flatten() for _, y in data.val_batches(tcfg.eval_batches, tcfg.batch_size)])
-    p = torch.bincount(targets, minlength=data.vocab_size).double() / targets.numel()
-    p = p[p > 0]
-    return float(-(p * p.log()).sum())
+    return corpus.unigram_entropy(targets, data.vocab_size)
 
 
 def learn_line(overrides: list[str], steps: int) -> Line:

@@ -22,6 +22,7 @@ from normbench.core.errors import ConfigError
 from normbench.core.fileio import leaves, read_jsonl
 from normbench.core.identity import ADDED_KEYS
 from normbench.core.provenance import numerics_of, provenance_of
+from normbench.data.corpus import LEARN_MARGIN
 from normbench.report.metrics import BITS_PER_BYTE, METRICS
 from normbench.report.metrics import DEFAULT as DEFAULT_METRIC
 
@@ -184,7 +185,7 @@ def _run_row(run_dir: Path, config: dict, summary: dict, records: list[dict]) ->
     if not status:  # runs older than the status field: a finite final loss means it finished
         status = "completed" if math.isfinite(_num(summary.get("final_val_loss"))) else "unknown"
     norm, placement = config.get("norm"), config.get("placement")
-    init = [_num(r.get("val_loss")) for r in records if r.get("kind") == "eval" and _num(r.get("step")) == 0]
+    at_init = [r for r in records if r.get("kind") == "eval" and _num(r.get("step")) == 0]
     return {
         **leaves({k: v for k, v in summary.items() if k not in ("status", "provenance")}, lists="json"),
         **flat_config,
@@ -195,7 +196,8 @@ def _run_row(run_dir: Path, config: dict, summary: dict, records: list[dict]) ->
         "placement": placement.get("name") if isinstance(placement, dict) else placement,
         "seed": config.get("seed"),
         "status": status,
-        "init_val_loss": init[0] if init else math.nan,
+        "init_val_loss": _num(at_init[0].get("val_loss")) if at_init else math.nan,
+        "unigram_loss": _num(at_init[0].get("unigram_loss")) if at_init else math.nan,
         "_config_keys": list(flat_config),
     }
 
@@ -281,12 +283,13 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
         "status",
         "floor_loss",
         "init_val_loss",
+        "unigram_loss",
         "leaks_future",
     )
     for col in (*expected, *METRICS):
         if col not in runs:
             runs[col] = np.nan
-    for col in (*METRICS, "init_val_loss"):
+    for col in (*METRICS, "init_val_loss", "unigram_loss"):
         runs[col] = pd.to_numeric(runs[col], errors="coerce")
     runs["floor_gap"] = runs["final_val_loss"] - pd.to_numeric(runs["floor_loss"], errors="coerce")
     runs["did_not_learn"] = did_not_learn(runs)
@@ -304,10 +307,14 @@ LEARNED_FRACTION = 0.9
 def did_not_learn(runs: pd.DataFrame) -> pd.Series:
     """Whether each run completed without learning: its final validation loss not below
     LEARNED_FRACTION of its own loss at initialisation (a run at the loss of a uniform guess, or
-    barely under it). False for a run that did not complete, or without a step-0 evaluation."""
+    barely under it), or not LEARN_MARGIN below the unigram loss of its validation targets, where its
+    step-0 evaluation recorded one (a run that predicts each token's frequency and ignores its
+    context). False for a run that did not complete, or without a step-0 evaluation."""
     final = pd.to_numeric(runs["final_val_loss"], errors="coerce")
     init = pd.to_numeric(runs["init_val_loss"], errors="coerce")
-    return runs["status"].eq("completed") & (final >= LEARNED_FRACTION * init)
+    unigram = pd.to_numeric(runs["unigram_loss"], errors="coerce")
+    stuck = (final >= LEARNED_FRACTION * init) | (final >= unigram - LEARN_MARGIN)
+    return runs["status"].eq("completed") & stuck
 
 
 def in_bits_per_byte(d: ReportData, metric: str) -> None:
@@ -327,7 +334,7 @@ def in_bits_per_byte(d: ReportData, metric: str) -> None:
             f"corpus, or shards without meta.json; set data.bytes_per_token), e.g. {missing.iloc[0]}",
             allowed=[m for m in METRICS if m not in BITS_PER_BYTE],
         )
-    for col in ("final_val_loss", "best_val_loss", "init_val_loss"):
+    for col in ("final_val_loss", "best_val_loss", "init_val_loss", "unigram_loss"):
         runs[col] = runs[col] / per_byte
     runs["floor_gap"] = math.nan  # the synthetic floor is in nats per token, and has no bytes
     if "layer_skip_loss" in runs:  # the losses with one layer skipped, compared with the final loss

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from normbench.core.provenance import describe
+from normbench.data.corpus import LEARN_MARGIN
 from normbench.report.cost import implementation_note
 from normbench.report.load import LEARNED_FRACTION, NOT_RECORDED, NUMERICS, ReportData, layer_skip
 from normbench.report.metrics import Metric, metric
@@ -202,7 +203,7 @@ def _failures(d: ReportData) -> list[str]:
     if stuck:
         out.append(
             f"Did not learn (completed, its final validation loss at or above {LEARNED_FRACTION:.0%} of its "
-            f"loss at init): {_list(stuck)}."
+            f"loss at init, or less than {LEARN_MARGIN} below its unigram loss): {_list(stuck)}."
         )
     if note := failed_note(d.runs, RERUN):
         out.append(f"{note}.")

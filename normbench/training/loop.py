@@ -26,7 +26,7 @@ from normbench.core.devices import PRECISIONS, resolve_device, synchronize
 from normbench.core.errors import ConfigError, DiskFull, first_line
 from normbench.core.identity import config_hash
 from normbench.core.runs import CONFIG, RunDir
-from normbench.data.corpus import build_dataset, forget_other_corpora
+from normbench.data.corpus import build_dataset, forget_other_corpora, unigram_entropy
 from normbench.model import impls, kernels, norms
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT, leaves_no_trace, z_loss
@@ -489,6 +489,9 @@ class Loop:
         their seeds at once: normbench.training.batched)."""
         self.val_losses.append(val_loss)
         record = {"kind": "eval", "step": step, "val_loss": val_loss}
+        if step == 0:  # what a run that ignores its context would end at (normbench.report.load)
+            targets = torch.cat([y.flatten() for _, y in self.state.val])
+            record["unigram_loss"] = unigram_entropy(targets, self.state.data.vocab_size)
         bpb = bits_per_byte(val_loss, self.state.data.bytes_per_token)
         if bpb is not None:
             record["val_bpb"] = bpb

@@ -9,6 +9,7 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
+from normbench.data.corpus import LEARN_MARGIN
 from normbench.report.charts.panels import (
     _at_best_note,
     _bands,
@@ -167,7 +168,10 @@ def _seed_points(ax, runs: pd.DataFrame, values: pd.Series, at: dict, styles, jo
                 markerfacecolor="none",
                 markeredgecolor="red",
                 markeredgewidth=1.5,
-                label=f"did not learn (final loss ≥ {LEARNED_FRACTION:.0%} of its loss at init)",
+                label=(
+                    f"did not learn (final loss ≥ {LEARNED_FRACTION:.0%} of its loss at init, "
+                    f"or ≥ unigram − {LEARN_MARGIN})"
+                ),
                 zorder=4,
             )
         bad = runs["_label"].eq(label) & runs["status"].isin(["diverged", "failed"])
