@@ -66,7 +66,7 @@ from normbench.claims.smallsample import (
     t_p,
     tost_p,
 )
-from normbench.data.corpus import LEARN_MARGIN
+from normbench.core.runs import LEARN_MARGIN
 from normbench.report.load import LEARNED_FRACTION, ReportData
 from normbench.report.metrics import HIGHER_IS_BETTER
 from normbench.report.stats import Comparison, compare, fit_trend

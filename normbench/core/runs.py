@@ -379,3 +379,9 @@ def write_index(sweep_dir: Path, final: bool = False) -> list[dict]:
 def read_index(sweep_dir: Path) -> list[dict]:
     with open(Path(sweep_dir) / INDEX, newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
+
+
+# How far below the unigram loss a run must end to have used its context: a model that ignores it (a
+# norm that hands attention nothing) ends at or above that loss, the loss of predicting each token's
+# frequency.
+LEARN_MARGIN = 0.1

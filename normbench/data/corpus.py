@@ -130,12 +130,6 @@ class WindowDataset:
 # --------------------------------------------------------------------------- synthetic
 
 
-# How far below the unigram loss a run must end to have used its context: a model that ignores it (a
-# norm that hands attention nothing) ends at or above that loss, the loss of predicting each token's
-# frequency.
-LEARN_MARGIN = 0.1
-
-
 def unigram_entropy(targets: torch.Tensor, vocab_size: int) -> float:
     """The entropy (nats) of the token frequencies of ``targets``: the loss on them of the best
     prediction that ignores the context."""

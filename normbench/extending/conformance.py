@@ -25,8 +25,8 @@ from normbench.bench import timing
 from normbench.bench.goals import GOALS
 from normbench.core.configtree import compose
 from normbench.core.errors import first_line
+from normbench.core.runs import LEARN_MARGIN
 from normbench.data import corpus
-from normbench.data.corpus import LEARN_MARGIN
 from normbench.model import extensions
 from normbench.model.causality import causal_leak
 from normbench.model.gpt import GPT

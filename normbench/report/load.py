@@ -22,7 +22,7 @@ from normbench.core.errors import ConfigError
 from normbench.core.fileio import leaves, read_jsonl
 from normbench.core.identity import ADDED_KEYS
 from normbench.core.provenance import numerics_of, provenance_of
-from normbench.data.corpus import LEARN_MARGIN
+from normbench.core.runs import LEARN_MARGIN
 from normbench.report.metrics import BITS_PER_BYTE, METRICS
 from normbench.report.metrics import DEFAULT as DEFAULT_METRIC
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from normbench.core.provenance import describe
-from normbench.data.corpus import LEARN_MARGIN
+from normbench.core.runs import LEARN_MARGIN
 from normbench.report.cost import implementation_note
 from normbench.report.load import LEARNED_FRACTION, NOT_RECORDED, NUMERICS, ReportData, layer_skip
 from normbench.report.metrics import Metric, metric

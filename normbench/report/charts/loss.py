@@ -9,7 +9,7 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from normbench.data.corpus import LEARN_MARGIN
+from normbench.core.runs import LEARN_MARGIN
 from normbench.report.charts.panels import (
     _at_best_note,
     _bands,
