@@ -127,15 +127,15 @@ class WindowDataset:
         ]
 
 
-# --------------------------------------------------------------------------- synthetic
-
-
 def unigram_entropy(targets: torch.Tensor, vocab_size: int) -> float:
     """The entropy (nats) of the token frequencies of ``targets``: the loss on them of the best
     prediction that ignores the context."""
     p = torch.bincount(targets.flatten().cpu(), minlength=vocab_size).double() / targets.numel()
     p = p[p > 0]
     return float(-(p * p.log()).sum())
+
+
+# --------------------------------------------------------------------------- synthetic
 
 
 def sample_synthetic(n: int, length: int, transitions: torch.Tensor, copy_prob: float):
