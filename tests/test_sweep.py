@@ -279,6 +279,30 @@ def test_ctrl_c_stops_the_sweep_with_130_and_says_how_to_resume(tmp_path, presse
     assert not list(sweep_dir.glob("*/summary.json")), "an interrupted run is not a result"
 
 
+def test_a_worker_whose_job_a_stop_ended_begins_no_job_queued_behind_it(monkeypatch):
+    """The executor queues jobs ahead of the workers: the one that answered Ctrl-C in one job can take the
+    next. That job ends at once with the same code instead of training on past the stop."""
+    from normbench.sweeps import launching
+
+    began = []
+
+    def job(config, **kwargs):  # Hydra's run_job in a worker: one completes, the next is stopped by Ctrl-C
+        began.append(config)
+        if len(began) == 2:
+            raise SystemExit(130)
+        return "completed"
+
+    monkeypatch.setattr(launching, "run_job", job)
+    monkeypatch.setattr(launching, "_worker", {"hydra_context": None, "task_function": None})
+    cfg = compose_hydra_cfg()
+    assert launching._execute(cfg) == "completed"
+    for _ in range(2):
+        with pytest.raises(SystemExit) as stop:
+            launching._execute(cfg)
+        assert stop.value.code == 130
+    assert len(began) == 2, "a job queued behind the stop began"
+
+
 @pytest.mark.slow  # a sweep's job processes
 def test_a_range_sweep_runs_one_job_per_value(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

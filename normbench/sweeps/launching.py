@@ -10,7 +10,8 @@ nothing and scans no plugins; it runs each job through Hydra's public ``run_job`
 At most ``n_jobs`` jobs are in flight: when one returns, the next is submitted. So a stop starts
 no new job: Ctrl-C or SIGTERM (to the sweep's process group, where the jobs get it too) and a job
 that exits on a stop signal (it saved a checkpoint) let the running jobs finish their stop, then
-the launcher raises the same stop. When the last job has returned the workers are let go, and each
+the launcher raises the same stop. A job already submitted but not yet begun (queued while a worker
+warms up) is refused by the worker that takes it, once a stop has ended a job there (``_execute``). When the last job has returned the workers are let go, and each
 exits without tearing PyTorch down (most of a second each).
 """
 
@@ -145,11 +146,22 @@ def _exit_at_once() -> None:
 
 
 def _execute(cfg: DictConfig) -> JobReturn:
+    """One job in a worker. A job of a sweep exits only when a stop signal ended it (its failures are
+    returned); the worker remembers that exit and begins no job after it. The executor queues a job ahead
+    of the worker that takes it, so a worker that answered Ctrl-C in one job can find the next already
+    queued (its own, or one a worker still warming up would have stopped): it ends with the same code, and
+    its run directory is never made."""
+    if "stopped" in _worker:
+        raise SystemExit(_worker["stopped"])
     HydraConfig.instance().set_config(cfg)
-    return run_job(
-        hydra_context=_worker["hydra_context"],
-        config=cfg,
-        task_function=_worker["task_function"],
-        job_dir_key="hydra.sweep.dir",
-        job_subdir_key="hydra.sweep.subdir",
-    )
+    try:
+        return run_job(
+            hydra_context=_worker["hydra_context"],
+            config=cfg,
+            task_function=_worker["task_function"],
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    except SystemExit as stop:
+        _worker["stopped"] = stop.code
+        raise
