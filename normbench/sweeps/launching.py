@@ -11,8 +11,9 @@ At most ``n_jobs`` jobs are in flight: when one returns, the next is submitted. 
 no new job: Ctrl-C or SIGTERM (to the sweep's process group, where the jobs get it too) and a job
 that exits on a stop signal (it saved a checkpoint) let the running jobs finish their stop, then
 the launcher raises the same stop. A job already submitted but not yet begun (queued while a worker
-warms up) is refused by the worker that takes it, once a stop has ended a job there (``_execute``). When the last job has returned the workers are let go, and each
-exits without tearing PyTorch down (most of a second each).
+warms up) is refused by the worker that takes it, once a stop has ended a job there (``_execute``).
+When the last job has returned the workers are let go, and each exits without tearing PyTorch down
+(most of a second each).
 """
 
 from __future__ import annotations
