@@ -42,6 +42,10 @@ HYDRA_FILES = (".hydra", "normbench.log")
 TENSORBOARD_EVENTS = "events.out.tfevents."  # logger=tensorboard's files (normbench.training.sinks)
 RETRY_ENV = "NORMBENCH_RETRY_FAILED"  # set in every sweep job (hydra.job.env_set), so it reaches any launcher
 SWEEP_ENV = "NORMBENCH_SWEEP_OWNER"  # "pid@host" of the sweep command a job belongs to (RunLock records it)
+# How far below the unigram loss a run must end to have used its context: a model that ignores it (a
+# norm that hands attention nothing) ends at or above that loss, the loss of predicting each token's
+# frequency.
+LEARN_MARGIN = 0.1
 
 
 class RunLock:
@@ -379,9 +383,3 @@ def write_index(sweep_dir: Path, final: bool = False) -> list[dict]:
 def read_index(sweep_dir: Path) -> list[dict]:
     with open(Path(sweep_dir) / INDEX, newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
-
-
-# How far below the unigram loss a run must end to have used its context: a model that ignores it (a
-# norm that hands attention nothing) ends at or above that loss, the loss of predicting each token's
-# frequency.
-LEARN_MARGIN = 0.1
